@@ -1,0 +1,121 @@
+"""Probe every host in parallel and check the facts: ``sshddp doctor`` and the preflight.
+
+The first host's probe also listens on the rendezvous port (proving it free) while every
+host, itself included, opens a real TCP connection to the rendezvous address and port.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from sshddp import ops
+from sshddp.checks import Context, HostFacts, HostReport, evaluate
+from sshddp.cluster import Cluster
+from sshddp.errors import InterpreterMissing, SshddpError
+from sshddp.inventory import Host
+
+CONNECT_WINDOW = 3.0  # seconds each host keeps retrying the rendezvous connect
+
+
+def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool) -> dict[str, Any]:
+    return {
+        "workdir": host.workdir,
+        "deep": deep,
+        "listen_port": ctx.rdzv_port if listen else None,
+        "connect": [ctx.rdzv_addr, ctx.rdzv_port] if rdzv_ok else None,
+        "connect_timeout": CONNECT_WINDOW,
+        "script": None if ctx.script_is_local else ctx.script,
+    }
+
+
+class _Listener:
+    """The rendezvous host's probe, held open until the other probes are done."""
+
+    def __init__(self, cluster: Cluster, host: Host, args: dict[str, Any]) -> None:
+        self.facts: Optional[HostFacts] = None
+        self._ready = threading.Event()
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(cluster, host, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, cluster: Cluster, host: Host, args: dict[str, Any]) -> None:
+        transport = cluster.transports[host.index]
+        proc = None
+        try:
+            proc = ops.start_script(transport, "probe", args)
+            line = ops.read_line(proc)
+            self._ready.set()
+            self._release.wait()
+            proc.close_stdin()
+            rc = proc.wait()
+            facts = ops.decode(transport, "probe", line, proc.read_stderr(), rc)
+            self.facts = HostFacts(host, facts)
+        except SshddpError as exc:
+            self.facts = _error_facts(host, exc)
+        finally:
+            self._ready.set()
+            if proc is not None:
+                proc.close()
+
+    def result(self) -> HostFacts:
+        self._release.set()
+        self._thread.join()
+        assert self.facts is not None
+        return self.facts
+
+
+def gather(cluster: Cluster, ctx: Context, deep: bool) -> list[HostFacts]:
+    """Connect to every host and probe the reachable ones; one ``HostFacts`` per host."""
+    errors = cluster.connect_all()
+    hosts = cluster.hosts
+    first = hosts[0]
+    rdzv_ok = errors[first.index] is None
+    listener = None
+    if rdzv_ok:
+        listener = _Listener(cluster, first, probe_args(first, ctx, deep, True, True))
+    others = [h for h in hosts[1:] if errors[h.index] is None]
+
+    def probe(host: Host) -> Any:
+        return ops.call(
+            cluster.transports[host.index], "probe", probe_args(host, ctx, deep, False, rdzv_ok)
+        )
+
+    outcomes = dict(zip((h.index for h in others), cluster.map(probe, others)))
+    results: list[HostFacts] = []
+    first_facts = listener.result() if listener else None
+    for host in hosts:
+        err = errors[host.index]
+        if err is not None:
+            results.append(HostFacts(host, error=err.message, hint=err.hint))
+        elif host is first:
+            assert first_facts is not None
+            results.append(first_facts)
+        else:
+            results.append(_to_facts(host, outcomes[host.index]))
+    return results
+
+
+def _to_facts(host: Host, outcome: Any) -> HostFacts:
+    if outcome.ok:
+        return HostFacts(host, outcome.value)
+    return _error_facts(host, outcome.error)
+
+
+def _error_facts(host: Host, exc: BaseException) -> HostFacts:
+    if isinstance(exc, InterpreterMissing):
+        return HostFacts(host, {"python_missing": host.python, "reached": True})
+    message = exc.message if isinstance(exc, SshddpError) else f"{type(exc).__name__}: {exc}"
+    return HostFacts(host, error=message, hint=getattr(exc, "hint", ""))
+
+
+def run_checks(
+    cluster: Cluster, ctx: Context, deep: bool
+) -> tuple[list[HostFacts], list[HostReport]]:
+    facts = gather(cluster, ctx, deep)
+    return facts, evaluate(facts, ctx)
+
+
+def reports_ok(reports: Sequence[HostReport]) -> bool:
+    return not any(r.failed for r in reports)

@@ -1,0 +1,89 @@
+"""The one exception tree of sshddp and the process exit codes it maps to.
+
+Every error a user can cause or meet is an ``SshddpError`` carrying its exit status;
+only ``cli.py`` turns one into a printed message and ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented process exit statuses (README, "Exit codes")."""
+
+    OK = 0
+    RUN_FAILED = 1  #: a node of the run failed, or the run was stopped
+    BAD_INPUT = 2  #: bad command line, inventory, run id or local file
+    CHECK_FAILED = 3  #: doctor or the launch preflight found a failing check
+    UNREACHABLE = 4  #: a host needed for the command could not be reached
+    INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
+    INTERRUPTED = 130  #: Ctrl-C
+
+
+class SshddpError(Exception):
+    """Base of every error sshddp reports to the user without a traceback."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(SshddpError):
+    """A bad command-line value (option, run id, local path)."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class InventoryError(SshddpError):
+    """The inventory file is missing, unreadable, not YAML, or invalid."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class RunNotFound(UsageError):
+    """A run id (or prefix) that names no run, or more than one."""
+
+
+class CheckFailed(SshddpError):
+    """Doctor or the launch preflight found at least one failing check."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
+class HostUnreachable(SshddpError):
+    """A host could not be connected to or authenticated with."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+    def __init__(self, host: str, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.host = host
+        self.hint = hint
+
+
+class RemoteError(SshddpError):
+    """A remote helper script failed in a way that is not the user's run failing."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
+class InterpreterMissing(RemoteError):
+    """The host's configured Python interpreter does not exist there."""
+
+
+class NodeFailed(SshddpError):
+    """The run failed: the report names the root cause."""
+
+    exit_code = ExitCode.RUN_FAILED
+
+
+class Interrupted(SshddpError):
+    """The user pressed Ctrl-C; the run was stopped."""
+
+    exit_code = ExitCode.INTERRUPTED

@@ -1,0 +1,153 @@
+"""``sshddp launch``: plan, preflight, ship, start, follow, and report a run."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Optional
+
+from sshddp import registry
+from sshddp.bundle import build_payload, code_spec
+from sshddp.checks import Context
+from sshddp.cluster import Cluster
+from sshddp.doctor import reports_ok, run_checks
+from sshddp.environment import Environment
+from sshddp.errors import CheckFailed, UsageError
+from sshddp.executor import Executor, RunResult
+from sshddp.inventory import Inventory
+from sshddp.plan import LaunchOptions, LaunchPlan, describe, make_plan, new_run_id
+from sshddp.report import doctor_table
+from sshddp.sinks import Console, NodeLogs
+from sshddp.transport import SshOptions, ssh_hostname
+
+
+@dataclass(frozen=True)
+class LaunchMode:
+    """How to run, beyond what to run."""
+
+    dry_run: bool = False
+    check: bool = True
+    detach: bool = False
+    fanout: int = 32
+
+
+def build_plan(
+    inventory: Inventory, options: LaunchOptions, ssh: SshOptions, secrets: frozenset[str]
+) -> LaunchPlan:
+    run_id = options.name or new_run_id()
+    if registry.exists(run_id):
+        raise UsageError(f"--name {run_id}: a run with that id exists already; pick another")
+    code = code_spec(options)
+
+    def addr_of(host: object) -> str:
+        from sshddp.inventory import Host
+
+        assert isinstance(host, Host)
+        return host.addr or ssh_hostname(host, ssh)
+
+    return make_plan(inventory, options, run_id, code, addr_of, secrets)
+
+
+def launch(
+    inventory: Inventory,
+    options: LaunchOptions,
+    ssh: SshOptions,
+    mode: LaunchMode,
+    env: Environment,
+    secrets: frozenset[str] = frozenset(),
+) -> RunResult | None:
+    """Run it. None for --dry-run and --detach, else the finished run's result."""
+    plan = build_plan(inventory, options, ssh, secrets)
+    if mode.dry_run:
+        env.out(describe(plan))
+        return None
+    payload = build_payload(plan.code)
+    logs = NodeLogs(Path(plan.log_dir))
+    console = Console(env.stdout_bytes, env.color)
+    width = max(len(f"[{n.node_rank} {n.host.host}]") for n in plan.nodes)
+    for node in plan.nodes:
+        logs.open(node.node_rank, node.host.host)
+        console.add_node(node.node_rank, node.host.host, width)
+    env.err(_banner(plan, mode.detach))
+    with Cluster(inventory.hosts, ssh, mode.fanout) as cluster:
+        if mode.check:
+            _preflight(cluster, plan, options, env)
+        registry.save(registry.record(plan, inventory.source, ssh.ssh_config))
+        executor = Executor(plan, cluster, logs, console)
+        try:
+            if not executor.boot(payload):
+                return _finish(executor.result(False))
+            if mode.detach:
+                env.err(f"sshddp: run {plan.run_id} started on {len(plan.nodes)} node(s); "
+                        f"follow it with `sshddp attach {plan.run_id}`")  # fmt: skip
+                return None
+            with _detach_on(executor):
+                return _finish(executor.follow())
+        finally:
+            logs.close()
+
+
+def _finish(result: RunResult) -> RunResult:
+    registry_entry = registry.load(result.run_id)
+    registry_entry["result"] = {
+        "nodes": [{"node_rank": n.node_rank, "state": n.state.value, "returncode": n.returncode,
+                   "reason": n.reason} for n in result.nodes],
+        "root_cause": result.root_cause,
+    }  # fmt: skip
+    registry.save(registry_entry)
+    return result
+
+
+def _banner(plan: LaunchPlan, detach: bool) -> str:
+    lines = [
+        f"sshddp: run {plan.run_id}: {plan.world_size} processes on {len(plan.nodes)} node(s), "
+        f"rendezvous {plan.rdzv_addr}:{plan.rdzv_port}, logs in {plan.log_dir}/"
+    ]
+    if not detach:
+        lines.append(
+            "sshddp: Ctrl-C stops the run on every host; Ctrl-\\ (SIGQUIT) or closing the "
+            f"terminal detaches and leaves it running (`sshddp attach {plan.run_id}`)"
+        )
+    return "\n".join(lines)
+
+
+def _preflight(
+    cluster: Cluster, plan: LaunchPlan, options: LaunchOptions, env: Environment
+) -> None:
+    script = options.script if plan.code.kind == "remote" else None
+    ctx = Context(plan.rdzv_addr, plan.rdzv_port, script=script,
+                  nproc_override=options.nproc_per_node)  # fmt: skip
+    _, reports = run_checks(cluster, ctx, deep=False)
+    if not reports_ok(reports):
+        doctor_table(reports, env.rich_err())
+        raise CheckFailed(
+            "the preflight checks failed (above); nothing was started. Fix them, or pass "
+            "--no-check to launch anyway"
+        )
+
+
+class _detach_on:
+    """SIGQUIT (Ctrl-\\) and SIGHUP detach: the run goes on without us."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._old: dict[int, object] = {}
+
+    def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
+        self._executor.detach()
+
+    def __enter__(self) -> None:
+        if os.name != "posix":
+            return
+        for sig in (signal.SIGQUIT, signal.SIGHUP):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread (in-process tests)
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]

@@ -1,0 +1,63 @@
+"""Remote operations: each runs one shipped script on one host and decodes its answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from sshddp import scripts
+from sshddp.errors import InterpreterMissing, RemoteError
+from sshddp.transport import RemoteProcess, Transport, run
+
+
+def start_script(transport: Transport, name: str, args: dict[str, Any]) -> RemoteProcess:
+    """Start script ``name`` with the host's interpreter; its stdin stays open."""
+    proc = transport.start(scripts.python_command(transport.host.python))
+    proc.write(scripts.header(name, args))
+    return proc
+
+
+def read_line(proc: RemoteProcess) -> bytes:
+    """Read up to and including the first newline (or EOF)."""
+    buf = b""
+    while b"\n" not in buf:
+        chunk = proc.read(4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def decode(transport: Transport, what: str, line: bytes, stderr: bytes, rc: Optional[int]) -> Any:
+    """The JSON answer of a script, or a ``RemoteError`` that says what went wrong."""
+    try:
+        value = json.loads(line.decode("utf-8", "replace"))
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    python = transport.host.python
+    detail = stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+    if rc == 127:
+        raise InterpreterMissing(f"the interpreter {python!r} was not found on {transport.label}")
+    raise RemoteError(
+        f"{transport.label}: {what} failed (exit {rc}): " + (" | ".join(detail) or "no output")
+    )
+
+
+def call(transport: Transport, name: str, args: dict[str, Any], payload: bytes = b"") -> Any:
+    """Run script ``name`` to completion and return its JSON answer."""
+    result = run(
+        transport,
+        scripts.python_command(transport.host.python),
+        scripts.header(name, args) + payload,
+    )
+    return decode(transport, name, result.stdout, result.stderr, result.returncode)
+
+
+def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> dict[str, Any]:
+    """Stop one node's run; its final exit record."""
+    answer: dict[str, Any] = call(
+        transport, "stop", {"rundir": rundir, "force": force, "reason": reason}
+    )
+    return answer

@@ -1,0 +1,128 @@
+# boot: prepare one node's run directory and start its supervisor, detached from SSH.
+# ARGS: {"rundir", "spec": {...}, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
+#        "name", "size", "sha256"}, "supervisor": source, "remote_script": path|None,
+#        "keep_runs": int}
+# stdin after the header line: exactly payload.size bytes of code.
+# Prints one JSON line: {"ok": true, "state": {...}} or {"ok": false, "error": "..."}.
+import hashlib
+import io
+import shutil
+import subprocess
+import tarfile
+
+
+class BootError(Exception):
+    pass
+
+
+def _receive_code(rundir, payload, stream):
+    data = b""
+    while len(data) < payload["size"]:
+        chunk = stream.read(payload["size"] - len(data))
+        if not chunk:
+            raise BootError(
+                "the code transfer was cut short (%d of %d bytes)" % (len(data), payload["size"])
+            )
+        data += chunk
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != payload["sha256"]:
+        raise BootError(
+            "SHA-256 mismatch of the shipped code: got %s, expected %s"
+            % (digest, payload["sha256"])
+        )
+    code = os.path.join(rundir, "code")
+    os.makedirs(code, 0o700)
+    if payload["kind"] == "file":
+        with open(os.path.join(code, payload["name"]), "wb") as fh:
+            fh.write(data)
+    else:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar.getmembers():
+                parts = member.name.split("/")
+                if (
+                    member.name.startswith("/")
+                    or ".." in parts
+                    or not (member.isfile() or member.isdir())
+                ):
+                    raise BootError("refusing archive member %r" % member.name)
+            tar.extractall(code)
+    with open(os.path.join(code, ".sha256"), "w") as fh:
+        fh.write(digest + "\n")
+
+
+def _prune(runs_root, keep):
+    """Retention: keep the newest ``keep`` finished run directories under runs_root."""
+    try:
+        names = os.listdir(runs_root)
+    except OSError:
+        return
+    finished = []
+    for name in names:
+        path = os.path.join(runs_root, name)
+        nodes = [os.path.join(path, n) for n in _listdir(path) if n.startswith("n")]
+        if nodes and all(os.path.exists(os.path.join(n, "exit.json")) for n in nodes):
+            finished.append((os.path.getmtime(path), path))
+    finished.sort(reverse=True)
+    for _, path in finished[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _start_supervisor(rundir, spec, source):
+    path = os.path.join(rundir, "supervisor.py")
+    with open(path, "w") as fh:
+        fh.write(source)
+    log = os.open(os.path.join(rundir, "supervisor.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    env = dict(os.environ)
+    env["SSHDDP_RUN_ID"] = spec["run_id"]
+    subprocess.Popen(
+        [sys.executable, path, rundir],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        close_fds=True,
+        env=env,
+        cwd=rundir,
+    )
+    os.close(log)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        state = read_json(os.path.join(rundir, "exit.json")) or read_json(
+            os.path.join(rundir, "state.json")
+        )
+        if state:
+            return state
+        time.sleep(0.01)
+    raise BootError("the supervisor did not start within 20 s; see %s/supervisor.log" % rundir)
+
+
+def main(args):
+    os.umask(0o077)
+    rundir = os.path.expanduser(args["rundir"])
+    try:
+        if os.path.exists(os.path.join(rundir, "spec.json")):
+            raise BootError("run directory %s already exists on this host" % rundir)
+        os.makedirs(rundir, 0o700, exist_ok=True)
+        spec = args["spec"]
+        payload = args["payload"]
+        if payload["kind"] != "none":
+            _receive_code(rundir, payload, sys.stdin.buffer)
+        remote = args.get("remote_script")
+        if remote and not os.path.isfile(os.path.expanduser(remote)):
+            raise BootError("the script %s does not exist on this host" % remote)
+        if spec.get("cwd"):
+            spec["cwd"] = os.path.expanduser(spec["cwd"])
+        atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
+        atomic_write_json(os.path.join(rundir, "spec.json"), spec)
+        state = _start_supervisor(rundir, spec, args["supervisor"])
+        _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)))
+        emit({"ok": True, "state": state, "rundir": rundir})
+    except (BootError, OSError, tarfile.TarError) as exc:
+        emit({"ok": False, "error": str(exc), "rundir": rundir})

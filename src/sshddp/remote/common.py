@@ -1,0 +1,128 @@
+# Shared helpers of the remote scripts: atomic state files and precise process teardown.
+# Stdlib only, Python 3.8+. Prepended to every script sent to a host.
+import json
+import os
+import signal
+import sys
+import time
+
+MARK_VAR = "SSHDDP_NODE_MARK"
+
+
+def atomic_write_json(path, obj):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def emit(obj, stream=None):
+    stream = stream or sys.stdout
+    stream.write(json.dumps(obj) + "\n")
+    stream.flush()
+
+
+def _stat(pid):
+    """(state, pgid) of a process, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_zombie(pid):
+    st = _stat(pid)
+    return st is None or st[0] in ("Z", "X")
+
+
+def run_pids(pgid, mark):
+    """Live pids of a node's run: its process group, and every process whose environment
+    carries the node's run marker (so children that called setsid are found too)."""
+    needle = ("%s=%s" % (MARK_VAR, mark)).encode()
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        st = _stat(pid)
+        if st is None or st[0] in ("Z", "X"):
+            continue
+        if pgid and st[1] == pgid:
+            found.append(pid)
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(pid)
+    return found
+
+
+def pid_alive(pid):
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def kill_run(pgid, mark, grace, reap=None):
+    """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s.
+
+    ``reap`` (optional) is called while waiting so a parent can collect its own child.
+    Returns the number of seconds it took.
+    """
+    start = time.time()
+    pids = run_pids(pgid, mark)
+    if grace > 0 and pids:
+        signal_all(pids, signal.SIGTERM)
+        while pids and time.time() - start < grace:
+            time.sleep(0.02)
+            if reap:
+                reap()
+            pids = run_pids(pgid, mark)
+    for _ in range(500):
+        if not pids:
+            break
+        signal_all(pids, signal.SIGKILL)
+        time.sleep(0.01)
+        if reap:
+            reap()
+        pids = run_pids(pgid, mark)
+    return time.time() - start

@@ -1,0 +1,70 @@
+# follow: stream a node's log from a byte offset until the node has finished.
+# ARGS: {"rundir", "offset": int}
+# stdout: the raw bytes of RUNDIR/node.log from offset; stderr at the end: one JSON line with
+# the node's exit.json (or {"state": "lost"} when its supervisor vanished without one).
+# Exits when the coordinator goes away (stdin closes), so it never lingers.
+import select
+
+CHUNK = 1 << 20
+
+
+def _coordinator_gone():
+    ready, _, _ = select.select([0], [], [], 0.02)
+    return bool(ready) and not os.read(0, 4096)
+
+
+def _supervisor_gone(rundir):
+    state = read_json(os.path.join(rundir, "state.json"))
+    if state is None:
+        return False
+    return not pid_alive(state.get("supervisor_pid"))
+
+
+def _open_log(path, offset):
+    while True:
+        try:
+            fh = open(path, "rb")
+            fh.seek(offset)
+            return fh
+        except OSError:
+            if _coordinator_gone():
+                return None
+
+
+def main(args):
+    rundir = os.path.expanduser(args["rundir"])
+    exit_path = os.path.join(rundir, "exit.json")
+    fh = _open_log(os.path.join(rundir, "node.log"), int(args.get("offset", 0)))
+    if fh is None:
+        return
+    out = sys.stdout.buffer
+    last_check = 0.0
+    while True:
+        data = fh.read(CHUNK)
+        if data:
+            out.write(data)
+            out.flush()
+            continue
+        if os.path.exists(exit_path):
+            while True:  # exit.json is written after the last byte: drain, then report
+                data = fh.read(CHUNK)
+                if not data:
+                    break
+                out.write(data)
+            out.flush()
+            emit(read_json(exit_path) or {"state": "unknown"}, sys.stderr)
+            return
+        if time.time() - last_check > 0.5:
+            last_check = time.time()
+            if _supervisor_gone(rundir) and not os.path.exists(exit_path):
+                emit(
+                    {
+                        "state": "lost",
+                        "reason": "the node's supervisor died "
+                        "(its host rebooted or its processes were killed)",
+                    },
+                    sys.stderr,
+                )
+                return
+        if _coordinator_gone():
+            return

@@ -1,0 +1,187 @@
+# probe: facts about this host for `sshddp doctor` and the launch preflight, as one JSON line.
+# ARGS: {"workdir", "deep": bool, "listen_port": int|None, "connect": [addr, port]|None,
+#        "connect_timeout": float, "script": str|None}
+# With listen_port it also holds a listener on that port (proving it free) until stdin closes,
+# so the other hosts can make a real TCP connection to the rendezvous endpoint.
+import platform
+import shutil
+import socket
+import subprocess
+import threading
+
+_DEEP = r"""
+import json, torch
+out = {"cuda_available": False, "device_count": 0, "nccl": None, "gpu_names": []}
+try:
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
+    out["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(out["device_count"])]
+    if out["cuda_available"]:
+        v = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+except Exception as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+out["distributed"] = torch.distributed.is_available()
+print(json.dumps(out))
+"""
+
+
+def _torch_facts(deep):
+    import importlib.metadata as md
+    import importlib.util
+
+    facts = {"version": None, "cuda": None, "nccl_package": None}
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        facts["version"] = md.version("torch")
+    except md.PackageNotFoundError:
+        facts["version"] = "unknown"
+    facts["cuda"] = _cuda_from_version_py(os.path.join(os.path.dirname(spec.origin), "version.py"))
+    for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            facts["nccl_package"] = md.version(name)
+            break
+        except md.PackageNotFoundError:
+            pass
+    if deep:
+        facts.update(_run_json([sys.executable, "-c", _DEEP], 120, "torch_import"))
+    return facts
+
+
+def _cuda_from_version_py(path):
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("cuda"):
+                    value = line.split("=", 1)[1].strip().strip("'\"")
+                    return None if value == "None" else value
+    except OSError:
+        pass
+    return None
+
+
+def _run_json(argv, timeout, what):
+    try:
+        out = subprocess.run(argv, capture_output=True, timeout=timeout, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": "%s: %s" % (what, exc)}
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        return {"error": "%s exited %d: %s" % (what, out.returncode, " | ".join(tail))}
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "%s printed no JSON" % what}
+
+
+def _nvidia_smi():
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    facts = {"gpus": [], "processes": [], "error": None}
+    query = [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=15)
+        for line in out.stdout.strip().splitlines():
+            name, mem, driver = [x.strip() for x in line.split(",")[:3]]
+            facts["gpus"].append({"name": name, "memory_mib": int(float(mem)), "driver": driver})
+        if out.returncode != 0:
+            facts["error"] = (out.stderr or out.stdout).strip()[:300]
+        apps = [
+            exe,
+            "--query-compute-apps=pid,process_name,used_memory",
+            "--format=csv,noheader,nounits",
+        ]
+        out = subprocess.run(apps, capture_output=True, text=True, timeout=15)
+        for line in out.stdout.strip().splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) >= 3:
+                facts["processes"].append({"pid": parts[0], "name": parts[1], "mib": parts[2]})
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        facts["error"] = str(exc)
+    return facts
+
+
+def _disk(workdir):
+    path = os.path.expanduser(workdir)
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        usage = shutil.disk_usage(path or "/")
+        return {"path": path, "free_bytes": usage.free}
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+
+
+def _listen(port):
+    """Bind the port like torch's TCPStore does (all interfaces, SO_REUSEADDR)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("", port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        return None, "%s" % exc.strerror
+
+    def accept_loop():
+        while True:
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except OSError:
+                return
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return sock, None
+
+
+def _connect(addr, port, timeout):
+    deadline = time.time() + timeout
+    last = "not tried"
+    while time.time() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.2, deadline - time.time())).close()
+            return {"ok": True, "addr": addr, "port": port}
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+            time.sleep(0.05)
+    return {"ok": False, "addr": addr, "port": port, "error": last}
+
+
+def main(args):
+    facts = {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "disk": _disk(args.get("workdir") or "~/.sshddp"),
+    }
+    listener = None
+    if args.get("listen_port"):
+        listener, err = _listen(int(args["listen_port"]))
+        facts["port"] = {"port": args["listen_port"], "free": listener is not None, "error": err}
+    if args.get("connect"):
+        addr, port = args["connect"]
+        facts["rendezvous"] = _connect(addr, int(port), float(args.get("connect_timeout", 3)))
+    facts["torch"] = _torch_facts(bool(args.get("deep")))
+    facts["nvidia_smi"] = _nvidia_smi() if args.get("deep") else None
+    facts["gpu_dev_count"] = _count_gpu_devices()
+    if args.get("script"):
+        facts["script"] = {
+            "path": args["script"],
+            "exists": os.path.isfile(os.path.expanduser(args["script"])),
+        }
+    emit(facts)
+    if listener is not None:
+        sys.stdin.buffer.read()  # hold the port until the coordinator closes our stdin
+        listener.close()
+
+
+def _count_gpu_devices():
+    try:
+        return len([d for d in os.listdir("/proc/driver/nvidia/gpus")])
+    except OSError:
+        return None

@@ -1,0 +1,178 @@
+# supervisor: owns one node's torchrun for the whole run, independent of any SSH channel.
+# Started detached by boot.py as `python supervisor.py RUNDIR`. It starts torchrun in its own
+# session with a raw pty as stdout and stderr (so every rank line-buffers: one write per line,
+# lines of different ranks never mix, output is live), copies what arrives byte for byte to
+# RUNDIR/node.log, records state.json, and on SIGTERM
+# (graceful) or SIGUSR1 (immediate) stops exactly this node's processes: torchrun's process
+# group plus every process carrying this node's run marker. Its last act is exit.json.
+import errno
+import pty
+import select
+import subprocess
+import tty
+
+
+class Supervisor(object):
+    def __init__(self, rundir):
+        self.rundir = rundir
+        self.spec = read_json(os.path.join(rundir, "spec.json"))
+        self.stop_signal = None
+        self.proc = None
+        self.master = None
+        self.log = None
+        self.started = time.time()
+
+    def path(self, name):
+        return os.path.join(self.rundir, name)
+
+    def _env(self):
+        env = dict(os.environ)
+        env_file = self.path("env.json")
+        extra = read_json(env_file) or {}
+        try:
+            os.unlink(env_file)  # secrets live on only in the processes that need them
+        except OSError:
+            pass
+        env.update(extra)
+        env["SSHDDP_RUN_ID"] = self.spec["run_id"]
+        env["SSHDDP_NODE_RANK"] = str(self.spec["node_rank"])
+        env[MARK_VAR] = self.spec["mark"]
+        return env
+
+    def _on_signal(self, signum, frame):
+        if self.stop_signal != signal.SIGUSR1:
+            self.stop_signal = signum
+
+    def start(self):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.log = os.open(self.path("node.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.master, slave = pty.openpty()
+        tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+        argv = list(self.spec["argv"])
+        argv[0] = sys.executable
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.spec.get("cwd") or None,
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=slave,
+                stderr=slave,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.write(self.log, ("sshddp: cannot start %s: %s\n" % (argv[0], exc)).encode())
+            self.finish("failed", None, None, "cannot start torchrun: %s" % exc)
+            return False
+        finally:
+            os.close(slave)
+        atomic_write_json(
+            self.path("state.json"),
+            {
+                "state": "running",
+                "supervisor_pid": os.getpid(),
+                "pid": self.proc.pid,
+                "pgid": self.proc.pid,
+                "started": self.started,
+            },
+        )
+        return True
+
+    def reap(self):
+        if self.proc is not None:
+            self.proc.poll()
+        self.pump(0)
+
+    def pump(self, timeout):
+        """Copy what the pty holds to node.log; False once no writer is left (EIO)."""
+        if self.master is None:
+            return False
+        ready, _, _ = select.select([self.master], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            data = os.read(self.master, 1 << 16)
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            data = b""
+        if not data:
+            os.close(self.master)
+            self.master = None
+            return False
+        while data:
+            data = data[os.write(self.log, data) :]
+        return True
+
+    def drain(self):
+        """After the last process of the node is gone: copy every remaining byte."""
+        while self.pump(0.05):
+            pass
+
+    def loop(self):
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                return rc
+            if self.stop_signal is not None:
+                return None
+            if not self.pump(0.02):
+                time.sleep(0.02)
+
+    def stop_reason(self, default):
+        try:
+            with open(self.path("stop-reason")) as fh:
+                return fh.read().strip() or default
+        except OSError:
+            return default
+
+    def run(self):
+        if not self.start():
+            return
+        rc = self.loop()
+        if rc is None:
+            grace = 0 if self.stop_signal == signal.SIGUSR1 else float(self.spec.get("grace", 10))
+            kill_run(self.proc.pid, self.spec["mark"], grace, self.reap)
+            rc = self.proc.wait()
+            self.drain()
+            self.finish("stopped", rc, None, self.stop_reason("stopped on request"))
+            return
+        # torchrun is gone; children that escaped into their own session must not outlive it.
+        kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
+        self.drain()
+        state = "succeeded" if rc == 0 else "failed"
+        reason = "" if rc == 0 else _describe(rc)
+        self.finish(state, rc, None, reason)
+
+    def finish(self, state, rc, sig, reason):
+        result = {
+            "state": state,
+            "returncode": rc,
+            "reason": reason,
+            "started": self.started,
+            "ended": time.time(),
+            "node_rank": self.spec["node_rank"],
+        }
+        if rc is not None and rc < 0:
+            result["signal"] = _signame(-rc)
+        atomic_write_json(self.path("exit.json"), result)
+
+
+def _signame(num):
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "signal %d" % num
+
+
+def _describe(rc):
+    if rc < 0:
+        return "torchrun was killed by %s" % _signame(-rc)
+    return "torchrun exited with code %d" % rc
+
+
+def run_supervisor(rundir):
+    os.umask(0o077)
+    Supervisor(rundir).run()

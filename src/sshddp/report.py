@@ -1,0 +1,147 @@
+"""Rendering results for people and machines: the doctor table and the run report."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import IO, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from sshddp.checks import CHECKS, HostFacts, HostReport, Status
+
+_SYMBOL = {Status.OK: "ok", Status.WARN: "warn", Status.FAIL: "FAIL", Status.SKIP: "-"}
+_STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+
+
+def console(stream: IO[str], color: bool) -> Console:
+    return Console(file=stream, no_color=not color, highlight=False, width=200, soft_wrap=True,
+                   force_terminal=color)  # fmt: skip
+
+
+def doctor_table(reports: Sequence[HostReport], out: Console) -> None:
+    """One row per host, one column per check, then every problem with its fix."""
+    used = [c for c in CHECKS if any(r.get(c) for r in reports)]
+    table = Table(show_lines=False, header_style="bold")
+    table.add_column("node")
+    table.add_column("host")
+    for check in used:
+        table.add_column(check)
+    for r in reports:
+        cells = []
+        for check in used:
+            f = r.get(check)
+            cells.append("" if f is None else f"[{_STYLE[f.status]}]{_SYMBOL[f.status]}[/]")
+        table.add_row(str(r.host.index), escape(r.host.host), *cells)
+    out.print(table)
+    problems = [(r, f) for r in reports for f in r.findings
+                if f.status in (Status.FAIL, Status.WARN)]  # fmt: skip
+    if not problems:
+        out.print(f"All checks passed on {len(reports)} host(s).")
+        return
+    out.print()
+    for r, f in problems:
+        label = "FAIL" if f.status is Status.FAIL else "warn"
+        host, msg = escape(r.host.host), escape(f.message)
+        out.print(f"[{_STYLE[f.status]}]{label}[/] {host} [bold]{f.check}[/]: {msg}")
+        if f.fix:
+            out.print(f"     fix: {escape(f.fix)}")
+    fails = sum(1 for _, f in problems if f.status is Status.FAIL)
+    warns = len(problems) - fails
+    out.print(f"\n{fails} failing check(s), {warns} warning(s) on {len(reports)} host(s).")
+
+
+def doctor_json(facts: Sequence[HostFacts], reports: Sequence[HostReport]) -> str:
+    hosts: list[dict[str, Any]] = []
+    for hf, r in zip(facts, reports):
+        hosts.append({
+            "host": r.host.host,
+            "node": r.host.index,
+            "facts": hf.facts,
+            "error": hf.error,
+            "findings": [{"check": f.check, "status": f.status.value, "message": f.message,
+                          "fix": f.fix} for f in r.findings],
+        })  # fmt: skip
+    ok = not any(r.failed for r in reports)
+    return json.dumps({"ok": ok, "hosts": hosts}, indent=2, sort_keys=False)
+
+
+_RANK_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_SIGNAL_RE = re.compile(r"Signal (\d+) \((SIG\w+)\)")
+TAIL_LINES = 20
+
+
+def torchrun_failure(lines: Sequence[str]) -> dict[str, Any]:
+    """What torchrun's own failure summary says: global/local rank, exit code, signal."""
+    found: dict[str, Any] = {}
+    for line in lines:
+        if m := _RANK_RE.search(line):
+            found.setdefault("rank", int(m.group(1)))
+            found.setdefault("local_rank", int(m.group(2)))
+        elif m := _EXIT_RE.search(line):
+            found.setdefault("exitcode", int(m.group(1)))
+        elif m := _SIGNAL_RE.search(line):
+            found.setdefault("signal", m.group(2))
+    return found
+
+
+def user_tail(lines: Sequence[str], n: int = TAIL_LINES) -> list[str]:
+    """The last ``n`` lines of the ranks' own output, without torchrun's failure summary."""
+    cut = len(lines)
+    for i in range(len(lines) - 1, -1, -1):
+        if "ChildFailedError" in lines[i]:
+            cut = i
+            break
+    if cut < len(lines):  # also drop torchrun's own traceback just above its summary
+        for i in range(cut - 1, max(-1, cut - 40), -1):
+            if lines[i].startswith("Traceback (most recent call last)"):
+                cut = i
+                break
+    return list(lines[:cut])[-n:]
+
+
+def run_report(result: Any, full_tail: Sequence[str]) -> str:
+    """Every node's state, then the root cause with the failing node's last lines."""
+    out = [f"sshddp: run {result.run_id} " + _verdict(result)]
+    for n in result.nodes:
+        detail = n.reason or ""
+        if n.returncode not in (None, 0) and not n.reason:
+            detail = f"exit code {n.returncode}"
+        out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
+    if result.root_cause is None:
+        return "\n".join(out)
+    node = next(n for n in result.nodes if n.node_rank == result.root_cause)
+    info = torchrun_failure(full_tail)
+    where = f"node {node.node_rank} on {node.host}"
+    if "rank" in info:
+        where += f", global rank {info['rank']} (local rank {info['local_rank']})"
+    how = (
+        f"killed by {info['signal']}" if "signal" in info
+        else f"exit code {info['exitcode']}" if "exitcode" in info
+        else node.reason or node.state.value
+    )  # fmt: skip
+    out.append(f"root cause: {where}: {how}")
+    tail = user_tail(full_tail)
+    if tail:
+        out.append(f"--- last {len(tail)} lines of node {node.node_rank}'s output ---")
+        out.extend(tail)
+        out.append("---")
+    if node.log_path:
+        out.append(f"full log: {node.log_path}")
+    return "\n".join(out)
+
+
+def _verdict(result: Any) -> str:
+    if result.ok:
+        return "succeeded"
+    if result.interrupted:
+        return "was stopped (Ctrl-C)"
+    if result.detached:
+        return "goes on without us (detached)"
+    if any(n.state.value == "unreachable" for n in result.nodes):
+        return "lost contact with some hosts; the run may still be going"
+    return "failed"

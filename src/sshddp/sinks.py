@@ -1,0 +1,128 @@
+"""Where node output goes: one local file per node, byte for byte, and the console.
+
+The file gets exactly the bytes the node's remote log holds (so it can be resumed from its
+size and compared with the remote copy); the console gets whole lines, each prefixed with
+the node rank and host, coloured per node on a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import BinaryIO, Optional
+
+from sshddp.errors import UsageError
+
+_COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
+_RESET = b"\x1b[0m"
+_MAX_PARTIAL = 64 * 1024
+
+
+def log_name(node_rank: int, host: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host)
+    return f"node{node_rank}-{safe}.log"
+
+
+class Console:
+    """Prefixed, line-buffered console output shared by every node's thread."""
+
+    def __init__(self, stream: BinaryIO, color: bool, quiet: bool = False) -> None:
+        self._stream = stream
+        self._color = color
+        self._quiet = quiet
+        self._lock = threading.Lock()
+        self._partial: dict[int, bytes] = {}
+        self._prefix: dict[int, bytes] = {}
+
+    def add_node(self, node_rank: int, host: str, width: int) -> None:
+        text = f"[{node_rank} {host}]".ljust(width).encode() + b" "
+        if self._color:
+            text = b"\x1b[" + _COLORS[node_rank % len(_COLORS)] + b"m" + text + _RESET
+        self._prefix[node_rank] = text
+
+    def write(self, node_rank: int, data: bytes) -> None:
+        if self._quiet:
+            return
+        buf = self._partial.get(node_rank, b"") + data
+        head, sep, rest = buf.rpartition(b"\n")
+        if len(rest) > _MAX_PARTIAL:  # a huge line without newline: show it in pieces
+            head, sep, rest = buf, b"\n", b""
+        self._partial[node_rank] = rest
+        if sep:
+            self._emit(node_rank, head.split(b"\n"))
+
+    def flush_node(self, node_rank: int) -> None:
+        """Print a node's unterminated last line (it printed no newline)."""
+        rest = self._partial.pop(node_rank, b"")
+        if rest and not self._quiet:
+            self._emit(node_rank, [rest])
+
+    def _emit(self, node_rank: int, lines: list[bytes]) -> None:
+        prefix = self._prefix.get(node_rank, f"[{node_rank}] ".encode())
+        out = b"".join(prefix + line.rstrip(b"\r") + b"\n" for line in lines)
+        with self._lock:
+            try:
+                self._stream.write(out)
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._quiet = True  # the reader went away (`| head`); the log files go on
+
+    def message(self, text: str) -> None:
+        with self._lock:
+            self._stream.write(text.encode() + b"\n")
+            self._stream.flush()
+
+
+class NodeLogs:
+    """The local log files of one run, opened for appending."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise UsageError(
+                f"log directory {directory}: cannot write there ({exc.strerror}); pass "
+                "--log-dir with a writable directory"
+            ) from exc
+        self._files: dict[int, BinaryIO] = {}
+        self.paths: dict[int, Path] = {}
+
+    def open(self, node_rank: int, host: str) -> int:
+        """Open (or reopen) a node's file; returns its size, the offset to resume from."""
+        path = self.directory / log_name(node_rank, host)
+        self.paths[node_rank] = path
+        fh = open(path, "ab")
+        self._files[node_rank] = fh
+        return fh.tell()
+
+    def write(self, node_rank: int, data: bytes) -> None:
+        fh = self._files[node_rank]
+        fh.write(data)
+        fh.flush()
+
+    def size(self, node_rank: int) -> int:
+        return os.fstat(self._files[node_rank].fileno()).st_size
+
+    def tail(self, node_rank: int, lines: int = 20) -> list[str]:
+        return tail_lines(self.paths.get(node_rank), lines)
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+
+
+def tail_lines(path: Optional[Path], lines: int) -> list[str]:
+    """The last ``lines`` lines of a file, decoded leniently."""
+    if path is None or not path.exists():
+        return []
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - 256 * 1024))
+        data = fh.read()
+    return data.decode("utf-8", "replace").splitlines()[-lines:]

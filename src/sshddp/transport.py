@@ -1,0 +1,355 @@
+"""Connections to hosts: the only module that imports fabric and paramiko.
+
+A ``Transport`` runs shell command lines on one host and hands back a ``RemoteProcess``
+with byte streams. ``SshTransport`` keeps one paramiko connection per host (opened through
+fabric so ``ssh_config`` aliases, ``ProxyJump``, ``IdentityFile`` and the agent all work) and
+opens one channel per command. ``LocalTransport`` runs the same command lines with
+``bash -c`` for the host named ``localhost``, so nothing needs an SSH server there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Optional, Protocol
+
+from sshddp.errors import HostUnreachable
+from sshddp.inventory import Host
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+KEEPALIVE_SECONDS = 15
+# A bigger channel window than paramiko's 2 MB default keeps log streaming from stalling
+# on the round trip of every window adjustment.
+WINDOW_SIZE = 64 * 1024 * 1024
+MAX_PACKET = 32 * 1024
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach hosts: the connection options of every command."""
+
+    ssh_config: Optional[str] = None  #: like ``ssh -F``: only this file is read
+    accept_new_host_keys: bool = False  #: trust and record unknown (never changed) keys
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  #: seconds for TCP, banner and auth
+
+
+class RemoteProcess(Protocol):
+    """A command running on a host, with its three byte streams."""
+
+    def write(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+    def read(self, n: int = 65536) -> bytes: ...
+    def read_stderr(self) -> bytes: ...
+    def wait(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Runs command lines on one host."""
+
+    host: Host
+    label: str
+
+    def start(self, command: str) -> RemoteProcess: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The whole outcome of a short command."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def run(transport: Transport, command: str, stdin: bytes = b"") -> Completed:
+    """Run a short command to completion, feeding it ``stdin``."""
+    proc = transport.start(command)
+    try:
+        if stdin:
+            proc.write(stdin)
+        proc.close_stdin()
+        chunks = []
+        while chunk := proc.read():
+            chunks.append(chunk)
+        return Completed(proc.wait(), b"".join(chunks), proc.read_stderr())
+    finally:
+        proc.close()
+
+
+# --------------------------------------------------------------------------- local
+
+
+# What an SSH session would carry over; the coordinator's other variables stay here.
+_LOCAL_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV")
+
+
+def _session_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in _LOCAL_ENV or k.startswith("LC_")}
+
+
+class _LocalProcess:
+    def __init__(self, command: str) -> None:
+        self._popen = subprocess.Popen(
+            ["bash", "-c", command],
+            env=_session_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._stderr = b""
+        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_thread.start()
+
+    def _drain_stderr(self) -> None:
+        assert self._popen.stderr is not None
+        self._stderr = self._popen.stderr.read()
+
+    def write(self, data: bytes) -> None:
+        stdin = self._popen.stdin
+        assert stdin is not None
+        try:
+            stdin.write(data)
+            stdin.flush()
+        except BrokenPipeError:
+            pass
+
+    def close_stdin(self) -> None:
+        stdin = self._popen.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                stdin.close()
+
+    def read(self, n: int = 65536) -> bytes:
+        stdout: IO[bytes] | None = self._popen.stdout
+        assert stdout is not None
+        return stdout.read1(n)  # type: ignore[attr-defined]
+
+    def read_stderr(self) -> bytes:
+        self._stderr_thread.join()
+        return self._stderr
+
+    def wait(self) -> int:
+        return self._popen.wait()
+
+    def close(self) -> None:
+        if self._popen.poll() is None:
+            # Like a dropped channel: the command loses its pipes, the helper scripts exit.
+            self.close_stdin()
+            self._popen.kill()
+            self._popen.wait()
+        for stream in (self._popen.stdout, self._popen.stderr):
+            if stream is not None:
+                stream.close()
+
+
+class LocalTransport:
+    """Runs commands on this machine, for the inventory host ``localhost``."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.label = host.host
+
+    def start(self, command: str) -> RemoteProcess:
+        return _LocalProcess(command)
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- ssh
+
+
+class _SshProcess:
+    def __init__(self, channel: object) -> None:
+        self._chan = channel
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)  # type: ignore[attr-defined]
+        except (OSError, EOFError):
+            pass
+
+    def close_stdin(self) -> None:
+        try:
+            self._chan.shutdown_write()  # type: ignore[attr-defined]
+        except (OSError, EOFError):
+            pass
+
+    def read(self, n: int = 65536) -> bytes:
+        return self._chan.recv(n)  # type: ignore[attr-defined]
+
+    def read_stderr(self) -> bytes:
+        chunks = []
+        while chunk := self._chan.recv_stderr(65536):  # type: ignore[attr-defined]
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def wait(self) -> int:
+        return self._chan.recv_exit_status()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._chan.close()  # type: ignore[attr-defined]
+
+
+class SshTransport:
+    """One SSH connection to one host, reused for every command on it."""
+
+    def __init__(self, host: Host, options: SshOptions) -> None:
+        from fabric import Config, Connection
+
+        self.host = host
+        self._options = options
+        config = Config(runtime_ssh_path=options.ssh_config) if options.ssh_config else Config()
+        timeout = options.connect_timeout
+        self._conn = Connection(
+            host.host,
+            user=host.user,
+            port=host.port,
+            config=config,
+            connect_timeout=max(1, int(round(timeout))),
+            connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout},
+        )
+        self.label = f"{self._conn.user}@{self._conn.host}:{self._conn.port}"
+        self._lock = threading.Lock()
+
+    @property
+    def hostname(self) -> str:
+        """The resolved ``HostName`` (what ssh_config maps the alias to)."""
+        return str(self._conn.host)
+
+    def known_hosts_path(self) -> Path:
+        configured = self._conn.ssh_config.get("userknownhostsfile")
+        first = configured.split()[0] if configured else "~/.ssh/known_hosts"
+        return Path(os.path.expanduser(first))
+
+    def connect(self) -> None:
+        """Open the connection now; raises ``HostUnreachable`` with what to try."""
+        with self._lock:
+            if self._conn.is_connected:
+                return
+            self._prepare_host_keys()
+            try:
+                self._conn.open()
+            except Exception as exc:  # every paramiko/socket failure becomes a finding
+                raise _explain(exc, self.host.host, self.label, self.known_hosts_path()) from exc
+            transport = self._conn.client.get_transport()
+            if transport is not None:
+                transport.set_keepalive(KEEPALIVE_SECONDS)
+
+    def _prepare_host_keys(self) -> None:
+        from sshddp.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
+
+        client = self._conn.client
+        path = self.known_hosts_path()
+        if path.is_file():
+            client.load_host_keys(str(path))
+        if self._options.accept_new_host_keys:
+            client.set_missing_host_key_policy(AcceptNewPolicy(path))
+        else:
+            client.set_missing_host_key_policy(RefuseUnknownPolicy(path))
+
+    def start(self, command: str) -> RemoteProcess:
+        self.connect()
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostUnreachable(self.host.host, f"{self.label}: the SSH connection was lost")
+        try:
+            channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET)
+            channel.exec_command(command)
+        except Exception as exc:
+            raise HostUnreachable(
+                self.host.host, f"{self.label}: could not start a command: {exc}"
+            ) from exc
+        return _SshProcess(channel)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> HostUnreachable:
+    """Turn a connection failure into a message that names the host and what to try."""
+    import paramiko
+
+    from sshddp.hostkeys import UnknownHostKey
+
+    if isinstance(exc, UnknownHostKey):
+        return HostUnreachable(host, f"{label}: {exc.message}", exc.hint)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostUnreachable(
+            host,
+            f"{label}: the host key CHANGED (got {exc.key.get_name()} "
+            f"{exc.key.get_fingerprint().hex()}); this may be an attack (man in the middle)",
+            f"if the host was really reinstalled, remove the old key with "
+            f"`ssh-keygen -R {host} -f {known_hosts}` and connect again",
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        return HostUnreachable(
+            host,
+            f"{label}: authentication failed ({exc})",
+            "check the user, that your key is in ~/.ssh/authorized_keys on the host, "
+            "and IdentityFile in ssh_config; `ssh -v` shows which keys are offered",
+        )
+    if isinstance(exc, socket.gaierror):
+        return HostUnreachable(
+            host,
+            f"{label}: cannot resolve the host name ({exc.strerror})",
+            "check the spelling, or add a Host block with HostName to ssh_config",
+        )
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return HostUnreachable(
+            host,
+            f"{label}: timed out connecting",
+            "check that the host is up and the port is open (firewall, VPN); "
+            "raise --connect-timeout for slow links",
+        )
+    return _explain_other(exc, host, label)
+
+
+def _explain_other(exc: BaseException, host: str, label: str) -> HostUnreachable:
+    import paramiko
+
+    if isinstance(exc, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
+        return HostUnreachable(
+            host,
+            f"{label}: connection refused",
+            "is sshd running on that host and port? (`systemctl status ssh`)",
+        )
+    text = str(exc) or type(exc).__name__
+    if "banner" in text.lower():
+        return HostUnreachable(
+            host,
+            f"{label}: the port accepts TCP but no SSH server answered ({text})",
+            "check the port; something else may be listening there, or sshd is overloaded",
+        )
+    return HostUnreachable(host, f"{label}: cannot connect: {text}", "try `ssh -v` to the host")
+
+
+def open_transport(host: Host, options: SshOptions) -> Transport:
+    """The transport for one inventory host (local for ``localhost``)."""
+    if host.is_local:
+        return LocalTransport(host)
+    return SshTransport(host, options)
+
+
+def ssh_hostname(host: Host, options: SshOptions) -> str:
+    """The HostName ssh_config gives a host alias (the alias itself when none)."""
+    if host.is_local:
+        return "127.0.0.1"
+    import paramiko
+
+    path = options.ssh_config or os.path.expanduser("~/.ssh/config")
+    if not os.path.isfile(path):
+        return host.host
+    try:
+        config = paramiko.SSHConfig.from_path(path)
+        return str(config.lookup(host.host).get("hostname", host.host))
+    except (OSError, paramiko.SSHException):
+        return host.host

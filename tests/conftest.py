@@ -1,0 +1,191 @@
+"""Shared fixtures: isolation from the developer's machine and a real sshd cluster.
+
+Every "host" of the cluster is this machine on its own loopback address, so local
+``/proc`` sees the processes of every host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from sshd_cluster import SshdCluster, processes_with_env
+
+SSHD_PORT = 2222
+SESSION_HOSTS = 4
+OTHER_PYTHON_HOST = 4  # host whose python3 is another minor version than ours
+PRIVATE_FIRST_OCTET = 100  # make_cluster's clusters, clear of the session cluster's
+
+INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "integration: needs real sshd on loopback")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_DIR in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _isolate_from_developer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Keep ~/.ssh, the ssh agent and the developer's sshddp settings out of tests."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    for name in [n for n in os.environ if n.startswith("SSHDDP_")]:
+        monkeypatch.delenv(name)
+
+
+def _python_minor(path: Path) -> int | None:
+    match = re.fullmatch(r"python3\.(\d+)", path.name)
+    return int(match.group(1)) if match else None
+
+
+def _python_candidates() -> list[Path]:
+    """Interpreters to try, pyenv's 3.10 / 3.12 first, then any python3.N on PATH."""
+    roots = {os.environ.get("PYENV_ROOT", ""), "/root/.pyenv", os.path.expanduser("~/.pyenv")}
+    pyenv = [p for r in sorted(roots) if r for p in Path(r).glob("versions/*/bin/python3.*")]
+    preferred = [p for minor in (10, 12) for p in pyenv if _python_minor(p) == minor]
+    on_path = [
+        p
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d
+        for p in Path(d).glob("python3.*")
+    ]
+    return preferred + on_path
+
+
+def find_other_minor_python() -> Path | None:
+    """A working python3 whose minor version differs from the running one."""
+    ours = sys.version_info[1]
+    for path in _python_candidates():
+        minor = _python_minor(path)
+        if minor is None or minor == ours or not os.access(path, os.X_OK):
+            continue
+        probe = subprocess.run(
+            [str(path), "-c", "import sys; print(sys.version_info[1])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == str(minor):
+            return path
+    return None
+
+
+@pytest.fixture(scope="session")
+def other_python() -> Path:
+    """Interpreter of another minor version, reached as ``python3`` on host 4."""
+    path = find_other_minor_python()
+    if path is None:
+        pytest.fail(
+            f"no python3.N other than {sys.version_info[0]}.{sys.version_info[1]} found "
+            "(looked in $PYENV_ROOT and /root/.pyenv versions, then on PATH); "
+            "the cluster's host 4 needs one to test interpreter mismatches"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, other_python: Path) -> Iterator[SshdCluster]:
+    """Four real sshd hosts h1..h4; h4's ``python3`` is ``other_python``."""
+    bin_dir = tmp_path_factory.mktemp("other-python-bin")
+    (bin_dir / "python3").symlink_to(other_python)
+    path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    sshd = SshdCluster(
+        tmp_path_factory.mktemp("sshd"),
+        SESSION_HOSTS,
+        port=SSHD_PORT,
+        extra_config={OTHER_PYTHON_HOST: [f"SetEnv PATH={path}"]},
+    )
+    try:
+        sshd.start()
+        yield sshd
+    finally:
+        sshd.close()
+
+
+@pytest.fixture
+def ssh_env(cluster: SshdCluster, monkeypatch: pytest.MonkeyPatch) -> SshdCluster:
+    """The session cluster, with ``SSHDDP_SSH_CONFIG`` pointing at its ssh_config."""
+    monkeypatch.setenv("SSHDDP_SSH_CONFIG", str(cluster.ssh_config))
+    return cluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SshdCluster]]:
+    """Start a private cluster (closed after the test) that a test may break freely.
+
+    Its hosts use 127.0.0.101 upwards, clear of the session cluster.
+    """
+    made: list[SshdCluster] = []
+
+    def make(n: int, **kwargs: Any) -> SshdCluster:
+        first = PRIVATE_FIRST_OCTET + sum(len(c.hosts) for c in made)
+        base = tmp_path_factory.mktemp("sshd-private")
+        sshd = SshdCluster(base, n, first_octet=first, **kwargs)
+        made.append(sshd)
+        sshd.start()
+        return sshd
+
+    try:
+        yield make
+    finally:
+        for sshd in made:
+            sshd.close()
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """Return a function giving a free TCP port on 127.0.0.1, new on each call."""
+    given: set[int] = {SSHD_PORT}
+
+    def pick() -> int:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in given:
+                given.add(port)
+                return port
+
+    return pick
+
+
+def assert_no_run_processes(run_id: str, timeout: float = 5.0) -> None:
+    """Wait until no process carries ``SSHDDP_RUN_ID=<run_id>``, else fail naming them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        survivors = processes_with_env("SSHDDP_RUN_ID", run_id)
+        if not survivors:
+            return
+        if time.monotonic() >= deadline:
+            listing = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in survivors)
+            raise AssertionError(
+                f"{len(survivors)} process(es) of run {run_id} still alive after "
+                f"{timeout:.1f}s:\n{listing}"
+            )
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def run_no_leak() -> Iterator[Callable[..., None]]:
+    """``assert_no_run_processes(run_id, timeout=5.0)``: no process of the run is left."""
+    yield assert_no_run_processes
