@@ -20,7 +20,6 @@ import pytest
 
 from sshd_cluster import SshdCluster, processes_with_env
 
-SSHD_PORT = 2222
 SESSION_HOSTS = 4
 OTHER_PYTHON_HOST = 4  # host whose python3 is another minor version than ours
 PRIVATE_FIRST_OCTET = 100  # make_cluster's clusters, clear of the session cluster's
@@ -112,7 +111,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, other_python: Path) -> Ite
     sshd = SshdCluster(
         tmp_path_factory.mktemp("sshd"),
         SESSION_HOSTS,
-        port=SSHD_PORT,
         extra_config={OTHER_PYTHON_HOST: [f"SetEnv PATH={path}"]},
     )
     try:
@@ -155,7 +153,7 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """Return a function giving a free TCP port on 127.0.0.1, new on each call."""
-    given: set[int] = {SSHD_PORT}
+    given: set[int] = set()
 
     def pick() -> int:
         while True:

@@ -83,7 +83,7 @@ class SshdCluster:
         self,
         base: Path,
         n: int,
-        port: int = 2222,
+        port: int | None = None,
         first_octet: int = 40,
         extra_config: dict[int, list[str]] | None = None,
         *,
@@ -97,6 +97,7 @@ class SshdCluster:
         if unknown:
             raise ValueError(f"extra_config names hosts outside 1..{n}: {sorted(unknown)}")
         self.base = Path(base).resolve()
+        port = port or free_common_port([f"127.0.0.{first_octet + i}" for i in range(1, n + 1)])
         self.port = port
         self.hosts = [
             SshHost(i, f"h{i}", f"127.0.0.{first_octet + i}", port) for i in range(1, n + 1)
@@ -592,3 +593,25 @@ if __name__ == "__main__":  # manual debugging: python tests/sshd_cluster.py DIR
         print(f"{count} sshd running; try: ssh -F {c.ssh_config} h1 true  (Ctrl-C stops)")
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
+
+
+def free_common_port(addrs: list[str], start: int = 22000, stop: int = 28000) -> int:
+    """A TCP port free on every address (several clusters may run at once on one machine)."""
+    import random
+
+    candidates = list(range(start, stop))
+    random.shuffle(candidates)
+    for port in candidates[:500]:
+        socks = []
+        try:
+            for addr in addrs:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((addr, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no TCP port free on all of {addrs}")

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Callable, Optional
 
 from sshddp.inventory import Host
+from sshddp.plan import endpoint
 
 Facts = Mapping[str, Any]
 LOW_DISK = 1 << 30
@@ -158,6 +159,14 @@ def _references(live: Sequence[HostFacts]) -> dict[str, Optional[str]]:
     return refs
 
 
+def _no_python(f: Facts) -> bool:
+    """The probe could not run: what it would have found is unknown, not missing."""
+    return bool(f.get("too_old") or f.get("python_missing"))
+
+
+_NOT_CHECKED = "not checked (no usable Python)"
+
+
 def _who_has(ref: str) -> str:
     return f"the other hosts have {ref}"
 
@@ -197,8 +206,8 @@ def _torch(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findi
     ver = torch_version(f)
     ref = refs["torch"]
     pin = f"=={ref}" if ref else ""
-    if f.get("too_old") or f.get("python_missing"):
-        return Finding("torch", Status.SKIP, "not checked (no usable Python)")
+    if _no_python(f):
+        return Finding("torch", Status.SKIP, _NOT_CHECKED)
     if ver is None:
         return Finding(
             "torch", Status.FAIL, f"torch is not installed for {hf.host.python}",
@@ -255,6 +264,8 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
     if want == 0:
         procs = ctx.nproc_override or hf.host.procs
         return Finding("gpus", Status.OK, f"CPU host, {procs} process(es)")
+    if _no_python(f):
+        return Finding("gpus", Status.SKIP, _NOT_CHECKED)
     have = gpu_count(f)
     cvd = f.get("cuda_visible_devices")
     if have is None:
@@ -306,7 +317,7 @@ def _rdzv(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
             Status.SKIP,
             "not tested (no probe from the rendezvous host, or none from this one)",
         )
-    target = f"{ctx.rdzv_addr}:{ctx.rdzv_port}"
+    target = endpoint(ctx.rdzv_addr, ctx.rdzv_port)
     if r.get("ok"):
         return Finding("rdzv", Status.OK, f"connects to {target}")
     return Finding(
@@ -335,6 +346,8 @@ def _script(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Opti
         return None
     if ctx.script_is_local:
         return Finding("script", Status.OK, f"{ctx.script} will be shipped")
+    if _no_python(hf.facts or {}):
+        return Finding("script", Status.SKIP, _NOT_CHECKED)
     s = (hf.facts or {}).get("script") or {}
     if s.get("exists"):
         return Finding("script", Status.OK, f"{ctx.script} present on the host")

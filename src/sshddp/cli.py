@@ -94,8 +94,8 @@ def doctor(ctx: click.Context, inventory: str, **kw: Any) -> None:
     raise Exit(code)
 
 
-@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
-                               "allow_interspersed_args": False})  # fmt: skip
+# Not interspersed: parsing stops at INVENTORY, so the script's own options pass through.
+@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @click.argument("inventory", type=click.Path())
 @click.argument("script_and_args", nargs=-1, type=click.UNPROCESSED)
 @ssh_options

@@ -65,7 +65,7 @@ def launch(
         env.out(describe(plan))
         return None
     payload = build_payload(plan.code)
-    logs = NodeLogs(Path(plan.log_dir))
+    logs = NodeLogs(Path(plan.log_dir).absolute())
     console = Console(env.stdout_bytes, env.color)
     width = max(len(f"[{n.node_rank} {n.host.host}]") for n in plan.nodes)
     for node in plan.nodes:

@@ -210,6 +210,9 @@ def torchrun_argv(
         "--rdzv-endpoint", endpoint(rdzv_addr, rdzv_port),
         "--rdzv-id", run_id,
         "--max-restarts", str(options.max_restarts),
+        # torchrun would run `python -u`; our own interpreter keeps ranks line-buffered on
+        # the supervisor's pty, so lines of different ranks never mix.
+        "--no-python", python,
     ]  # fmt: skip
     if options.module:
         argv += ["-m", code.target]
@@ -235,7 +238,11 @@ def describe(plan: LaunchPlan) -> str:
             f"node {node.node_rank}: {node.host.host}  (global ranks {node.first_rank}-{last})",
             f"  run dir: {node.rundir}",
             f"  cwd:     {node.cwd}",
-            "  env:     " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) or "-"),
+            "  env:     " + (" ".join(f"{k}={_shown(v)}" for k, v in env.items()) or "-"),
             "  command: " + shlex.join(node.argv),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _shown(value: str) -> str:
+    return value if value == MASK else shlex.quote(value)

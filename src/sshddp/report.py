@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -76,17 +77,28 @@ TAIL_LINES = 20
 
 
 def torchrun_failure(lines: Sequence[str]) -> dict[str, Any]:
-    """What torchrun's own failure summary says: global/local rank, exit code, signal."""
+    """What torchrun's failure summary says of its root cause: ranks, exit code, signal."""
+    start = max((i for i, line in enumerate(lines) if "Root Cause" in line), default=0)
     found: dict[str, Any] = {}
-    for line in lines:
+    for line in lines[start:]:
         if m := _RANK_RE.search(line):
             found.setdefault("rank", int(m.group(1)))
             found.setdefault("local_rank", int(m.group(2)))
         elif m := _EXIT_RE.search(line):
-            found.setdefault("exitcode", int(m.group(1)))
+            code = int(m.group(1))
+            found.setdefault("exitcode", code)
+            if code < 0:
+                found.setdefault("signal", _signame(-code))
         elif m := _SIGNAL_RE.search(line):
             found.setdefault("signal", m.group(2))
     return found
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def user_tail(lines: Sequence[str], n: int = TAIL_LINES) -> list[str]:

@@ -66,10 +66,10 @@ def test_every_host_runs_a_command(cluster: SshdCluster) -> None:
 
 def test_hosts_listen_on_their_own_address(cluster: SshdCluster) -> None:
     assert [(h.alias, h.addr, h.port) for h in cluster.hosts] == [
-        (f"h{i}", f"127.0.0.{40 + i}", 2222) for i in range(1, 5)
+        (f"h{i}", f"127.0.0.{40 + i}", cluster.port) for i in range(1, 5)
     ]
     first = cluster.known_hosts.read_text().splitlines()[0]
-    assert first.startswith("[127.0.0.41]:2222 ssh-ed25519 AAAA")
+    assert first.startswith(f"[127.0.0.41]:{cluster.port} ssh-ed25519 AAAA")
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="OpenSSH client not installed")
@@ -105,7 +105,7 @@ def test_changed_host_key_is_rejected(cluster: SshdCluster) -> None:
 
 def test_host_missing_from_known_hosts_is_rejected(cluster: SshdCluster) -> None:
     config, known = cluster.config_without_known_host(3)
-    assert "[127.0.0.43]:2222" not in known.read_text()
+    assert f"[127.0.0.43]:{cluster.port}" not in known.read_text()
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
         connect(cluster, 3, config=config)
     with connect(cluster, 1, config=config) as client:

@@ -51,7 +51,9 @@ class Supervisor(object):
         self.master, slave = pty.openpty()
         tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
         argv = list(self.spec["argv"])
-        argv[0] = sys.executable
+        argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
+        if "--no-python" in argv:
+            argv[argv.index("--no-python") + 1] = sys.executable
         try:
             self.proc = subprocess.Popen(
                 argv,

@@ -1,0 +1,77 @@
+"""Running the real sshddp CLI as a subprocess against the sshd test cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sshd_cluster import SshdCluster
+
+JOB = Path(__file__).parent / "payloads" / "job.py"
+SSHDDP = [sys.executable, "-m", "sshddp"]
+
+
+@dataclass
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+    run_id: str
+    cwd: Path
+    workdir: Path
+
+    def local_log(self, node: int) -> Path:
+        return self.cwd / "sshddp-logs" / self.run_id / f"node{node}-h{node + 1}.log"
+
+    def remote_log(self, node: int) -> Path:
+        return self.workdir / "runs" / self.run_id / f"n{node}" / "node.log"
+
+    def json_lines(self, node: int) -> list[dict[str, Any]]:
+        out = []
+        for line in self.local_log(node).read_text(encoding="utf-8").splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+        return out
+
+
+def write_inventory(
+    cluster: SshdCluster, tmp: Path, port: int, hosts: list[int] | None = None, nproc: int = 2,
+    env: dict[str, str] | None = None,
+) -> tuple[Path, Path]:  # fmt: skip
+    workdir = tmp / "remote"
+    text = cluster.inventory_yaml(
+        hosts or [1, 2, 3], nproc=nproc, rdzv_port=port, workdir=str(workdir),
+        env={"GLOO_SOCKET_IFNAME": "lo", **(env or {})},
+    )  # fmt: skip
+    inv = tmp / "inv.yaml"
+    inv.write_text(text)
+    return inv, workdir
+
+
+def cli_env(cluster: SshdCluster) -> dict[str, str]:
+    return {**os.environ, "SSHDDP_SSH_CONFIG": str(cluster.ssh_config)}
+
+
+def launch(
+    cluster: SshdCluster, tmp: Path, port: int, job_args: list[str], *, opts: list[str] = (),  # type: ignore[assignment]
+    hosts: list[int] | None = None, nproc: int = 2, env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> Run:  # fmt: skip
+    inv, workdir = write_inventory(cluster, tmp, port, hosts, nproc, env)
+    proc = subprocess.run(
+        [*SSHDDP, "launch", *opts, str(inv), str(JOB), *job_args],
+        cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
+
+
+def run_id_of(stderr: str) -> str:
+    m = re.search(r"sshddp: run (\S+):", stderr)
+    assert m, f"no run id in:\n{stderr}"
+    return m.group(1)

@@ -1,0 +1,110 @@
+"""The job the launch tests run under torchrun: behaviour picked by argv[1].
+
+ok            all-reduce the ranks, print a JSON summary and 50 numbered lines per rank
+argv ...      print the JSON summary (it carries sys.argv[2:])
+env NAME...   print the values of the named environment variables
+secret NAME   look for the value of $NAME in every process's /proc/*/cmdline
+raise R       rank R raises RuntimeError after the first all-reduce; the others keep going
+sigkill R     rank R SIGKILLs itself; the others keep going
+hang H R      rank H ignores SIGTERM and sleeps forever; rank R raises
+wait          print READY and sleep forever (to be stopped)
+setsid        fork a grandchild that calls setsid and sleeps forever, then wait
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+MODE = sys.argv[1]
+ARGS = sys.argv[2:]
+
+
+def summary(rank: int, world: int, value: float) -> None:
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "world": world,
+                "node_rank": int(os.environ["GROUP_RANK"]),
+                "local_rank": int(os.environ["LOCAL_RANK"]),
+                "sum": value,
+                "argv": ARGS,
+                "host": socket.gethostname(),
+                "run_id": os.environ.get("SSHDDP_RUN_ID"),
+            },
+            ensure_ascii=False,
+        ),
+        flush=True,
+    )
+
+
+def forever() -> None:
+    while True:
+        time.sleep(1)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)
+    summary(rank, world, value.item())
+    if MODE == "ok":
+        for i in range(50):
+            print(f"rank {rank} line {i}", flush=True)
+    elif MODE == "env":
+        print(json.dumps({"rank": rank, "env": {n: os.environ.get(n) for n in ARGS}}), flush=True)
+    elif MODE == "secret":
+        found = []
+        needle = os.environ[ARGS[0]].encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if needle in fh.read():
+                        found.append(pid)
+            except OSError:
+                pass
+        print(json.dumps({"rank": rank, "secret_in_cmdline": found}), flush=True)
+    elif MODE == "raise":
+        if rank == int(ARGS[0]):
+            raise RuntimeError(f"boom on rank {rank}")
+        dist.all_reduce(value)  # blocks: the failed rank never joins
+        forever()
+    elif MODE == "sigkill":
+        if rank == int(ARGS[0]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(value)
+        forever()
+    elif MODE == "hang":
+        if rank == int(ARGS[0]):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            print("HANGING", flush=True)
+            forever()
+        if rank == int(ARGS[1]):
+            time.sleep(1)
+            raise RuntimeError(f"boom on rank {rank}")
+        dist.all_reduce(value)
+        forever()
+    elif MODE == "wait":
+        print(f"READY {rank}", flush=True)
+        forever()
+    elif MODE == "setsid":
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                forever()
+            os._exit(0)
+        print(f"READY {rank}", flush=True)
+        forever()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
