@@ -5,6 +5,7 @@ This is the only module that calls ``sys.exit``; everything else raises ``Sshddp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -126,6 +127,14 @@ def doctor(ctx: click.Context, inventory: str, **kw: Any) -> None:
     metavar="SECONDS",
     help="SIGTERM to SIGKILL at teardown.",
 )
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0.5),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A node silent this long counts as lost, and the run is stopped.",
+)
 @click.pass_context
 def launch(ctx: click.Context, inventory: str, script_and_args: tuple[str, ...], **kw: Any) -> None:
     """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY.
@@ -155,7 +164,9 @@ def run(argv: Optional[Sequence[str]] = None, env: Optional[Environment] = None)
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args or env.environ.get("SSHDDP_TRACEBACK") == "1"
     try:
-        cli.main(args=args, prog_name="sshddp", standalone_mode=False, obj=env)
+        # click prints --help and --version to sys.stdout; they belong to env's stdout too.
+        with contextlib.redirect_stdout(env.stdout):
+            cli.main(args=args, prog_name="sshddp", standalone_mode=False, obj=env)
         return ExitCode.OK
     except Exit as done:
         return done.code

@@ -72,6 +72,7 @@ def launch_options(
         nproc_per_node=kw["nproc_per_node"], port=kw["port"], env=pairs,
         workdir=kw["workdir"], log_dir=kw["log_dir"], name=kw["name"],
         max_restarts=kw["max_restarts"], grace=kw["grace"],
+        heartbeat_timeout=kw["heartbeat_timeout"],
     )  # fmt: skip
     return options, secrets
 

@@ -91,8 +91,10 @@ class Executor:
         logs: NodeLogs,
         console: Console,
         reconnect_window: float = RECONNECT_WINDOW,
+        watch_only: bool = False,
     ) -> None:
         self.plan = plan
+        self.watch_only = watch_only  # logs --follow: never stop the run, Ctrl-C just leaves
         self.cluster = cluster
         self.logs = logs
         self.console = console
@@ -135,6 +137,16 @@ class Executor:
         self.wait_stopped()
         return False
 
+    def _peers(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "nnodes": len(plan.nodes),
+            "addr": plan.rdzv_addr,
+            "port": plan.peer_port,
+            "timeout": plan.heartbeat_timeout,
+            "hosts": [n.host.host for n in plan.nodes],
+        }
+
     def _boot_node(self, node: NodePlan, payload: Payload, supervisor: str) -> Optional[str]:
         """None when the node's torchrun started, else why not."""
         code = self.plan.code
@@ -142,7 +154,7 @@ class Executor:
             "rundir": node.rundir,
             "spec": {"run_id": self.plan.run_id, "node_rank": node.node_rank,
                      "argv": list(node.argv), "cwd": node.cwd, "grace": self.plan.grace,
-                     "mark": node.mark},
+                     "mark": node.mark, "peers": self._peers()},
             "env": dict(node.env),
             "payload": payload.header(),
             "supervisor": supervisor,
@@ -174,6 +186,9 @@ class Executor:
             try:
                 threads[0].join(0.1) if threads[0].is_alive() else time.sleep(0.05)
             except KeyboardInterrupt:
+                if self.watch_only:
+                    self.detach()
+                    break
                 interrupted += 1
                 self._on_interrupt(interrupted)
         if not self._detach.is_set():
@@ -248,7 +263,7 @@ class Executor:
             first = failed and self._root_cause is None and self._stopping is None
             if first:
                 self._root_cause = node.node_rank
-        if first:
+        if first and not self.watch_only:
             self.stop_all(False, f"node {node.node_rank} ({node.host.host}) {result.state.value}")
 
     def _unreachable(self, node: NodePlan, error: Optional[BaseException]) -> None:

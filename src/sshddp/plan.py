@@ -40,6 +40,7 @@ class LaunchOptions:
     name: Optional[str] = None  #: run id chosen by the user
     max_restarts: int = 0  #: torchrun ``--max-restarts``
     grace: float = 10.0  #: seconds between SIGTERM and SIGKILL at teardown
+    heartbeat_timeout: float = 30.0  #: seconds of silence after which a node counts as lost
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,13 @@ class LaunchPlan:
     script_args: tuple[str, ...]
     grace: float
     log_dir: str  #: local directory of this run's logs
+    heartbeat_timeout: float = 30.0  #: supervisors stop the run after this much silence
     secret_names: frozenset[str] = field(default_factory=frozenset)  #: env names to mask
+
+    @property
+    def peer_port(self) -> int:
+        """Port of node 0's supervisor, which the other supervisors connect to."""
+        return self.rdzv_port + 1
 
     def masked_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` as it may be shown: secret values replaced by ``***``."""
@@ -156,6 +163,7 @@ def make_plan(
         run_id=run_id, nodes=nodes, rdzv_addr=rdzv_addr, rdzv_port=rdzv_port,
         world_size=sum(nprocs), code=code, script_args=options.script_args,
         grace=options.grace, log_dir=f"{options.log_dir.rstrip('/')}/{run_id}",
+        heartbeat_timeout=options.heartbeat_timeout,
         secret_names=frozenset(secret),
     )  # fmt: skip
 
@@ -169,8 +177,12 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
         )
     if options.nproc_per_node is not None and options.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node {options.nproc_per_node}: expected at least 1")
-    if options.port is not None and not 1 <= options.port <= 65535:
-        raise UsageError(f"--port {options.port}: expected a TCP port, 1-65535")
+    if options.port is not None and not 1 <= options.port <= 65534:
+        raise UsageError(
+            f"--port {options.port}: expected a TCP port, 1-65534 (a run also uses port + 1)"
+        )
+    if options.heartbeat_timeout <= 0:
+        raise UsageError("--heartbeat-timeout must be positive")
     if options.grace < 0 or options.max_restarts < 0:
         raise UsageError("--grace and --max-restarts must not be negative")
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from sshddp.errors import RunNotFound
 from sshddp.inventory import Host
-from sshddp.plan import LaunchPlan
+from sshddp.plan import CodeSpec, LaunchPlan, NodePlan
 
 VERSION = 1
 
@@ -54,6 +54,8 @@ def record(plan: LaunchPlan, inventory_path: str, ssh_config: Optional[str]) -> 
         "log_dir": os.path.abspath(plan.log_dir),
         "rdzv": [plan.rdzv_addr, plan.rdzv_port],
         "world_size": plan.world_size,
+        "grace": plan.grace,
+        "heartbeat_timeout": plan.heartbeat_timeout,
         "code": plan.code.target,
         "args": list(plan.script_args),
         "nodes": [
@@ -123,3 +125,20 @@ def hosts_of(entry: dict[str, Any]) -> list[Host]:
         h["env"] = {}
         hosts.append(Host(**h))
     return hosts
+
+
+def plan_of(entry: dict[str, Any]) -> LaunchPlan:
+    """Enough of a recorded run's plan to follow, fetch and stop it."""
+    hosts = hosts_of(entry)
+    nodes = tuple(
+        NodePlan(host=h, node_rank=n["node_rank"], nproc=n["nproc"], first_rank=0,
+                 rundir=n["rundir"], env={}, argv=(), cwd="")
+        for h, n in zip(hosts, entry["nodes"])
+    )  # fmt: skip
+    addr, port = entry["rdzv"]
+    return LaunchPlan(
+        run_id=entry["run_id"], nodes=nodes, rdzv_addr=addr, rdzv_port=port,
+        world_size=entry["world_size"], code=CodeSpec("none", entry["code"]),
+        script_args=tuple(entry["args"]), grace=entry.get("grace", 10.0),
+        log_dir=entry["log_dir"], heartbeat_timeout=entry.get("heartbeat_timeout", 30.0),
+    )  # fmt: skip

@@ -40,7 +40,7 @@ def script_source(name: str) -> str:
 def supervisor_source() -> str:
     """The supervisor as a standalone file (it outlives the command that wrote it)."""
     return (
-        f"{_read('common')}\n{_read('supervisor')}\n"
+        f"{_read('common')}\n{_read('peers')}\n{_read('supervisor')}\n"
         "if __name__ == '__main__':\n    run_supervisor(sys.argv[1])\n"
     )
 

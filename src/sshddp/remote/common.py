@@ -102,7 +102,7 @@ def signal_all(pids, sig):
             pass
 
 
-def kill_run(pgid, mark, grace, reap=None):
+def kill_run(pgid, mark, grace, reap=None, hurry=None):
     """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s.
 
     ``reap`` (optional) is called while waiting so a parent can collect its own child.
@@ -112,7 +112,7 @@ def kill_run(pgid, mark, grace, reap=None):
     pids = run_pids(pgid, mark)
     if grace > 0 and pids:
         signal_all(pids, signal.SIGTERM)
-        while pids and time.time() - start < grace:
+        while pids and time.time() - start < grace and not (hurry and hurry()):
             time.sleep(0.02)
             if reap:
                 reap()

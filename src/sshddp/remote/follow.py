@@ -1,5 +1,6 @@
 # follow: stream a node's log from a byte offset until the node has finished.
-# ARGS: {"rundir", "offset": int}
+# ARGS: {"rundir", "offset": int, "mode": "follow" | "fetch" | "status"}
+# fetch: send what the log holds now and stop; status: send no log bytes, only the status.
 # stdout: the raw bytes of RUNDIR/node.log from offset; stderr at the end: one JSON line with
 # the node's exit.json (or {"state": "lost"} when its supervisor vanished without one).
 # Exits when the coordinator goes away (stdin closes), so it never lingers.
@@ -31,9 +32,33 @@ def _open_log(path, offset):
                 return None
 
 
+def node_status(rundir):
+    """The node's state as its run directory tells it (exit.json, else liveness)."""
+    done = read_json(os.path.join(rundir, "exit.json"))
+    if done is not None:
+        return done
+    state = read_json(os.path.join(rundir, "state.json"))
+    if state is None:
+        known = os.path.exists(os.path.join(rundir, "spec.json"))
+        return {"state": "starting" if known else "unknown"}
+    if _supervisor_gone(rundir) and not os.path.exists(os.path.join(rundir, "exit.json")):
+        return {
+            "state": "lost",
+            "reason": "the node's supervisor died",
+            "started": state.get("started"),
+        }
+    return {"state": "running", "started": state.get("started")}
+
+
 def main(args):
     rundir = os.path.expanduser(args["rundir"])
     exit_path = os.path.join(rundir, "exit.json")
+    mode = args.get("mode", "follow")
+    if mode == "status" or (
+        mode == "fetch" and not os.path.exists(os.path.join(rundir, "node.log"))
+    ):
+        emit(node_status(rundir), sys.stderr)
+        return
     fh = _open_log(os.path.join(rundir, "node.log"), int(args.get("offset", 0)))
     if fh is None:
         return
@@ -45,6 +70,10 @@ def main(args):
             out.write(data)
             out.flush()
             continue
+        if mode == "fetch":
+            out.flush()
+            emit(node_status(rundir), sys.stderr)
+            return
         if os.path.exists(exit_path):
             while True:  # exit.json is written after the last byte: drain, then report
                 data = fh.read(CHUNK)

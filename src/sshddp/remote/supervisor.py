@@ -20,6 +20,7 @@ class Supervisor(object):
         self.proc = None
         self.master = None
         self.log = None
+        self.peers = Peers(self.spec)
         self.started = time.time()
 
     def path(self, name):
@@ -118,7 +119,7 @@ class Supervisor(object):
             rc = self.proc.poll()
             if rc is not None:
                 return rc
-            if self.stop_signal is not None:
+            if self.stop_signal is not None or self.peers.abort is not None:
                 return None
             if not self.pump(0.02):
                 time.sleep(0.02)
@@ -132,21 +133,31 @@ class Supervisor(object):
 
     def run(self):
         if not self.start():
+            self.peers.start()
+            self.peers.report("failed", "torchrun did not start")
+            self.peers.wait_others(None)
             return
+        self.peers.start()
         rc = self.loop()
         if rc is None:
             grace = 0 if self.stop_signal == signal.SIGUSR1 else float(self.spec.get("grace", 10))
-            kill_run(self.proc.pid, self.spec["mark"], grace, self.reap)
+            kill_run(self.proc.pid, self.spec["mark"], grace, self.reap, self.hurry)
             rc = self.proc.wait()
             self.drain()
-            self.finish("stopped", rc, None, self.stop_reason("stopped on request"))
-            return
-        # torchrun is gone; children that escaped into their own session must not outlive it.
-        kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
-        self.drain()
-        state = "succeeded" if rc == 0 else "failed"
-        reason = "" if rc == 0 else _describe(rc)
+            default = "stopped: " + self.peers.abort if self.peers.abort else "stopped on request"
+            state, reason = "stopped", self.stop_reason(default)
+        else:
+            # torchrun is gone; children that escaped into their own session must not outlive it.
+            kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
+            self.drain()
+            state = "succeeded" if rc == 0 else "failed"
+            reason = "" if rc == 0 else _describe(rc)
         self.finish(state, rc, None, reason)
+        self.peers.report(state, reason)
+        self.peers.wait_others(None)
+
+    def hurry(self):
+        return self.stop_signal == signal.SIGUSR1
 
     def finish(self, state, rc, sig, reason):
         result = {
