@@ -44,8 +44,8 @@ def sshddp(args: Sequence[str], environ: Mapping[str, str] | None = None) -> Res
 
 
 def assert_clean_failure(result: Result, code: int) -> None:
-    """Exited with ``code`` and said why in one message, without a Python traceback."""
+    """Exited with ``code`` and said why, without a Python traceback."""
     assert result.code == code, result.explain()
     assert "Traceback" not in result.text, result.explain()
     assert "internal error" not in result.text, result.explain()
-    assert result.err.strip(), result.explain()
+    assert result.text.strip(), result.explain()

@@ -12,6 +12,7 @@ from typing import Callable
 
 import pytest
 from launch_helpers import JOB, SSHDDP, cli_env, launch, run_id_of, write_inventory
+
 from sshd_cluster import SshdCluster
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import Result, assert_clean_failure, sshddp
+from cli_helpers import assert_clean_failure, sshddp
 from sshddp import __version__
 from sshddp.cli import cli
 from sshddp.errors import ExitCode
@@ -238,9 +238,3 @@ def test_traceback_flag_shows_the_traceback(tmp_path: Path) -> None:
     assert shown.code == ExitCode.BAD_INPUT
     assert "Traceback (most recent call last)" in shown.err
     assert "InventoryError" in shown.err
-
-
-def test_result_helper_reports_everything() -> None:
-    """The helper's failure text carries both streams (so failing asserts are readable)."""
-    text = Result(3, "OUT", "ERR").explain()
-    assert "exit 3" in text and "OUT" in text and "ERR" in text

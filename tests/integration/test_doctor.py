@@ -1,0 +1,367 @@
+"""``sshddp doctor`` against real sshd hosts: each way a cluster breaks, named with a fix.
+
+Every call probes the hosts for real (torch is imported on each, about 2 s), so tests use
+two or three hosts and a fresh rendezvous port each.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from cli_helpers import Result, assert_clean_failure, sshddp
+from sshd_cluster import SshdCluster
+from sshddp.errors import ExitCode
+
+Port = Callable[[], int]
+
+
+def write(tmp_path: Path, text: str, name: str = "inv.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def inventory(
+    tmp_path: Path, hosts: list[tuple[str, str | None]], port: int, rdzv_host: str = ""
+) -> Path:
+    """An inventory of (alias, python or None for ours) with rendezvous port ``port``."""
+    lines = [f"defaults: {{python: {sys.executable}, nproc: 1}}"]
+    rdzv = f"host: '{rdzv_host}', " if rdzv_host else ""
+    lines.append(f"rendezvous: {{{rdzv}port: {port}}}")
+    lines.append("hosts:")
+    for alias, python in hosts:
+        own = f", python: {python}" if python else ""
+        lines.append(f"  - {{host: {alias}{own}}}")
+    return write(tmp_path, "\n".join(lines) + "\n")
+
+
+def healthy(cluster: SshdCluster, tmp_path: Path, port: int, hosts: list[int]) -> Path:
+    return write(tmp_path, cluster.inventory_yaml(hosts, rdzv_port=port, nproc=1))
+
+
+def doctor(cluster: SshdCluster, inv: Path, *options: str, config: Path | None = None) -> Result:
+    config = config or cluster.ssh_config
+    return sshddp(["doctor", "--ssh-config", str(config), "--connect-timeout", "5", *options,
+                   str(inv)])  # fmt: skip
+
+
+def table(out: str) -> dict[str, dict[str, str]]:
+    """The doctor table as {host: {column: cell}}."""
+    rows = [
+        [cell.strip() for cell in line.strip().strip("│┃").split("│" if "│" in line else "┃")]
+        for line in out.splitlines()
+        if line.count("│") + line.count("┃") >= 3
+    ]
+    header, body = rows[0], rows[1:]
+    return {row[1]: dict(zip(header, row)) for row in body}
+
+
+def problem(out: str, host: str, check: str) -> tuple[str, str]:
+    """The (message, fix) lines that doctor prints for ``check`` failing on ``host``."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"FAIL {host} {check}: "):
+            fix = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            assert fix.startswith("fix: "), out
+            return line, fix[len("fix: ") :]
+    raise AssertionError(f"no failing {check!r} for {host} in:\n{out}")
+
+
+def failing(out: str) -> set[tuple[str, str]]:
+    """Every (host, check) doctor printed as failing."""
+    found = set()
+    for line in out.splitlines():
+        if line.startswith("FAIL "):
+            host, check = line.split()[1:3]
+            found.add((host, check.rstrip(":")))
+    return found
+
+
+# ----------------------------------------------------------------- healthy
+
+
+def test_healthy_hosts_pass(ssh_env: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    port = free_port()
+    result = doctor(ssh_env, healthy(ssh_env, tmp_path, port, [1, 2, 3]))
+    assert result.code == ExitCode.OK, result.explain()
+    rows = table(result.out)
+    assert list(rows) == ["h1", "h2", "h3"]
+    assert [rows[h]["node"] for h in rows] == ["0", "1", "2"]
+    for host, row in rows.items():
+        for check in ("ssh", "python", "torch", "gpus", "rdzv"):
+            assert row[check] == "ok", (host, check, result.out)
+        assert row["port"] == ("ok" if host == "h1" else ""), result.out
+    assert "All checks passed on 3 host(s)." in result.out
+    assert "Traceback" not in result.text
+
+
+def test_healthy_hosts_json(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    port = free_port()
+    result = doctor(cluster, healthy(cluster, tmp_path, port, [1, 2]), "--json")
+    assert result.code == ExitCode.OK, result.explain()
+    doc = json.loads(result.out)
+    assert doc["ok"] is True
+    assert [h["host"] for h in doc["hosts"]] == ["h1", "h2"]
+    here = ".".join(map(str, sys.version_info[:3]))
+    for node, h in enumerate(doc["hosts"]):
+        assert h["node"] == node and h["error"] is None
+        facts: dict[str, Any] = h["facts"]
+        assert facts["python"]["version"] == here
+        assert facts["python"]["executable"] == sys.executable
+        assert facts["torch"]["version"] == metadata.version("torch")
+        assert facts["rendezvous"] == {"ok": True, "addr": cluster.host(1).addr, "port": port}
+        statuses = {f["check"]: f["status"] for f in h["findings"]}
+        assert statuses["python"] == statuses["torch"] == statuses["rdzv"] == "ok", h
+        assert all(f["status"] != "fail" for f in h["findings"]), h
+    assert doc["hosts"][0]["facts"]["port"]["free"] is True
+
+
+# ----------------------------------------------------------------- interpreters
+
+
+def test_other_python_minor_version(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    """h4's python3 is another minor version than the venv's Python on h1."""
+    inv = inventory(tmp_path, [("h1", None), ("h4", "python3")], free_port())
+    result = doctor(cluster, inv)
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    rows = table(result.out)
+    assert rows["h1"]["python"] == "ok" and rows["h4"]["python"] == "FAIL", result.out
+    message, fix = problem(result.out, "h4", "python")
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert f"the other hosts have {ours}" in message
+    assert "h4" in fix and f"python{ours}" in fix
+    assert not any(host == "h1" for host, _ in failing(result.out)), result.out
+
+
+def test_host_without_torch(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    """Same Python minor version, but a bare venv: only torch fails."""
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = bare / "bin" / "python"
+    inv = inventory(tmp_path, [("h1", None), ("h2", str(python))], free_port())
+    result = doctor(cluster, inv)
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h2", "torch")}, result.out
+    message, fix = problem(result.out, "h2", "torch")
+    assert f"torch is not installed for {python}" in message
+    assert f"{python} -m pip install torch==" in fix and "on h2" in fix
+
+
+def test_missing_interpreter(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    inv = inventory(tmp_path, [("h1", None), ("h2", "/nonexistent/python3")], free_port())
+    result = doctor(cluster, inv)
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h2", "python")}, result.out
+    message, fix = problem(result.out, "h2", "python")
+    assert "the interpreter /nonexistent/python3 does not exist" in message
+    assert "`python:`" in fix and "h2" in fix
+    assert table(result.out)["h2"]["ssh"] == "ok"
+
+
+def test_missing_interpreter_on_the_rendezvous_host(
+    cluster: SshdCluster, tmp_path: Path, free_port: Port
+) -> None:
+    inv = inventory(tmp_path, [("h1", "/nonexistent/python3"), ("h2", None)], free_port())
+    result = doctor(cluster, inv)
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    # Nothing listened on h1, so h2's failed connect is no network problem: not blamed.
+    assert failing(result.out) == {("h1", "python")}, result.out
+    message, _ = problem(result.out, "h1", "python")
+    assert "the interpreter /nonexistent/python3 does not exist" in message
+    rows = table(result.out)
+    assert rows["h2"]["python"] == rows["h2"]["torch"] == "ok"
+    assert rows["h2"]["rdzv"] == "-"
+
+
+# ----------------------------------------------------------------- reachability
+
+
+@pytest.fixture
+def host2_down(cluster: SshdCluster) -> Iterator[SshdCluster]:
+    cluster.stop_host(2)
+    try:
+        yield cluster
+    finally:
+        cluster.start_host(2)
+
+
+def test_sshd_down_on_one_host(host2_down: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    cluster = host2_down
+    result = doctor(cluster, healthy(cluster, tmp_path, free_port(), [1, 2, 3]))
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h2", "ssh")}, result.out
+    message, fix = problem(result.out, "h2", "ssh")
+    assert "connection refused" in message
+    assert "sshd" in fix
+    rows = table(result.out)
+    assert rows["h2"]["ssh"] == "FAIL"
+    for host in ("h1", "h3"):  # still checked, in full
+        assert rows[host]["ssh"] == rows[host]["python"] == rows[host]["torch"] == "ok"
+        assert rows[host]["rdzv"] == "ok"
+
+
+def test_wrong_client_key(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    inv = healthy(cluster, tmp_path, free_port(), [1, 2])
+    result = doctor(cluster, inv, config=cluster.wrong_key_config())
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h1", "ssh"), ("h2", "ssh")}, result.out
+    message, fix = problem(result.out, "h1", "ssh")
+    assert "authentication failed" in message
+    assert "authorized_keys" in fix
+
+
+def test_unknown_host_key_then_accept_new(
+    cluster: SshdCluster, tmp_path: Path, free_port: Port
+) -> None:
+    config, known_hosts = cluster.config_without_known_host(2)
+    h2 = cluster.host(2)
+    entry = f"[{h2.addr}]:{h2.port} "
+    assert entry not in known_hosts.read_text()
+    inv = healthy(cluster, tmp_path, free_port(), [2])
+
+    refused = doctor(cluster, inv, config=config)
+    assert_clean_failure(refused, ExitCode.CHECK_FAILED)
+    message, fix = problem(refused.out, "h2", "ssh")
+    assert "unknown host key SHA256:" in message and "refusing" in message
+    assert "--accept-new-host-keys" in fix
+    assert f"ssh-keyscan -p {h2.port} {h2.addr} >> {known_hosts}" in fix
+    assert entry not in known_hosts.read_text()
+
+    accepted = doctor(cluster, inv, "--accept-new-host-keys", config=config)
+    assert accepted.code == ExitCode.OK, accepted.explain()
+    recorded = [line for line in known_hosts.read_text().splitlines() if line.startswith(entry)]
+    public = (cluster.host_key(2).parent / "host_ed25519.pub").read_text().split()[:2]
+    assert [line.split()[1:] for line in recorded] == [public]
+
+    again = doctor(cluster, inv, config=config)
+    assert again.code == ExitCode.OK, again.explain()
+    assert known_hosts.read_text().count(entry) == 1
+
+
+@pytest.fixture
+def host2_new_key(cluster: SshdCluster) -> Iterator[SshdCluster]:
+    cluster.change_host_key(2)
+    try:
+        yield cluster
+    finally:
+        cluster.restore_host_key(2)
+
+
+@pytest.mark.parametrize("accept_new", [False, True])
+def test_changed_host_key_is_refused(
+    host2_new_key: SshdCluster, tmp_path: Path, free_port: Port, accept_new: bool
+) -> None:
+    cluster = host2_new_key
+    before = cluster.known_hosts.read_text()
+    options = ["--accept-new-host-keys"] if accept_new else []
+    result = doctor(cluster, healthy(cluster, tmp_path, free_port(), [2]), *options)
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    message, fix = problem(result.out, "h2", "ssh")
+    assert "CHANGED" in message and "attack" in message
+    assert "ssh-keygen -R" in fix
+    assert cluster.known_hosts.read_text() == before
+
+
+# ----------------------------------------------------------------- rendezvous
+
+
+def test_rendezvous_port_taken(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    port = free_port()
+    inv = healthy(cluster, tmp_path, free_port(), [1, 2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("0.0.0.0", port))
+        holder.listen()
+        result = doctor(cluster, inv, "--port", str(port))
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h1", "port")}, result.out
+    message, fix = problem(result.out, "h1", "port")
+    assert f"rendezvous port {port} is taken" in message
+    assert "--port" in fix and f":{port}" in fix
+    # the connects reached the port's holder, not a rendezvous: no verdict on them
+    assert [row["rdzv"] for row in table(result.out).values()] == ["-", "-"]
+
+
+def test_rendezvous_unreachable(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    """A rendezvous address where nothing listens: every host fails to connect.
+
+    The first host's probe listens on every IPv4 address, so any 127.x address would
+    connect; ``::1`` is loopback too but IPv6, where nothing listens on that port.
+    """
+    port = free_port()
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+        s.bind(("::1", port))  # proves the port is free on ::1 (and IPv6 loopback works)
+    inv = inventory(tmp_path, [("h1", None), ("h2", None)], port, rdzv_host="::1")
+    result = doctor(cluster, inv)
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h1", "rdzv"), ("h2", "rdzv")}, result.out
+    message, fix = problem(result.out, "h2", "rdzv")
+    assert f"cannot connect to the rendezvous [::1]:{port}" in message
+    assert "refused" in message.lower()
+    assert str(port) in fix
+    assert table(result.out)["h1"]["port"] == "ok"
+
+
+# ----------------------------------------------------------------- bad input
+
+
+INVENTORY_ERRORS = [
+    ("empty.yaml", "", "the inventory is empty"),
+    ("notyaml.yaml", "hosts: [a, b\n", ":2:"),
+    ("unknown.yaml", "hosts:\n  - host: h1\n    gpu: 2\n", ":3: hosts[0].gpu: unknown key"),
+    ("type.yaml", "hosts:\n  - host: h1\n    gpus: many\n", ":3: hosts[0].gpus: expected"),
+    ("dup.yaml", "hosts:\n  - h1\n  - h2\n  - h1\n", ":4: hosts[2]: host 'h1' is listed twice"),
+    ("inject.yaml", "hosts:\n  - 'h1;rm -rf ~'\n", ":2: hosts[0]: expected a host name"),
+    ("tab.yaml", "hosts:\n\t- h1\n", ":2:"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), INVENTORY_ERRORS)
+def test_inventory_errors(
+    cluster: SshdCluster, tmp_path: Path, name: str, text: str, needle: str
+) -> None:
+    inv = write(tmp_path, text, name)
+    result = doctor(cluster, inv)
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"sshddp: error: {inv}" in result.err
+    assert needle in result.err, result.explain()
+    assert result.out == ""
+
+
+def test_inventory_not_found(cluster: SshdCluster, tmp_path: Path) -> None:
+    result = doctor(cluster, tmp_path / "nope.yaml")
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"{tmp_path / 'nope.yaml'}: inventory file not found" in result.err
+
+
+def test_inventory_is_a_directory(cluster: SshdCluster, tmp_path: Path) -> None:
+    result = doctor(cluster, tmp_path)
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"{tmp_path}: is a directory" in result.err
+
+
+def test_ssh_config_not_found(tmp_path: Path) -> None:
+    inv = write(tmp_path, "hosts: [h1]\n")
+    result = sshddp(["doctor", "--ssh-config", "/nonexistent", str(inv)])
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert "--ssh-config /nonexistent: no such file" in result.err
+
+
+def test_ssh_config_from_the_environment(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Port, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SSHDDP_SSH_CONFIG is read like --ssh-config (a wrong one is refused the same way)."""
+    inv = healthy(ssh_env, tmp_path, free_port(), [1])
+    assert sshddp(["doctor", str(inv)]).code == ExitCode.OK
+    monkeypatch.setenv("SSHDDP_SSH_CONFIG", str(tmp_path / "missing_config"))
+    result = sshddp(["doctor", str(inv)])
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert "missing_config: no such file" in result.err

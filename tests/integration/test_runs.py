@@ -1,0 +1,182 @@
+"""Tmux-free runs: detach, attach, logs, ps, stop, and teardown that needs no laptop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from launch_helpers import JOB, SSHDDP, cli_env, write_inventory
+
+from sshd_cluster import SshdCluster
+
+
+def sshddp(
+    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SSHDDP, *args], cwd=cwd, env=cli_env(cluster), capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def detach(cluster: SshdCluster, tmp: Path, port: int, name: str, *job: str,
+           hosts: list[int] | None = None, opts: tuple[str, ...] = ()) -> Path:  # fmt: skip
+    inv, workdir = write_inventory(cluster, tmp, port, hosts)
+    r = sshddp(cluster, tmp, "launch", "--detach", "--name", name, *opts, str(inv), str(JOB), *job)
+    assert r.returncode == 0, r.stderr
+    assert f"sshddp attach {name}" in r.stderr
+    return workdir
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if pred():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def remote_states(workdir: Path, run: str, n: int = 3) -> list[str]:
+    import json
+
+    out = []
+    for i in range(n):
+        p = workdir / "runs" / run / f"n{i}" / "exit.json"
+        out.append(json.loads(p.read_text())["state"] if p.exists() else "running")
+    return out
+
+
+def test_detached_failure_stops_every_node_without_laptop(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    workdir = detach(ssh_env, tmp_path, free_port(), "dfail", "raise", "4")
+    wait_until(lambda: "running" not in remote_states(workdir, "dfail"), 60, "all nodes to end")
+    assert remote_states(workdir, "dfail") == ["stopped", "stopped", "failed"]
+    run_no_leak("dfail", timeout=3.0)
+    ps = sshddp(ssh_env, tmp_path, "ps", "--all")
+    assert ps.returncode == 0
+    assert "dfail" in ps.stdout and "2:failed" in ps.stdout and "node 2 (h3) failed" in ps.stdout
+    att = sshddp(ssh_env, tmp_path, "attach", "dfa")  # a unique prefix is enough
+    assert att.returncode == 1, att.stderr
+    assert "root cause: node 2 on h3" in att.stderr and "boom on rank 4" in att.stderr
+
+
+def test_host_sigkilled_whole_is_noticed_by_the_others(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    opts = ("--heartbeat-timeout", "5")
+    workdir = detach(ssh_env, tmp_path, free_port(), "dlost", "wait", opts=opts)
+    wait_until(lambda: "READY" in (workdir / "runs/dlost/n1/node.log").read_text()
+               if (workdir / "runs/dlost/n1/node.log").exists() else False, 60, "node 1 ready")  # fmt: skip
+    from sshd_cluster import processes_with_env
+
+    victims = [pid for pid, cmd in processes_with_env("SSHDDP_RUN_ID", "dlost")
+               if "runs/dlost/n1" in cmd or _has_mark(pid, "dlost/n1")]  # fmt: skip
+    assert victims
+    t0 = time.monotonic()
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    took = wait_until(lambda: remote_states(workdir, "dlost") == ["stopped", "running", "stopped"],
+                      30, "the other nodes to stop")  # fmt: skip
+    assert time.monotonic() - t0 < 30 and took < 30
+    run_no_leak("dlost", timeout=3.0)
+    ps = sshddp(ssh_env, tmp_path, "ps", "--all")
+    assert "1:lost" in ps.stdout, ps.stdout
+
+
+def _has_mark(pid: int, mark: str) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"SSHDDP_NODE_MARK={mark}".encode() in env
+
+
+def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
+    proc = subprocess.Popen([*SSHDDP, "launch", "--name", "k9", str(inv), str(JOB), "ok"],
+                            cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    wait_until(lambda: (workdir / "runs/k9/n2/state.json").exists(), 60, "node 2 to start")
+    proc.kill()  # kill -9: no teardown runs
+    proc.wait()
+    wait_until(lambda: remote_states(workdir, "k9") == ["succeeded"] * 3, 60, "the run to end")
+    att = sshddp(ssh_env, tmp_path, "attach", "k9")
+    assert att.returncode == 0, att.stderr
+    logs = sshddp(ssh_env, tmp_path, "logs", "k9", "--node", "2")
+    assert logs.returncode == 0
+    for node in range(3):
+        local = tmp_path / "sshddp-logs" / "k9" / f"node{node}-h{node + 1}.log"
+        remote = workdir / "runs" / "k9" / f"n{node}" / "node.log"
+        assert local.read_bytes() == remote.read_bytes()
+        text = local.read_text()
+        for rank in (2 * node, 2 * node + 1):
+            mine = [ln for ln in text.splitlines() if ln.startswith(f"rank {rank} line ")]
+            assert mine == [f"rank {rank} line {i}" for i in range(50)]
+    assert logs.stdout == (tmp_path / "sshddp-logs/k9/node2-h3.log").read_text()
+    run_no_leak("k9")
+
+
+def test_stop_from_another_terminal_twice_and_after_the_end(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    workdir = detach(ssh_env, tmp_path, free_port(), "stp", "wait")
+    wait_until(lambda: all((workdir / f"runs/stp/n{i}/state.json").exists() for i in range(3)),
+               60, "all nodes to start")  # fmt: skip
+    first = sshddp(ssh_env, tmp_path, "stop", "stp")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count(": stopped") == 3
+    run_no_leak("stp", timeout=2.0)
+    again = sshddp(ssh_env, tmp_path, "stop", "stp")
+    assert again.returncode == 0 and again.stdout.count("was already stopped") == 3
+    missing = sshddp(ssh_env, tmp_path, "stop", "nosuchrun")
+    assert missing.returncode == 2 and "no run 'nosuchrun'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_two_runs_on_the_same_hosts_stop_one_keeps_other(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    wa = detach(ssh_env, a, free_port(), "twoa", "wait", hosts=[1, 2])
+    wb = detach(ssh_env, b, free_port(), "twob", "wait", hosts=[1, 2])
+    for w, run in ((wa, "twoa"), (wb, "twob")):
+        wait_until(lambda w=w, run=run: all((w / f"runs/{run}/n{i}/state.json").exists()
+                                            for i in range(2)), 60, f"{run} to start")  # fmt: skip
+    assert sshddp(ssh_env, a, "stop", "twoa").returncode == 0
+    run_no_leak("twoa", timeout=2.0)
+    from sshd_cluster import processes_with_env
+
+    assert processes_with_env("SSHDDP_RUN_ID", "twob"), "stopping one run touched the other"
+    assert remote_states(wb, "twob", 2) == ["running", "running"]
+    ps = sshddp(ssh_env, b, "ps")
+    assert "twob" in ps.stdout and "0:running 1:running" in ps.stdout
+    assert sshddp(ssh_env, b, "stop", "twob").returncode == 0
+    run_no_leak("twob", timeout=2.0)
+
+
+def test_ps_with_a_host_unreachable_says_so(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    workdir = detach(ssh_env, tmp_path, free_port(), "psu", "wait", hosts=[1, 2])
+    wait_until(lambda: (workdir / "runs/psu/n1/state.json").exists(), 60, "node 1 to start")
+    ssh_env.stop_host(2)
+    try:
+        t0 = time.monotonic()
+        ps = sshddp(ssh_env, tmp_path, "ps", "--connect-timeout", "3")
+        assert time.monotonic() - t0 < 20
+        assert "psu" in ps.stdout and "0:running" in ps.stdout and "1:unreachable" in ps.stdout
+    finally:
+        ssh_env.start_host(2)
+    assert sshddp(ssh_env, tmp_path, "stop", "psu").returncode == 0
+    run_no_leak("psu", timeout=2.0)
