@@ -36,17 +36,7 @@ class Payload:
 def code_spec(options: LaunchOptions) -> CodeSpec:
     """Decide how the script or module reaches the hosts."""
     if options.workdir:
-        root = Path(options.workdir)
-        if not root.is_dir():
-            raise UsageError(f"--workdir {options.workdir}: not a local directory")
-        if options.module:
-            return CodeSpec("tar", options.module, str(root))
-        assert options.script is not None
-        script = Path(options.script)
-        rel = script.relative_to(root) if script.is_absolute() or script.exists() else script
-        if not (root / rel).is_file():
-            raise UsageError(f"{options.script}: not a file inside --workdir {options.workdir}")
-        return CodeSpec("tar", rel.as_posix() if not script.is_absolute() else str(rel), str(root))
+        return _workdir_spec(options)
     if options.module:
         return CodeSpec("none", options.module)
     assert options.script is not None
@@ -58,6 +48,26 @@ def code_spec(options: LaunchOptions) -> CodeSpec:
     # Not here: taken as a path on the hosts, relative to the remote home directory.
     target = options.script[2:] if options.script.startswith("~/") else options.script
     return CodeSpec("remote", target)
+
+
+def _workdir_spec(options: LaunchOptions) -> CodeSpec:
+    """The script (or module) inside a shipped --workdir, as a path relative to it."""
+    assert options.workdir is not None
+    root = Path(options.workdir).resolve()
+    if not root.is_dir():
+        raise UsageError(f"--workdir {options.workdir}: not a local directory")
+    if options.module:
+        return CodeSpec("tar", options.module, str(root))
+    assert options.script is not None
+    script = Path(options.script)
+    candidates = [script] if script.is_absolute() else [root / script, Path.cwd() / script]
+    for candidate in (c.resolve() for c in candidates):
+        if candidate.is_file() and candidate.is_relative_to(root):
+            return CodeSpec("tar", candidate.relative_to(root).as_posix(), str(root))
+    raise UsageError(
+        f"{options.script}: not a file inside --workdir {options.workdir} (give the script "
+        "relative to that directory)"
+    )
 
 
 def build_payload(code: CodeSpec) -> Payload:

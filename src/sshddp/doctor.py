@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Optional
 
 from sshddp import ops
@@ -94,7 +95,24 @@ def gather(cluster: Cluster, ctx: Context, deep: bool) -> list[HostFacts]:
             results.append(first_facts)
         else:
             results.append(_to_facts(host, outcomes[host.index]))
-    return results
+    return _drop_unproven_rdzv(results)
+
+
+def _drop_unproven_rdzv(results: list[HostFacts]) -> list[HostFacts]:
+    """Connects prove the rendezvous reachable only if the first host's probe listened.
+
+    Otherwise (no usable Python there, or the port held by someone else) they reached
+    nothing or a stranger, and would blame the network for the first host's problem.
+    """
+    first = results[0].facts or {}
+    if (first.get("port") or {}).get("free"):
+        return results
+    return [
+        replace(hf, facts={k: v for k, v in hf.facts.items() if k != "rendezvous"})
+        if hf.facts is not None
+        else hf
+        for hf in results
+    ]
 
 
 def _to_facts(host: Host, outcome: Any) -> HostFacts:

@@ -140,6 +140,11 @@ def make_plan(
     hosts = inventory.hosts
     rdzv_addr = inventory.rendezvous.host or addr_of(hosts[0])
     rdzv_port = options.port or inventory.rendezvous.port
+    if rdzv_port > 65534:
+        raise UsageError(
+            f"rendezvous port {rdzv_port}: a run also uses port + 1, so the highest usable "
+            f"port is 65534; set `rendezvous: {{port: N}}` in {inventory.source} or --port"
+        )
     nprocs = [options.nproc_per_node or h.procs for h in hosts]
     starts = [sum(nprocs[:i]) for i in range(len(hosts))]
     extra_env = dict(options.env)

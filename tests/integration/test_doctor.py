@@ -218,6 +218,16 @@ def test_wrong_client_key(cluster: SshdCluster, tmp_path: Path, free_port: Port)
     assert "authentication failed" in message
     assert "authorized_keys" in fix
 
+    as_json = doctor(cluster, inv, "--json", config=cluster.wrong_key_config())
+    assert as_json.code == ExitCode.CHECK_FAILED, as_json.explain()
+    doc = json.loads(as_json.out)
+    assert doc["ok"] is False
+    for h in doc["hosts"]:
+        assert h["facts"] is None and "authentication failed" in h["error"]
+        assert h["findings"] == [
+            {"check": "ssh", "status": "fail", "message": h["error"], "fix": fix}
+        ]
+
 
 def test_unknown_host_key_then_accept_new(
     cluster: SshdCluster, tmp_path: Path, free_port: Port
@@ -360,7 +370,8 @@ def test_ssh_config_from_the_environment(
 ) -> None:
     """SSHDDP_SSH_CONFIG is read like --ssh-config (a wrong one is refused the same way)."""
     inv = healthy(ssh_env, tmp_path, free_port(), [1])
-    assert sshddp(["doctor", str(inv)]).code == ExitCode.OK
+    found = sshddp(["doctor", str(inv)])
+    assert found.code == ExitCode.OK, found.explain()
     monkeypatch.setenv("SSHDDP_SSH_CONFIG", str(tmp_path / "missing_config"))
     result = sshddp(["doctor", str(inv)])
     assert_clean_failure(result, ExitCode.BAD_INPUT)

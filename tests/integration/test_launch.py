@@ -187,8 +187,11 @@ def test_localhost_default_from_readme(tmp_path: Path, run_no_leak) -> None:
     inv = tmp_path / "localhost.yaml"
     text = (root / "inventories" / "localhost.yaml").read_text()
     inv.write_text(text.replace("port: 29531", "port: 29577"))
-    proc = subprocess.run([*SSHDDP, "launch", str(inv), str(root / "examples" / "allreduce.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    example = str(root / "examples" / "allreduce.py")
+    proc = subprocess.run(
+        [*SSHDDP, "launch", str(inv), example],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(ln.split("] ", 1)[1]) for ln in proc.stdout.splitlines() if '"sum"' in ln]
     assert sorted(r["rank"] for r in results) == [0, 1] and all(r["ok"] for r in results)

@@ -69,8 +69,8 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
 ) -> None:
     opts = ("--heartbeat-timeout", "5")
     workdir = detach(ssh_env, tmp_path, free_port(), "dlost", "wait", opts=opts)
-    wait_until(lambda: "READY" in (workdir / "runs/dlost/n1/node.log").read_text()
-               if (workdir / "runs/dlost/n1/node.log").exists() else False, 60, "node 1 ready")  # fmt: skip
+    log = workdir / "runs/dlost/n1/node.log"
+    wait_until(lambda: log.exists() and "READY" in log.read_text(), 60, "node 1 ready")
     from sshd_cluster import processes_with_env
 
     victims = [pid for pid, cmd in processes_with_env("SSHDDP_RUN_ID", "dlost")

@@ -49,60 +49,81 @@ def forever() -> None:
         time.sleep(1)
 
 
+def mode_ok(rank: int, value: torch.Tensor) -> None:
+    for i in range(50):
+        print(f"rank {rank} line {i}", flush=True)
+
+
+def mode_env(rank: int, value: torch.Tensor) -> None:
+    print(json.dumps({"rank": rank, "env": {n: os.environ.get(n) for n in ARGS}}), flush=True)
+
+
+def mode_secret(rank: int, value: torch.Tensor) -> None:
+    found = []
+    needle = os.environ[ARGS[0]].encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if needle in fh.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    print(json.dumps({"rank": rank, "secret_in_cmdline": found}), flush=True)
+
+
+def mode_raise(rank: int, value: torch.Tensor) -> None:
+    if rank == int(ARGS[0]):
+        raise RuntimeError(f"boom on rank {rank}")
+    dist.all_reduce(value)  # blocks: the failed rank never joins
+    forever()
+
+
+def mode_sigkill(rank: int, value: torch.Tensor) -> None:
+    if rank == int(ARGS[0]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(value)
+    forever()
+
+
+def mode_hang(rank: int, value: torch.Tensor) -> None:
+    if rank == int(ARGS[0]):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("HANGING", flush=True)
+        forever()
+    if rank == int(ARGS[1]):
+        time.sleep(1)
+        raise RuntimeError(f"boom on rank {rank}")
+    dist.all_reduce(value)
+    forever()
+
+
+def mode_wait(rank: int, value: torch.Tensor) -> None:
+    print(f"READY {rank}", flush=True)
+    forever()
+
+
+def mode_setsid(rank: int, value: torch.Tensor) -> None:
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            forever()
+        os._exit(0)
+    mode_wait(rank, value)
+
+
+MODES = {"ok": mode_ok, "env": mode_env, "secret": mode_secret, "raise": mode_raise,
+         "sigkill": mode_sigkill, "hang": mode_hang, "wait": mode_wait,
+         "setsid": mode_setsid, "argv": lambda rank, value: None}  # fmt: skip
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     value = torch.tensor([float(rank)])
     dist.all_reduce(value)
     summary(rank, world, value.item())
-    if MODE == "ok":
-        for i in range(50):
-            print(f"rank {rank} line {i}", flush=True)
-    elif MODE == "env":
-        print(json.dumps({"rank": rank, "env": {n: os.environ.get(n) for n in ARGS}}), flush=True)
-    elif MODE == "secret":
-        found = []
-        needle = os.environ[ARGS[0]].encode()
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if needle in fh.read():
-                        found.append(pid)
-            except OSError:
-                pass
-        print(json.dumps({"rank": rank, "secret_in_cmdline": found}), flush=True)
-    elif MODE == "raise":
-        if rank == int(ARGS[0]):
-            raise RuntimeError(f"boom on rank {rank}")
-        dist.all_reduce(value)  # blocks: the failed rank never joins
-        forever()
-    elif MODE == "sigkill":
-        if rank == int(ARGS[0]):
-            os.kill(os.getpid(), signal.SIGKILL)
-        dist.all_reduce(value)
-        forever()
-    elif MODE == "hang":
-        if rank == int(ARGS[0]):
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            print("HANGING", flush=True)
-            forever()
-        if rank == int(ARGS[1]):
-            time.sleep(1)
-            raise RuntimeError(f"boom on rank {rank}")
-        dist.all_reduce(value)
-        forever()
-    elif MODE == "wait":
-        print(f"READY {rank}", flush=True)
-        forever()
-    elif MODE == "setsid":
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                forever()
-            os._exit(0)
-        print(f"READY {rank}", flush=True)
-        forever()
+    MODES[MODE](rank, value)
     dist.destroy_process_group()
 
 
