@@ -180,3 +180,29 @@ def test_ps_with_a_host_unreachable_says_so(
         ssh_env.start_host(2)
     assert sshddp(ssh_env, tmp_path, "stop", "psu").returncode == 0
     run_no_leak("psu", timeout=2.0)
+
+
+def test_coordinator_killed_mid_stream_reattach_has_no_gap_or_duplicate(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
+    argv = [*SSHDDP, "launch", "--name", "mid", str(inv), str(JOB), "stream", "600"]
+    local = tmp_path / "sshddp-logs" / "mid" / "node1-h2.log"
+    for tick in ("tick 50\n", "tick 250\n"):  # kill the coordinator twice mid-stream
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(ssh_env),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        wait_until(lambda t=tick: local.exists() and t in local.read_text(), 60, tick)
+        proc.kill()
+        proc.wait()
+        argv = [*SSHDDP, "attach", "mid"]
+        assert "running" in remote_states(workdir, "mid", 2)
+    att = sshddp(ssh_env, tmp_path, "attach", "mid")
+    assert att.returncode == 0, att.stderr
+    for node in range(2):
+        path = tmp_path / "sshddp-logs" / "mid" / f"node{node}-h{node + 1}.log"
+        assert path.read_bytes() == (workdir / f"runs/mid/n{node}/node.log").read_bytes()
+        lines = path.read_text().splitlines()
+        for rank in (2 * node, 2 * node + 1):
+            ticks = [ln for ln in lines if ln.startswith(f"rank {rank} tick ")]
+            assert ticks == [f"rank {rank} tick {i}" for i in range(600)]
+    run_no_leak("mid")

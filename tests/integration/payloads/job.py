@@ -7,6 +7,7 @@ secret NAME   look for the value of $NAME in every process's /proc/*/cmdline
 raise R       rank R raises RuntimeError after the first all-reduce; the others keep going
 sigkill R     rank R SIGKILLs itself; the others keep going
 hang H R      rank H ignores SIGTERM and sleeps forever; rank R raises
+stream N      print N numbered lines, 10 ms apart
 wait          print READY and sleep forever (to be stopped)
 setsid        fork a grandchild that calls setsid and sleeps forever, then wait
 """
@@ -97,6 +98,12 @@ def mode_hang(rank: int, value: torch.Tensor) -> None:
     forever()
 
 
+def mode_stream(rank: int, value: torch.Tensor) -> None:
+    for i in range(int(ARGS[0])):
+        print(f"rank {rank} tick {i}", flush=True)
+        time.sleep(0.01)
+
+
 def mode_wait(rank: int, value: torch.Tensor) -> None:
     print(f"READY {rank}", flush=True)
     forever()
@@ -112,9 +119,11 @@ def mode_setsid(rank: int, value: torch.Tensor) -> None:
     mode_wait(rank, value)
 
 
-MODES = {"ok": mode_ok, "env": mode_env, "secret": mode_secret, "raise": mode_raise,
-         "sigkill": mode_sigkill, "hang": mode_hang, "wait": mode_wait,
-         "setsid": mode_setsid, "argv": lambda rank, value: None}  # fmt: skip
+MODES = {
+    "ok": mode_ok, "env": mode_env, "secret": mode_secret, "raise": mode_raise,
+    "sigkill": mode_sigkill, "hang": mode_hang, "wait": mode_wait, "setsid": mode_setsid,
+    "stream": mode_stream, "argv": lambda rank, value: None,
+}  # fmt: skip
 
 
 def main() -> None:
