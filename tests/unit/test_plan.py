@@ -320,6 +320,8 @@ def test_parse_env_error_does_not_echo_the_value() -> None:
         (LaunchOptions(script="t.py"), "x" * 65, "--name"),
         (LaunchOptions(script="t.py", port=0), "ok", "--port 0"),
         (LaunchOptions(script="t.py", port=65536), "ok", "--port 65536"),
+        (LaunchOptions(script="t.py", port=65535), "ok", "port + 1"),  # the peers' port
+        (LaunchOptions(script="t.py", heartbeat_timeout=0), "ok", "--heartbeat-timeout"),
         (LaunchOptions(script="t.py", nproc_per_node=0), "ok", "--nproc-per-node 0"),
         (LaunchOptions(script="t.py", nproc_per_node=-2), "ok", "--nproc-per-node -2"),
         (LaunchOptions(script="t.py", grace=-1.0), "ok", "--grace"),
@@ -335,7 +337,16 @@ def test_validate_options_rejects(options: LaunchOptions, run_id: str, needle: s
 
 @pytest.mark.parametrize("run_id", ["a", "run-1", "R_2.b", "x" * 64])
 def test_validate_options_accepts(run_id: str) -> None:
-    validate_options(LaunchOptions(script="t.py", port=65535, nproc_per_node=1), run_id)
+    validate_options(LaunchOptions(script="t.py", port=65534, nproc_per_node=1), run_id)
+
+
+def test_inventory_rendezvous_port_leaves_room_for_the_peer_port() -> None:
+    """A run also listens on port + 1 (the supervisors' peer port)."""
+    assert plan_of(text="rendezvous: {port: 65534}\nhosts: [a]\n").peer_port == 65535
+    with pytest.raises(UsageError) as err:
+        plan_of(text="rendezvous: {port: 65535}\nhosts: [a]\n")
+    assert "65535" in err.value.message and "65534" in err.value.message
+    assert "inv.yaml" in err.value.message
 
 
 def test_new_run_ids_are_valid_and_distinct() -> None:
@@ -452,16 +463,16 @@ def test_workdir_errors(tmp_path: Path) -> None:
         code_spec(LaunchOptions(script="missing.py", workdir=str(tmp_path)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="bug in bundle.code_spec: Path.relative_to raises ValueError when the script and "
-    "--workdir mix relative and absolute paths (an internal error instead of a usage error)",
-)
-def test_workdir_absolute_with_relative_script(
+def test_workdir_and_script_mixing_absolute_and_relative_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_project(tmp_path / "proj")
+    (tmp_path / "outside.py").write_text("")
     monkeypatch.chdir(tmp_path)
-    code = code_spec(LaunchOptions(script="proj/train.py", workdir=str(tmp_path / "proj")))
-    assert code.target == "train.py"
+    absolute = str(tmp_path / "proj")
+    assert code_spec(LaunchOptions(script="proj/train.py", workdir=absolute)).target == "train.py"
+    script = str(tmp_path / "proj" / "pkg" / "model.py")
+    assert code_spec(LaunchOptions(script=script, workdir="proj")).target == "pkg/model.py"
+    for outside in ("outside.py", str(tmp_path / "outside.py"), "proj/../outside.py"):
+        with pytest.raises(UsageError, match="not a file inside --workdir"):
+            code_spec(LaunchOptions(script=outside, workdir="proj"))
