@@ -300,8 +300,17 @@ def _port(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     port = (hf.facts or {}).get("port")
     if port is None:
         return None
+    if port.get("free") and port.get("peer_free") is False:
+        peer = ctx.rdzv_port + 1
+        return Finding(
+            "port", Status.FAIL,
+            f"port {peer} (sshddp's supervisors, rendezvous port + 1) is taken "
+            f"({port.get('peer_error')})",
+            f"pick another rendezvous port with --port / `rendezvous: {{port: N}}`, or find "
+            f"the holder with `ss -ltnp 'sport = :{peer}'` on {hf.host.host}",
+        )  # fmt: skip
     if port.get("free"):
-        return Finding("port", Status.OK, f"port {ctx.rdzv_port} free")
+        return Finding("port", Status.OK, f"ports {ctx.rdzv_port} and {ctx.rdzv_port + 1} free")
     return Finding(
         "port", Status.FAIL, f"rendezvous port {ctx.rdzv_port} is taken ({port.get('error')})",
         f"pick another with --port / `rendezvous: {{port: N}}`, or find the holder with "

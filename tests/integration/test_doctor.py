@@ -300,6 +300,22 @@ def test_rendezvous_port_taken(cluster: SshdCluster, tmp_path: Path, free_port: 
     assert [row["rdzv"] for row in table(result.out).values()] == ["-", "-"]
 
 
+def test_supervisor_port_taken(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
+    port = free_port()
+    inv = healthy(cluster, tmp_path, free_port(), [1, 2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        try:
+            holder.bind(("0.0.0.0", port + 1))
+        except OSError:
+            pytest.fail(f"port {port + 1} was not free for the test")
+        holder.listen()
+        result = doctor(cluster, inv, "--port", str(port))
+    assert_clean_failure(result, ExitCode.CHECK_FAILED)
+    assert failing(result.out) == {("h1", "port")}, result.out
+    message, _ = problem(result.out, "h1", "port")
+    assert f"port {port + 1}" in message and "supervisors" in message
+
+
 def test_rendezvous_unreachable(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
     """A rendezvous address where nothing listens: every host fails to connect.
 

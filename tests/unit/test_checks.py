@@ -301,9 +301,19 @@ def test_port_taken_on_the_rendezvous_host_fails() -> None:
 
 def test_port_free() -> None:
     first = gpu_facts()
-    first["port"] = {"port": PORT, "free": True, "error": None}
+    first["port"] = {"port": PORT, "free": True, "error": None, "peer_free": True}
     f = finding(evaluate(hosts_of(first), CTX), 0, "port")
-    assert (f.status, f.message) == (Status.OK, f"port {PORT} free")
+    assert (f.status, f.message) == (Status.OK, f"ports {PORT} and {PORT + 1} free")
+
+
+def test_supervisor_port_taken_fails() -> None:
+    first = gpu_facts()
+    first["port"] = {"port": PORT, "free": True, "error": None, "peer_free": False,
+                     "peer_error": "Address already in use"}  # fmt: skip
+    f = finding(evaluate(hosts_of(first), CTX), 0, "port")
+    assert f.status is Status.FAIL
+    assert f"port {PORT + 1}" in f.message and "supervisors" in f.message
+    assert f"sport = :{PORT + 1}" in f.fix
 
 
 def test_rendezvous_connect_failure_fails() -> None:

@@ -163,6 +163,12 @@ def main(args):
     if args.get("listen_port"):
         listener, err = _listen(int(args["listen_port"]))
         facts["port"] = {"port": args["listen_port"], "free": listener is not None, "error": err}
+        # sshddp's supervisors use the next port: check it is free too, then let it go.
+        peer, peer_err = _listen(int(args["listen_port"]) + 1)
+        facts["port"]["peer_free"] = peer is not None
+        facts["port"]["peer_error"] = peer_err
+        if peer is not None:
+            peer.close()
     if args.get("connect"):
         addr, port = args["connect"]
         facts["rendezvous"] = _connect(addr, int(port), float(args.get("connect_timeout", 3)))
