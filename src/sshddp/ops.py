@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sshddp import scripts
 from sshddp.errors import InterpreterMissing, RemoteError
@@ -61,3 +61,26 @@ def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> di
         transport, "stop", {"rundir": rundir, "force": force, "reason": reason}
     )
     return answer
+
+
+def read_node(
+    transport: Transport, rundir: str, offset: int, mode: str,
+    on_bytes: Callable[[bytes], None] = lambda data: None,
+) -> dict[str, Any]:  # fmt: skip
+    """One-shot look at a node: log bytes from ``offset`` (mode "fetch") or none ("status").
+
+    Returns the node's status record (exit.json, or its live state)."""
+    proc = start_script(transport, "follow", {"rundir": rundir, "offset": offset, "mode": mode})
+    try:
+        proc.close_stdin()
+        while chunk := proc.read(1 << 20):
+            on_bytes(chunk)
+        lines = proc.read_stderr().decode("utf-8", "replace").strip().splitlines()
+        proc.wait()
+    finally:
+        proc.close()
+    try:
+        record = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        record = None
+    return record if isinstance(record, dict) else {"state": "unknown"}

@@ -6,7 +6,6 @@ They read the local run registry for the hosts and run directories, then ask the
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -74,18 +73,8 @@ def attach(env: Environment, run: str, kw: dict[str, Any]) -> int:
 def _fetch(transport: Transport, node: NodePlan, logs: NodeLogs) -> dict[str, Any]:
     """Append what the local copy lacks; the node's status."""
     rank = node.node_rank
-    args = {"rundir": node.rundir, "offset": logs.size(rank), "mode": "fetch"}
-    proc = ops.start_script(transport, "follow", args)
-    try:
-        proc.close_stdin()
-        while chunk := proc.read(1 << 20):
-            logs.write(rank, chunk)
-        err = proc.read_stderr().decode("utf-8", "replace").strip().splitlines()
-        proc.wait()
-    finally:
-        proc.close()
-    status: dict[str, Any] = json.loads(err[-1]) if err else {"state": "unknown"}
-    return status
+    return ops.read_node(transport, node.rundir, logs.size(rank), "fetch",
+                         lambda data: logs.write(rank, data))  # fmt: skip
 
 
 def logs_cmd(env: Environment, run: str, kw: dict[str, Any]) -> int:
@@ -139,16 +128,7 @@ def _states(entry: dict[str, Any], kw: dict[str, Any]) -> list[dict[str, Any]]:
             err = errors[node.host.index]
             if err is not None:
                 return {"state": NodeState.UNREACHABLE.value, "reason": err.message}
-            args = {"rundir": node.rundir, "offset": 0, "mode": "status"}
-            proc = ops.start_script(cluster.transports[node.host.index], "follow", args)
-            try:
-                proc.close_stdin()
-                proc.read()
-                lines = proc.read_stderr().decode("utf-8", "replace").strip().splitlines()
-                proc.wait()
-            finally:
-                proc.close()
-            return json.loads(lines[-1]) if lines else {"state": "unknown"}
+            return ops.read_node(cluster.transports[node.host.index], node.rundir, 0, "status")
 
         outcomes = cluster.map(status, plan.nodes)
     return [o.value if o.ok and o.value else {"state": "unknown", "reason": str(o.error)}
