@@ -122,6 +122,16 @@ def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
             mine = [ln for ln in text.splitlines() if ln.startswith(f"rank {rank} line ")]
             assert mine == [f"rank {rank} line {i}" for i in range(50)]
     assert logs.stdout == (tmp_path / "sshddp-logs/k9/node2-h3.log").read_text()
+    node0 = (tmp_path / "sshddp-logs/k9/node0-h1.log").read_text().splitlines(keepends=True)
+    tail = sshddp(ssh_env, tmp_path, "logs", "k9", "--node", "0", "--tail", "3")
+    assert tail.returncode == 0 and tail.stdout == "".join(node0[-3:])
+    follow = sshddp(ssh_env, tmp_path, "logs", "k9", "--follow", "--tail", "1")
+    assert follow.returncode == 0
+    assert [ln.split("] ", 1)[0] for ln in follow.stdout.splitlines()] == [
+        "[0 h1",
+        "[1 h2",
+        "[2 h3",
+    ]
     run_no_leak("k9")
 
 
