@@ -1,0 +1,1100 @@
+"""Benchmarks of sshddp against pdsh and plain OpenSSH, on real sshd servers on loopback.
+
+Starts its own ``SshdCluster`` (tests/sshd_cluster.py) in a temporary directory, runs every
+benchmark and its baselines in the same run, interleaving the methods repetition by
+repetition, and prints a markdown report (medians with min-max). ``--out`` also writes it
+to a file (BENCHMARKS.md). Every "host" is this machine, so remote work competes with the
+coordinator for the same cores: absolute numbers are pessimistic, the comparisons are fair.
+
+    .venv/bin/python scripts/bench.py [--quick] [--reps N] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import itertools
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import sshddp  # noqa: E402
+from sshd_cluster import SshdCluster  # noqa: E402
+from sshddp import scripts  # noqa: E402
+from sshddp.checks import Context  # noqa: E402
+from sshddp.doctor import probe_args  # noqa: E402
+from sshddp.inventory import load_inventory  # noqa: E402
+from sshddp.transport import SshOptions, ssh_hostname  # noqa: E402
+
+FIRST_OCTET = 200  # hosts on 127.0.0.201.., clear of the test suite's .41.. and .101..
+SSHD_PORT = 2222
+FANOUT = 32  # sshddp's default --fanout; pdsh gets the same -f
+POLL_S = 0.01  # /proc and log-size polling period
+RUN_TIMEOUT_S = 180.0
+LINE = b"sshddp benchmark log line: 0123456789 abcdefghijklmnopqrstuvwxyz\n"[-64:]
+TD_HOSTS, TD_NPROC = 3, 2
+
+# The rank every benchmark runs. READY is printed at import, before torch or any
+# process group, so launch latency measures the launcher, not the training script.
+RANK_SCRIPT = f'''\
+"""sshddp benchmark rank: READY at import, then latency / teardown / flood MB."""
+import os
+import sys
+import time
+
+rank = int(os.environ.get("RANK", "0"))
+world = int(os.environ.get("WORLD_SIZE", "1"))
+print("READY %d %.6f" % (rank, time.time()), flush=True)
+mode = sys.argv[1]
+if mode == "latency":
+    time.sleep(1.0)
+elif mode == "teardown":
+    if rank == world - 1:
+        time.sleep(1.0)
+        print("FAIL %.6f" % time.time(), flush=True)
+        raise RuntimeError("injected failure (benchmark)")
+    time.sleep(300)
+elif mode == "flood" and rank == 0:
+    chunk = {LINE!r} * (1 << 20 >> 6)
+    out = sys.stdout.buffer
+    print("START %.6f" % time.time(), flush=True)
+    for _ in range(int(sys.argv[2])):
+        out.write(chunk)
+    out.flush()
+    print("END %.6f" % time.time(), flush=True)
+'''
+
+
+class BenchError(RuntimeError):
+    """A benchmark run did not do what it should (wrong exit status, missing output)."""
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Repeated measurements of one quantity."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def fmt(self, scale: float = 1.0, digits: int = 2) -> str:
+        if not self.values:
+            return "n/a"
+        med, lo, hi = (v * scale for v in (self.median, min(self.values), max(self.values)))
+        return f"{med:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+    @property
+    def noisy(self) -> bool:
+        """Max more than 1.5x min: the machine was probably busy."""
+        return bool(self.values) and max(self.values) > 1.5 * max(min(self.values), 1e-9)
+
+
+def stat(values: Sequence[float]) -> Stat:
+    return Stat(tuple(values))
+
+
+def verdict(ok: bool, miss: str) -> str:
+    return "met" if ok else f"**missed**: {miss}"
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A command's outcome; cpu and rss include the children it reaped (wait4)."""
+
+    rc: int
+    wall: float  #: seconds from Popen to exit
+    cpu: float  #: user + sys seconds
+    maxrss_mb: float
+    lines: tuple[tuple[float, str], ...]  #: (perf_counter, text) of every stdout line
+    stderr: str
+
+
+class Watched:
+    """A started command whose stdout lines are timestamped as they arrive."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        cwd: Path,
+        on_line: Optional[Callable[[float, str], None]] = None,
+        stdout_null: bool = False,
+        timeout: float = RUN_TIMEOUT_S,
+    ) -> None:
+        self.argv = list(argv)
+        self.on_line = on_line
+        self.lines: list[tuple[float, str]] = []
+        self.done = threading.Event()
+        self._err: IO[bytes] = tempfile.TemporaryFile()
+        self.t0 = time.perf_counter()
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stderr=self._err,
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE,
+            start_new_session=True,  # its own group: a timeout kills it and its children
+        )
+        self._status = 0
+        self._rusage: Optional[object] = None
+        self._threads = [threading.Thread(target=self._wait, daemon=True)]
+        if not stdout_null:
+            self._threads.append(threading.Thread(target=self._read, daemon=True))
+        for t in self._threads:
+            t.start()
+        self._timer = threading.Timer(timeout, self._kill)
+        self._timer.start()
+        self.timed_out = False
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            now = time.perf_counter()
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            self.lines.append((now, text))
+            if self.on_line is not None:
+                self.on_line(now, text)
+
+    def _wait(self) -> None:
+        _, status, self._rusage = os.wait4(self.popen.pid, 0)
+        self.end = time.perf_counter()
+        self.popen.returncode = os.waitstatus_to_exitcode(status)
+        self.done.set()
+
+    def _kill(self) -> None:
+        if not self.done.is_set():
+            self.timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+
+    def finish(self) -> Finished:
+        for t in self._threads:
+            t.join()
+        self._timer.cancel()
+        self._err.seek(0)
+        err = self._err.read().decode("utf-8", "replace")
+        self._err.close()
+        if self.timed_out:
+            raise BenchError(f"timed out after {RUN_TIMEOUT_S:.0f} s: {shlex.join(self.argv)}")
+        ru = self._rusage
+        return Finished(
+            rc=int(self.popen.returncode),
+            wall=self.end - self.t0,
+            cpu=ru.ru_utime + ru.ru_stime,  # type: ignore[attr-defined]
+            maxrss_mb=ru.ru_maxrss / 1024,  # type: ignore[attr-defined]
+            lines=tuple(self.lines),
+            stderr=err,
+        )
+
+
+def expect_rc(done: Finished, rc: int, what: str) -> Finished:
+    if done.rc != rc:
+        out = "\n".join(text for _, text in done.lines[-15:])
+        raise BenchError(
+            f"{what}: exit status {done.rc}, expected {rc}\nstdout:\n{out}\nstderr:\n"
+            f"{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def run_pids(name: str, value: str) -> list[int]:
+    """Pids of live processes whose environment holds ``name=value`` (zombies have none)."""
+    needle = f"{name}={value}".encode()
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def kill_pids(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+@dataclass
+class Bench:
+    """The cluster, the temporary directory and the helpers every benchmark shares."""
+
+    tmp: Path
+    cluster: SshdCluster
+    env: dict[str, str]
+    sshddp: list[str]
+    rank_script: Path
+    used_ports: set[int] = field(default_factory=set)
+    counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def ssh_config(self) -> str:
+        return str(self.cluster.ssh_config)
+
+    def port(self) -> int:
+        """A fresh rendezvous port, never handed out before in this run."""
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("", 0))
+                port = int(sock.getsockname()[1])
+            if port not in self.used_ports and port != SSHD_PORT:
+                self.used_ports.add(port)
+                return port
+
+    def name(self, kind: str) -> str:
+        return f"bench-{kind}-{next(self.counter)}"
+
+    def inventory(self, name: str, hosts: int, nproc: int, port: int) -> Path:
+        """An inventory of hosts h1..hN with its own remote workdir for this run."""
+        text = self.cluster.inventory_yaml(
+            list(range(1, hosts + 1)),
+            nproc=nproc,
+            rdzv_port=port,
+            workdir=str(self.tmp / "work" / name),
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
+        path = self.tmp / "inv" / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def start(self, argv: Sequence[str], **kw: object) -> Watched:
+        return Watched(argv, self.env, self.tmp, **kw)  # type: ignore[arg-type]
+
+    def launch_argv(self, name: str, port: int, inv: Path, *rank_args: str) -> list[str]:
+        return [
+            *self.sshddp,
+            "launch",
+            "--ssh-config",
+            self.ssh_config,
+            "--log-dir",
+            str(self.tmp / "logs"),
+            "--name",
+            name,
+            "--port",
+            str(port),
+            str(inv),
+            str(self.rank_script),
+            *rank_args,
+        ]
+
+    def aliases(self, n: int) -> list[str]:
+        return [h.alias for h in self.cluster.hosts[:n]]
+
+    def pdsh(self, n: int, remote: str) -> list[str]:
+        """pdsh over OpenSSH with the cluster's ssh_config; ``%h`` is the host alias."""
+        return [
+            "pdsh",
+            "-R",
+            "exec",
+            "-f",
+            str(FANOUT),
+            "-w",
+            ",".join(self.aliases(n)),
+            "ssh",
+            "-F",
+            self.ssh_config,
+            "%h",
+            remote,
+        ]
+
+
+# --------------------------------------------------------------------------- 1. doctor
+
+
+@dataclass(frozen=True)
+class DoctorRow:
+    hosts: int
+    sshddp: Stat
+    pdsh: Stat
+    cpu: Stat  #: sshddp process user+sys seconds
+    pdsh_cpu: Stat  #: pdsh + its ssh clients
+    rss: Stat
+
+
+def probe_headers(b: Bench, inv: Path, port: int) -> Path:
+    """One stdin header per host, exactly what doctor sends it (host 1 also listens)."""
+    inventory = load_inventory(str(inv))
+    first = inventory.hosts[0]
+    ctx = Context(
+        rdzv_addr=ssh_hostname(first, SshOptions(ssh_config=b.ssh_config)), rdzv_port=port
+    )
+    out = b.tmp / "probe" / inv.stem
+    out.mkdir(parents=True, exist_ok=True)
+    for host in inventory.hosts:
+        args = probe_args(host, ctx, deep=True, listen=host is first, rdzv_ok=True)
+        (out / f"probe-{host.host}.hdr").write_bytes(scripts.header("probe", args))
+    return out
+
+
+def doctor_sshddp(b: Bench, n: int) -> Finished:
+    port = b.port()
+    inv = b.inventory(b.name("doctor"), n, 1, port)
+    argv = [*b.sshddp, "doctor", "--ssh-config", b.ssh_config, "--port", str(port), str(inv)]
+    return expect_rc(b.start(argv).finish(), 0, f"sshddp doctor ({n} hosts)")
+
+
+def doctor_pdsh(b: Bench, n: int) -> Finished:
+    port = b.port()
+    inv = b.inventory(b.name("doctor-pdsh"), n, 1, port)
+    headers = probe_headers(b, inv, port)
+    python = scripts.python_command(sys.executable)
+    remote = f"{python} < {shlex.quote(str(headers))}/probe-%h.hdr"
+    done = expect_rc(b.start(b.pdsh(n, remote)).finish(), 0, f"pdsh probe ({n} hosts)")
+    answers = [json.loads(t.split(": ", 1)[1]) for _, t in done.lines if re.match(r"h\d+: \{", t)]
+    good = [a for a in answers if a["rendezvous"]["ok"] and "error" not in a["torch"]]
+    if len(good) != n:
+        raise BenchError(f"pdsh probe: {len(good)} of {n} hosts answered well: {done.lines}")
+    return done
+
+
+def bench_doctor(b: Bench, sizes: Sequence[int], reps: int) -> list[DoctorRow]:
+    rows = []
+    for n in sizes:
+        runs: dict[str, list[Finished]] = {"sshddp": [], "pdsh": []}
+        for rep in range(reps):
+            for method in ("sshddp", "pdsh") if rep % 2 == 0 else ("pdsh", "sshddp"):
+                fn = doctor_sshddp if method == "sshddp" else doctor_pdsh
+                runs[method].append(fn(b, n))
+        s, p = runs["sshddp"], runs["pdsh"]
+        rows.append(
+            DoctorRow(
+                n,
+                stat([r.wall for r in s]),
+                stat([r.wall for r in p]),
+                stat([r.cpu for r in s]),
+                stat([r.cpu for r in p]),
+                stat([r.maxrss_mb for r in s]),
+            )
+        )
+        progress(
+            f"doctor {n} hosts: sshddp {rows[-1].sshddp.fmt()} s, pdsh {rows[-1].pdsh.fmt()} s"
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- 2. launch
+
+
+class ReadyWatch:
+    """Records when every rank has printed READY (and when a rank printed FAIL)."""
+
+    def __init__(self, world: int, on_all: Optional[Callable[[], None]] = None) -> None:
+        self.world = world
+        self.ranks: set[int] = set()
+        self.all_at: Optional[float] = None
+        self.fail_ts: Optional[float] = None
+        self.on_all = on_all
+
+    def __call__(self, now: float, text: str) -> None:
+        ready = re.search(r"READY (\d+) ", text)
+        if ready and self.all_at is None:
+            self.ranks.add(int(ready.group(1)))
+            if len(self.ranks) == self.world:
+                self.all_at = now
+                if self.on_all is not None:
+                    self.on_all()
+        fail = re.search(r"FAIL (\d+\.\d+)", text)
+        if fail:
+            self.fail_ts = float(fail.group(1))
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    host: str
+    cwd: str
+    env: str  #: ``K=V ...`` as --dry-run prints it (shell-quoted)
+    command: str
+
+
+def dry_run(b: Bench, name: str, port: int, inv: Path, *rank_args: str) -> list[NodeCommand]:
+    """The per-node torchrun commands sshddp would run, from ``launch --dry-run``."""
+    argv = b.launch_argv(name, port, inv, *rank_args)
+    argv.insert(len(b.sshddp) + 1, "--dry-run")
+    done = expect_rc(b.start(argv).finish(), 0, "sshddp launch --dry-run")
+    nodes = [parse_node(block) for block in "\n".join(t for _, t in done.lines).split("\n\n")]
+    nodes = [n for n in nodes if n is not None]
+    if not nodes:
+        raise BenchError(f"could not parse the --dry-run plan:\n{done.lines}")
+    return nodes
+
+
+def parse_node(block: str) -> Optional[NodeCommand]:
+    """One ``node N: HOST`` block of the --dry-run text (its ``key: value`` lines)."""
+    head = re.match(r"node \d+: (\S+)", block)
+    if not head:
+        return None
+    fields = dict(re.findall(r"^  (\w[\w ]*):\s+(.*)$", block, re.M))
+    env = fields.get("env", "-")
+    return NodeCommand(head.group(1), fields["cwd"], "" if env == "-" else env, fields["command"])
+
+
+def node_scripts(b: Bench, nodes: Sequence[NodeCommand], name: str, extra_env: str) -> Path:
+    """A shell script per host that starts its torchrun as sshddp would (code pre-placed)."""
+    out = b.tmp / "nodes" / name
+    out.mkdir(parents=True, exist_ok=True)
+    for node in nodes:
+        Path(node.cwd).mkdir(parents=True, exist_ok=True)
+        shutil.copy(b.rank_script, node.cwd)
+        line = f"cd {shlex.quote(node.cwd)} && exec env {extra_env} {node.env} {node.command}\n"
+        (out / f"node-{node.host}.sh").write_text(line)
+    return out
+
+
+def baseline_argv(b: Bench, how: str, n: int, scripts_dir: Path) -> list[str]:
+    """pdsh, or a plain ``ssh host cmd &`` loop, running each host's node script."""
+    d = shlex.quote(str(scripts_dir))
+    if how == "pdsh":
+        return b.pdsh(n, f"sh {d}/node-%h.sh")
+    cfg = shlex.quote(b.ssh_config)
+    loop = f'for h in {" ".join(b.aliases(n))}; do ssh -F {cfg} "$h" sh {d}/node-$h.sh & done; wait'
+    return ["bash", "-c", loop]
+
+
+def launch_once(b: Bench, how: str, n: int) -> tuple[float, Finished]:
+    """Seconds from the command's start to the last rank's READY line."""
+    port, name = b.port(), b.name(f"ll-{how}")
+    inv = b.inventory(name, n, 1, port)
+    if how == "sshddp":
+        argv = b.launch_argv(name, port, inv, "latency")
+    else:
+        nodes = dry_run(b, name, port, inv, "latency")
+        argv = baseline_argv(b, how, n, node_scripts(b, nodes, name, ""))
+    watch = ReadyWatch(n)
+    proc = b.start(argv, on_line=watch)
+    done = expect_rc(proc.finish(), 0, f"launch via {how} ({n} hosts)")
+    if watch.all_at is None:
+        raise BenchError(f"{how}: only ranks {sorted(watch.ranks)} of {n} printed READY")
+    return watch.all_at - proc.t0, done
+
+
+@dataclass(frozen=True)
+class LaunchRow:
+    hosts: int
+    sshddp: Stat
+    pdsh: Stat
+    ssh: Stat
+    cpu: Stat
+
+
+def bench_launch(b: Bench, sizes: Sequence[int], reps: int) -> list[LaunchRow]:
+    rows = []
+    methods = ("sshddp", "pdsh", "ssh")
+    for n in sizes:
+        lat: dict[str, list[float]] = {m: [] for m in methods}
+        cpu: list[float] = []
+        for rep in range(reps):
+            for how in methods[rep % 3 :] + methods[: rep % 3]:
+                seconds, done = launch_once(b, how, n)
+                lat[how].append(seconds)
+                if how == "sshddp":
+                    cpu.append(done.cpu)
+        rows.append(
+            LaunchRow(n, stat(lat["sshddp"]), stat(lat["pdsh"]), stat(lat["ssh"]), stat(cpu))
+        )
+        progress(f"launch {n} hosts: sshddp {rows[-1].sshddp.fmt()}, pdsh {rows[-1].pdsh.fmt()}")
+    return rows
+
+
+# --------------------------------------------------------------------------- 3. teardown
+
+
+class GonePoller:
+    """Records when no process carries ``name=value`` any more.
+
+    A full /proc scan costs milliseconds of CPU on a 2-core machine that the teardown
+    itself needs, so the pids found are re-checked every 10 ms and /proc is rescanned
+    only every 100 ms and to confirm that the run is gone.
+    """
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name, self.value = name, value
+        self.gone_at: Optional[float] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        needle = f"{self.name}={self.value}".encode()
+        pids: set[int] = set(run_pids(self.name, self.value))
+        for tick in itertools.count(1):
+            if self._stop.is_set():
+                return
+            now = time.time()
+            pids = {pid for pid in pids if carries(pid, needle)}
+            if not pids or tick % 10 == 0:
+                pids |= set(run_pids(self.name, self.value))
+                if not pids:
+                    self.gone_at = now
+                    return
+            time.sleep(POLL_S)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        self._stop.set()
+
+
+def carries(pid: int, needle: bytes) -> bool:
+    """Whether process ``pid`` is alive with ``needle`` in its environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return needle in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class TeardownSample:
+    """Seconds after the FAIL line (all clocks are this machine's)."""
+
+    failed_node: float  #: the failing node's exit record (its torchrun has exited)
+    stop_arrived: float  #: the first stop request reached another node
+    others: float  #: the last other node's exit record (its torchrun stopped)
+    gone: float  #: no process of the run left
+    exit: float  #: sshddp exited
+
+
+@dataclass(frozen=True)
+class TeardownRow:
+    samples: tuple[TeardownSample, ...]
+    pdsh_survivors: str
+
+    def stage(self, name: str) -> Stat:
+        return stat([getattr(x, name) for x in self.samples])
+
+
+def node_times(rundir: Path) -> tuple[float, Optional[float]]:
+    """(exit.json's ``ended``, mtime of the stop-reason the stop request wrote)."""
+    ended = float(json.loads((rundir / "exit.json").read_text())["ended"])
+    reason = rundir / "stop-reason"
+    return ended, reason.stat().st_mtime if reason.exists() else None
+
+
+def teardown_sample(
+    b: Bench, name: str, fail: float, gone: float, exit_at: float
+) -> TeardownSample:
+    runs = b.tmp / "work" / name / "runs" / name
+    times = [node_times(runs / f"n{i}") for i in range(TD_HOSTS)]
+    arrived = [t for _, t in times[:-1] if t is not None]
+    return TeardownSample(
+        failed_node=times[-1][0] - fail,
+        stop_arrived=(min(arrived) if arrived else float("nan")) - fail,
+        others=max(ended for ended, _ in times[:-1]) - fail,
+        gone=gone - fail,
+        exit=exit_at - fail,
+    )
+
+
+def teardown_once(b: Bench) -> TeardownSample:
+    port, name = b.port(), b.name("td")
+    inv = b.inventory(name, TD_HOSTS, TD_NPROC, port)
+    poller = GonePoller("SSHDDP_RUN_ID", name)
+    watch = ReadyWatch(TD_HOSTS * TD_NPROC, on_all=poller.start)
+    proc = b.start(b.launch_argv(name, port, inv, "teardown"), on_line=watch)
+    done = expect_rc(proc.finish(), 1, "sshddp launch (teardown)")
+    exit_at = time.time()
+    poller.join(30.0)
+    if watch.fail_ts is None or poller.gone_at is None:
+        survivors = run_pids("SSHDDP_RUN_ID", name)
+        raise BenchError(
+            f"teardown {name}: FAIL={watch.fail_ts}, left: {survivors}\n{done.stderr[-2000:]}"
+        )
+    return teardown_sample(b, name, watch.fail_ts, poller.gone_at, exit_at)
+
+
+def pdsh_survivors(b: Bench) -> str:
+    """The same failing job under pdsh: what is still running 3 s after the failure."""
+    port, name = b.port(), b.name("td-pdsh")
+    inv = b.inventory(name, TD_HOSTS, TD_NPROC, port)
+    nodes = dry_run(b, name, port, inv, "teardown")
+    argv = baseline_argv(b, "pdsh", TD_HOSTS, node_scripts(b, nodes, name, f"BENCH_RUN={name}"))
+    watch = ReadyWatch(TD_HOSTS * TD_NPROC)
+    proc = b.start(argv, on_line=watch)
+    deadline = time.monotonic() + 60
+    while watch.fail_ts is None and time.monotonic() < deadline and not proc.done.is_set():
+        time.sleep(0.05)
+    time.sleep(3.0)
+    left = run_pids("BENCH_RUN", name)
+    running = not proc.done.is_set()
+    kill_pids(left)  # the processes this benchmark started, by pid
+    proc.finish()
+    return (
+        f"{len(left)} processes of the run still alive 3 s after the failure, "
+        f"pdsh {'still waiting' if running else 'exited'}"
+    )
+
+
+def bench_teardown(b: Bench, reps: int) -> TeardownRow:
+    row = TeardownRow(tuple(teardown_once(b) for _ in range(reps)), pdsh_survivors(b))
+    progress(f"teardown: {row.stage('gone').fmt()} s; pdsh: {row.pdsh_survivors}")
+    return row
+
+
+# --------------------------------------------------------------------------- 4. logs
+
+
+@dataclass(frozen=True)
+class LogSample:
+    total: float  #: rank's START to the local log file complete
+    writer: float  #: rank's START to END: its writes through the pty into node.log
+    cat: float  #: ssh cat of the remote node.log to /dev/null
+    direct: float  #: ssh running the same writer, its stdout to a local file
+    rss_mb: float  #: sshddp's peak RSS
+    cpu: float  #: sshddp's user+sys seconds
+
+
+@dataclass(frozen=True)
+class LogRow:
+    mb: int
+    samples: tuple[LogSample, ...]
+
+    def stage(self, name: str) -> Stat:
+        return stat([getattr(x, name) for x in self.samples])
+
+    @property
+    def lag(self) -> Stat:
+        """END written at the host to the local copy complete."""
+        return stat([x.total - x.writer for x in self.samples])
+
+
+def size_when_complete(path: Path, proc: Watched) -> list[tuple[float, int]]:
+    """(time.time(), size) of the local log every 10 ms until the command exits."""
+    samples = []
+    while not proc.done.is_set():
+        with contextlib.suppress(OSError):
+            samples.append((time.time(), path.stat().st_size))
+        time.sleep(POLL_S)
+    samples.append((time.time(), path.stat().st_size))
+    return samples
+
+
+def stamp(text: str, word: str) -> float:
+    found = re.search(rf"{word} (\d+\.\d+)", text)
+    if not found:
+        raise BenchError(f"no {word} line in the log")
+    return float(found.group(1))
+
+
+def log_once(b: Bench, mb: int) -> LogSample:
+    port, name = b.port(), b.name("log")
+    inv = b.inventory(name, 1, 1, port)
+    local = b.tmp / "logs" / name / "node0-h1.log"
+    proc = b.start(b.launch_argv(name, port, inv, "flood", str(mb)), stdout_null=True)
+    samples = size_when_complete(local, proc)
+    done = expect_rc(proc.finish(), 0, "sshddp launch (flood)")
+    final = samples[-1][1]
+    complete_at = next(t for t, size in samples if size == final)
+    start = stamp(local.read_bytes()[:4096].decode("utf-8", "replace"), "START")
+    end = stamp(read_tail(local), "END")
+    remote = b.tmp / "work" / name / "runs" / name / "n0" / "node.log"
+    if remote.stat().st_size != final:
+        raise BenchError(f"local log {final} bytes, remote node.log {remote.stat().st_size}")
+    sample = LogSample(complete_at - start, end - start, ssh_cat(b, remote), ssh_direct(b, mb),
+                       done.maxrss_mb, done.cpu)  # fmt: skip
+    shutil.rmtree(b.tmp / "work" / name)  # 2 copies of the log per repetition otherwise
+    local.unlink()
+    return sample
+
+
+def read_tail(path: Path) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, path.stat().st_size - 4096))
+        return fh.read().decode("utf-8", "replace")
+
+
+def ssh_cat(b: Bench, remote: Path) -> float:
+    argv = ["ssh", "-F", b.ssh_config, "h1", f"cat {shlex.quote(str(remote))}"]
+    return expect_rc(b.start(argv, stdout_null=True).finish(), 0, "ssh cat").wall
+
+
+def ssh_direct(b: Bench, mb: int) -> float:
+    """OpenSSH alone streaming the same writer into a local file: START to ssh's exit."""
+    out = b.tmp / "direct.log"
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(b.rank_script))} flood {mb}"
+    with open(out, "wb") as fh:
+        subprocess.run(
+            ["ssh", "-F", b.ssh_config, "h1", cmd],
+            stdout=fh,
+            check=True,
+            stdin=subprocess.DEVNULL,
+            env=b.env,
+            timeout=RUN_TIMEOUT_S,
+        )
+        ended = time.time()
+    with open(out, "rb") as fh:
+        start = stamp(fh.read(4096).decode("utf-8", "replace"), "START")
+    out.unlink()
+    return ended - start
+
+
+def bench_logs(b: Bench, mb: int, reps: int) -> LogRow:
+    row = LogRow(mb, tuple(log_once(b, mb) for _ in range(reps)))
+    progress(f"logs {mb} MB: sshddp {row.stage('total').fmt()} s, cat {row.stage('cat').fmt()} s")
+    return row
+
+
+# --------------------------------------------------------------------------- report
+
+
+def progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def tool_version(argv: Sequence[str]) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return (out.stdout + out.stderr).strip().splitlines()[0]
+
+
+def machine() -> list[tuple[str, str]]:
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("CPU", cpu_model()),
+        ("cores", f"{os.cpu_count()} (usable: {len(os.sched_getaffinity(0))})"),
+        ("OS", platform.platform()),
+        ("python", platform.python_version()),
+        ("torch", importlib.metadata.version("torch")),
+        ("sshddp", sshddp.__version__),
+        ("OpenSSH", tool_version(["ssh", "-V"])),
+        ("pdsh", tool_version(["pdsh", "-V"])),
+        ("load average at start (1/5/15 min)", load),
+    ]
+
+
+def doctor_table(rows: Sequence[DoctorRow]) -> list[str]:
+    out = [
+        "| hosts | sshddp doctor (s) | pdsh, same probe (s) | ratio | target ≤ 1.2x "
+        "| sshddp CPU (ms) | CPU/host (ms) | target < 50 ms/host | pdsh+ssh CPU (ms) "
+        "| sshddp peak RSS (MB) |",
+        "|---:|---|---|---:|---|---|---:|---|---|---:|",
+    ]
+    for r in rows:
+        ratio = r.sshddp.median / r.pdsh.median
+        per_host = r.cpu.median / r.hosts * 1000
+        gate = r.hosts >= 16
+        t1 = verdict(ratio <= 1.2, f"{ratio:.2f}x, {(ratio - 1.2) / 1.2:.0%} over") if gate else "-"
+        t2 = verdict(per_host < 50, f"{per_host - 50:.0f} ms over") if gate else "-"
+        out.append(
+            f"| {r.hosts} | {r.sshddp.fmt()} | {r.pdsh.fmt()} | {ratio:.2f}x | {t1} "
+            f"| {r.cpu.fmt(1000, 0)} | {per_host:.0f} | {t2} | {r.pdsh_cpu.fmt(1000, 0)} "
+            f"| {r.rss.median:.0f} |"
+        )
+    if len(rows) >= 2:
+        a, z = rows[0], rows[-1]
+        marginal = (z.cpu.median - a.cpu.median) / (z.hosts - a.hosts) * 1000
+        out.append("")
+        out.append(
+            f"Marginal coordinator CPU per extra host ({a.hosts}→{z.hosts} hosts): "
+            f"{marginal:.0f} ms; fixed cost (1 host, mostly interpreter start and "
+            f"imports): {a.cpu.median * 1000:.0f} ms."
+        )
+    return out
+
+
+def launch_table(rows: Sequence[LaunchRow]) -> list[str]:
+    out = [
+        "| hosts | sshddp launch (s) | pdsh (s) | `ssh &` loop (s) | sshddp − pdsh (s) "
+        "| target ≤ +0.5 s | sshddp CPU (ms) |",
+        "|---:|---|---|---|---:|---|---|",
+    ]
+    for r in rows:
+        over = r.sshddp.median - r.pdsh.median
+        out.append(
+            f"| {r.hosts} | {r.sshddp.fmt()} | {r.pdsh.fmt()} | {r.ssh.fmt()} "
+            f"| {over:+.2f} | {verdict(over <= 0.5, f'{over - 0.5:.2f} s over')} "
+            f"| {r.cpu.fmt(1000, 0)} |"
+        )
+    if len(rows) >= 2:
+        a, z = rows[0], rows[-1]
+        slope = ((z.sshddp.median - z.pdsh.median) - (a.sshddp.median - a.pdsh.median)) / (
+            z.hosts - a.hosts
+        )
+        flat = verdict(abs(slope) <= 0.05, f"{slope * 1000:+.0f} ms per host")
+        out += [
+            "",
+            f"Overhead over pdsh grows by {slope * 1000:+.0f} ms per host "
+            f"({a.hosts}→{z.hosts} hosts); flat (≤ 50 ms/host): {flat}.",
+        ]
+    return out
+
+
+TEARDOWN_STAGES = (
+    ("failed_node", "the failing node's torchrun has exited (its exit record)"),
+    ("stop_arrived", "sshddp's stop request reaches the other nodes"),
+    ("others", "the other nodes' torchrun have exited after SIGTERM"),
+    ("gone", "**no process of the run left** (`SSHDDP_RUN_ID` in /proc/*/environ)"),
+    ("exit", "sshddp has exited"),
+)
+
+
+def teardown_table(r: TeardownRow) -> list[str]:
+    med = r.stage("gone").median
+    out = [
+        f"{TD_HOSTS} hosts × {TD_NPROC} processes; the last rank prints `FAIL <time>` and "
+        "raises. Seconds after that line (each stage from the run's own files: "
+        "`exit.json` times, the `stop-reason` file the stop request writes):",
+        "",
+        "| stage | seconds after the failure |",
+        "|---|---|",
+    ]
+    out += [f"| {text} | {r.stage(key).fmt()} |" for key, text in TEARDOWN_STAGES]
+    out += [
+        "",
+        f"Target: no process left within 1 s (median): "
+        f"{verdict(med < 1, f'{med:.2f} s, {med - 1:.2f} s over')}.",
+        "",
+        f"pdsh, same job: never torn down — pdsh does not stop the other nodes when one "
+        f"fails ({r.pdsh_survivors}).",
+    ]
+    return out
+
+
+def log_table(r: LogRow) -> list[str]:
+    total, cat, rss = r.stage("total"), r.stage("cat"), r.stage("rss_mb")
+    ratio = total.median / cat.median
+    rows = [
+        ("sshddp: rank's first byte → local log complete", total),
+        ("… the rank's writes through sshddp's pty into node.log (START → END)", r.stage("writer")),
+        ("… END at the host → local copy complete (follower, SSH, coordinator)", r.lag),
+        ("OpenSSH: `ssh h1 cat node.log > /dev/null` (after the run)", cat),
+        ("OpenSSH: `ssh h1 python rank.py flood > file` (same writer, no sshddp)",
+         r.stage("direct")),
+    ]  # fmt: skip
+    out = [f"| {r.mb} MB from one rank | seconds | MB/s |", "|---|---|---:|"]
+    out += [f"| {text} | {s.fmt()} | {r.mb / s.median:.0f} |" for text, s in rows]
+    return out + [
+        "",
+        f"sshddp / ssh cat: {ratio:.2f}x — target ≤ 2x: "
+        f"{verdict(ratio <= 2, f'{ratio:.2f}x, {(ratio - 2) / 2:.0%} over')}.",
+        f"Coordinator peak RSS {rss.fmt(1, 0)} MB — target < 200 MB: "
+        f"{verdict(rss.median < 200, f'{rss.median - 200:.0f} MB over')}. "
+        f"Coordinator CPU {r.stage('cpu').fmt()} s.",
+    ]
+
+
+@dataclass
+class Results:
+    doctor: list[DoctorRow] = field(default_factory=list)
+    launch: list[LaunchRow] = field(default_factory=list)
+    teardown: Optional[TeardownRow] = None
+    logs: Optional[LogRow] = None
+
+
+METHOD = """\
+## Method
+
+* Hosts are real `sshd` servers on 127.0.0.{first}.. (port {port}) started by
+  `tests/sshd_cluster.py`, all on this machine: the hosts' work competes with the coordinator
+  for the same cores. Each remote run has its own `workdir` under a temporary directory and a
+  fresh rendezvous port. Methods alternate from repetition to repetition. Values are
+  median (min–max) of {reps} repetitions.
+* **doctor**: `sshddp doctor --ssh-config cfg --port P inv.yaml` (deep probe: every host imports
+  torch). Baseline: `pdsh -R exec -f 32 -w h1,..,hN ssh -F cfg %h 'exec PY -c BOOTSTRAP <
+  DIR/probe-%h.hdr'`, where each header file holds exactly the bytes doctor sends that host
+  (`scripts.header("probe", doctor.probe_args(...))`, so host 1 also listens on the
+  rendezvous port and every host connects to it) and BOOTSTRAP is `scripts.python_command`.
+  The probe source is read from a file on the host instead of over the SSH channel. CPU is
+  user+sys of the command and the children it reaped (`os.wait4`): sshddp has none, pdsh's
+  include its `ssh` clients.
+* **launch**: a rank prints `READY <rank>` at import, sleeps 1 s and exits 0; 1 process per
+  host. Latency is from starting the command to the last rank's READY line on its stdout.
+  sshddp's includes preflight, code copy and supervisor start. pdsh (`-R exec ... sh
+  node-%h.sh`) and the `for h ...; do ssh -F cfg $h sh node-$h.sh & done; wait` loop run the
+  torchrun commands and environment printed by `sshddp launch --dry-run`, with the script
+  already in place on the hosts.
+* **teardown**: {td_hosts} hosts × {td_nproc} processes; the last rank prints
+  `FAIL <time.time()>` 1 s after READY and raises, the others sleep. Latency is from that
+  timestamp until no process whose `/proc/<pid>/environ` holds `SSHDDP_RUN_ID=<run id>` is
+  left (polled every 10 ms). sshddp runs with its default `--grace` (10 s).
+* **logs**: one rank writes {mb} MB (1 MiB `write`s of 64-byte printable lines) to stdout; sshddp
+  runs with its stdout redirected to `/dev/null` (printing 200 MB to a terminal would
+  dominate) and is timed from the rank's `START` timestamp until the local
+  `sshddp-logs/<run>/node0-h1.log` reached its final size (polled every 10 ms; the byte count
+  is checked against the host's `node.log`). Baselines: `ssh -F cfg h1 cat <node.log>` to
+  `/dev/null` after the run, and ssh running the same writer with stdout to a local file.
+  Peak RSS is `ru_maxrss` of the sshddp process from `os.wait4`.
+"""
+
+
+def render(res: Results, reps: int, mb: int, info: list[tuple[str, str]], cmd: str) -> str:
+    lines = [
+        "# sshddp benchmarks",
+        "",
+        f"Generated by `scripts/bench.py`. Reproduce: `{cmd}`",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in info]
+    if reps < 5:
+        lines += ["", f"**Only {reps} repetition(s): a smoke run, not a measurement.**"]
+    sections: list[tuple[str, list[str]]] = []
+    if res.doctor:
+        sections.append(("1. doctor (deep probe)", doctor_table(res.doctor)))
+    if res.launch:
+        sections.append(
+            ("2. Launch latency (start → every rank's first line)", launch_table(res.launch))
+        )
+    if res.teardown:
+        sections.append(("3. Teardown after a rank fails", teardown_table(res.teardown)))
+    if res.logs:
+        sections.append(("4. Log throughput", log_table(res.logs)))
+    for title, body in sections:
+        lines += ["", f"## {title}", "", *body]
+    noisy = noisy_rows(res)
+    if noisy:
+        lines += [
+            "",
+            f"**Noisy:** max > 1.5x min in {', '.join(noisy)}; the machine was "
+            "probably busy (other tests?) — compare medians only.",
+        ]
+    method = METHOD.format(
+        first=FIRST_OCTET + 1,
+        port=SSHD_PORT,
+        reps=reps,
+        td_hosts=TD_HOSTS,
+        td_nproc=TD_NPROC,
+        mb=mb,
+    )
+    return "\n".join(lines) + "\n\n" + method
+
+
+def noisy_rows(res: Results) -> list[str]:
+    found = []
+    for d in res.doctor:
+        if d.sshddp.noisy or d.pdsh.noisy:
+            found.append(f"doctor/{d.hosts}")
+    for r in res.launch:
+        if r.sshddp.noisy or r.pdsh.noisy or r.ssh.noisy:
+            found.append(f"launch/{r.hosts}")
+    if res.teardown and res.teardown.stage("gone").noisy:
+        found.append("teardown")
+    if res.logs and (res.logs.stage("total").noisy or res.logs.stage("cat").noisy):
+        found.append("logs")
+    return found
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--quick", action="store_true", help="Smaller sizes: doctor to 16 hosts, 100 MB of logs."
+    )
+    p.add_argument("--reps", type=int, default=5, help="Repetitions per case (default 5).")
+    p.add_argument("--out", metavar="FILE", help="Also write the report there.")
+    p.add_argument(
+        "--only",
+        default="doctor,launch,teardown,logs",
+        help="Comma-separated subset of doctor,launch,teardown,logs.",
+    )
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    return args
+
+
+def clean_env(tmp: Path) -> dict[str, str]:
+    """This environment without the developer's agent or sshddp settings."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("SSHDDP_") and k != "SSH_AUTH_SOCK"
+    }
+    env.update(SSHDDP_STATE_DIR=str(tmp / "state"), NO_COLOR="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def sshddp_argv() -> list[str]:
+    exe = Path(sys.executable).parent / "sshddp"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sshddp"]
+
+
+def run_all(b: Bench, args: argparse.Namespace, mb: int) -> Results:
+    only = set(args.only.split(","))
+    res = Results()
+    if "doctor" in only:
+        res.doctor = bench_doctor(b, [1, 4, 16] if args.quick else [1, 4, 16, 32], args.reps)
+    if "launch" in only:
+        res.launch = bench_launch(b, [1, 4, 8], args.reps)
+    if "teardown" in only:
+        res.teardown = bench_teardown(b, args.reps)
+    if "logs" in only:
+        res.logs = bench_logs(b, mb, args.reps)
+    return res
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    mb = 100 if args.quick else 200
+    info = machine()
+    hosts = 16 if args.quick else 32
+    with tempfile.TemporaryDirectory(prefix="sshddp-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        rank = tmp / "rank.py"
+        rank.write_text(RANK_SCRIPT)
+        started = time.monotonic()
+        with SshdCluster(tmp / "sshd", hosts, port=SSHD_PORT, first_octet=FIRST_OCTET) as cluster:
+            bench = Bench(tmp, cluster, clean_env(tmp), sshddp_argv(), rank)
+            res = run_all(bench, args, mb)
+        elapsed = time.monotonic() - started
+    info.append(("load average at end", " / ".join(f"{x:.2f}" for x in os.getloadavg())))
+    info.append(("suite duration", f"{elapsed:.0f} s"))
+    cmd = shlex.join([".venv/bin/python", "scripts/bench.py", *(argv or sys.argv[1:])])
+    report = render(res, args.reps, mb, info, cmd)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
