@@ -7,6 +7,7 @@ import sys
 import time
 
 MARK_VAR = "SSHDDP_NODE_MARK"
+AGENT_GRACE = 0.2  # seconds torchrun may outlive its ranks at teardown
 
 
 def atomic_write_json(path, obj):
@@ -41,6 +42,11 @@ def _stat(pid):
         return fields[0], int(fields[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _pgid(pid):
+    st = _stat(pid)
+    return st[1] if st else None
 
 
 def _is_zombie(pid):
@@ -112,11 +118,18 @@ def kill_run(pgid, mark, grace, reap=None, hurry=None):
     pids = run_pids(pgid, mark)
     if grace > 0 and pids:
         signal_all(pids, signal.SIGTERM)
+        workers_gone = None
         while pids and time.time() - start < grace and not (hurry and hurry()):
             time.sleep(0.02)
             if reap:
                 reap()
             pids = run_pids(pgid, mark)
+            # Once the ranks are gone, torchrun's own cleanup (seconds of Python teardown)
+            # protects nothing: give it AGENT_GRACE, then kill it.
+            if workers_gone is None and not [p for p in pids if _pgid(p) != pgid]:
+                workers_gone = time.time()
+            if workers_gone is not None and time.time() - workers_gone > AGENT_GRACE:
+                break
     for _ in range(500):
         if not pids:
             break

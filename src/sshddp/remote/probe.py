@@ -3,7 +3,7 @@
 #        "connect_timeout": float, "script": str|None}
 # With listen_port it also holds a listener on that port (proving it free) until stdin closes,
 # so the other hosts can make a real TCP connection to the rendezvous endpoint.
-import platform
+import platform  # python_version() only: platform.platform() reads the libc binary
 import shutil
 import socket
 import subprocess
@@ -26,25 +26,39 @@ print(json.dumps(out))
 """
 
 
+def _dist_versions(site):
+    """{distribution name: version} from the *.dist-info names in one site directory
+    (one listdir: importlib.metadata would scan every path entry per lookup)."""
+    found = {}
+    for name in _listdir(site):
+        if name.endswith(".dist-info") and "-" in name:
+            dist, _, version = name[: -len(".dist-info")].rpartition("-")
+            found[dist.lower().replace("-", "_")] = version
+    return found
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _torch_facts(deep):
-    import importlib.metadata as md
     import importlib.util
 
     facts = {"version": None, "cuda": None, "nccl_package": None}
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
         return None
-    try:
-        facts["version"] = md.version("torch")
-    except md.PackageNotFoundError:
-        facts["version"] = "unknown"
-    facts["cuda"] = _cuda_from_version_py(os.path.join(os.path.dirname(spec.origin), "version.py"))
-    for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
-        try:
-            facts["nccl_package"] = md.version(name)
+    torch_dir = os.path.dirname(spec.origin)
+    dists = _dist_versions(os.path.dirname(torch_dir))
+    facts["version"] = dists.get("torch", "unknown")
+    facts["cuda"] = _cuda_from_version_py(os.path.join(torch_dir, "version.py"))
+    for name in ("nvidia_nccl_cu13", "nvidia_nccl_cu12", "nvidia_nccl_cu11"):
+        if name in dists:
+            facts["nccl_package"] = dists[name]
             break
-        except md.PackageNotFoundError:
-            pass
     if deep:
         facts.update(_run_json([sys.executable, "-c", _DEEP], 120, "torch_import"))
     return facts
@@ -154,7 +168,7 @@ def _connect(addr, port, timeout):
 def main(args):
     facts = {
         "hostname": socket.gethostname(),
-        "os": platform.platform(),
+        "os": "%s %s %s" % (os.uname().sysname, os.uname().release, os.uname().machine),
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "disk": _disk(args.get("workdir") or "~/.sshddp"),
