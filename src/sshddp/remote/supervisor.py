@@ -11,6 +11,8 @@ import select
 import subprocess
 import tty
 
+PUMP_BYTES = 1 << 20
+
 
 class Supervisor(object):
     def __init__(self, rundir):
@@ -51,6 +53,7 @@ class Supervisor(object):
         self.log = os.open(self.path("node.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.master, slave = pty.openpty()
         tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+        os.set_blocking(self.master, False)
         argv = list(self.spec["argv"])
         argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
         if "--no-python" in argv:
@@ -89,25 +92,38 @@ class Supervisor(object):
         self.pump(0)
 
     def pump(self, timeout):
-        """Copy what the pty holds to node.log; False once no writer is left (EIO)."""
+        """Copy what the pty holds to node.log; False once no writer is left (EIO).
+
+        A pty read returns at most ~4 KB, so drain it non-blocking up to 1 MB per wakeup
+        and write that in one go: one select per 4 KB would cap a chatty rank's output.
+        """
         if self.master is None:
             return False
         ready, _, _ = select.select([self.master], [], [], timeout)
         if not ready:
             return True
-        try:
-            data = os.read(self.master, 1 << 16)
-        except OSError as exc:
-            if exc.errno != errno.EIO:
-                raise
-            data = b""
-        if not data:
-            os.close(self.master)
-            self.master = None
-            return False
+        chunks, size, alive = [], 0, True
+        while size < PUMP_BYTES:
+            try:
+                data = os.read(self.master, 1 << 16)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                data = b""
+            if not data:
+                alive = False
+                break
+            chunks.append(data)
+            size += len(data)
+        data = b"".join(chunks)
         while data:
             data = data[os.write(self.log, data) :]
-        return True
+        if not alive:
+            os.close(self.master)
+            self.master = None
+        return alive
 
     def drain(self):
         """After the last process of the node is gone: copy every remaining byte."""
