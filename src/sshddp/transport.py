@@ -10,6 +10,7 @@ opens one channel per command. ``LocalTransport`` runs the same command lines wi
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -20,6 +21,10 @@ from typing import IO, Optional, Protocol
 
 from sshddp.errors import HostUnreachable
 from sshddp.inventory import Host
+
+# paramiko's transport threads log failures (with tracebacks) through the logging module;
+# without a handler Python prints them on stderr. sshddp reports every failure itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 15
@@ -337,10 +342,12 @@ def _explain_other(exc: BaseException, host: str, label: str) -> HostUnreachable
             "is sshd running on that host and port? (`systemctl status ssh`)",
         )
     text = str(exc) or type(exc).__name__
-    if "banner" in text.lower():
+    # A listener that never speaks SSH: paramiko says "Error reading SSH protocol banner",
+    # or, when authentication starts on the dead handshake, "No existing session".
+    if "banner" in text.lower() or text == "No existing session":
         return HostUnreachable(
             host,
-            f"{label}: the port accepts TCP but no SSH server answered ({text})",
+            f"{label}: the port accepts TCP but no SSH server answered within the timeout",
             "check the port; something else may be listening there, or sshd is overloaded",
         )
     return HostUnreachable(host, f"{label}: cannot connect: {text}", "try `ssh -v` to the host")
