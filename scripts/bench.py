@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -46,12 +47,14 @@ from sshddp.doctor import probe_args  # noqa: E402
 from sshddp.inventory import load_inventory  # noqa: E402
 from sshddp.transport import SshOptions, ssh_hostname  # noqa: E402
 
-FIRST_OCTET = 200  # hosts on 127.0.0.201.., clear of the test suite's .41.. and .101..
+# Hosts on 127.0.0.201.., clear of the test suite's .41.. and .101..; another run of this
+# suite going on at the same time moves this one to the next free range.
+FIRST_OCTETS = (200, 160, 60)
 SSHD_PORT = 2222
 FANOUT = 32  # sshddp's default --fanout; pdsh gets the same -f
 POLL_S = 0.01  # /proc and log-size polling period
 RUN_TIMEOUT_S = 180.0
-LINE = b"sshddp benchmark log line: 0123456789 abcdefghijklmnopqrstuvwxyz\n"[-64:]
+LINE = b"sshddp benchmark log line ".ljust(63, b".") + b"\n"  # 64 bytes: 1 MiB = 16384 lines
 TD_HOSTS, TD_NPROC = 3, 2
 
 # The rank every benchmark runs. READY is printed at import, before torch or any
@@ -127,12 +130,12 @@ def verdict(ok: bool, miss: str) -> str:
 
 @dataclass(frozen=True)
 class Finished:
-    """A command's outcome; cpu and rss include the children it reaped (wait4)."""
+    """A command's outcome."""
 
     rc: int
     wall: float  #: seconds from Popen to exit
-    cpu: float  #: user + sys seconds
-    maxrss_mb: float
+    cpu: float  #: user + sys seconds, with the children it reaped (wait4)
+    maxrss_mb: float  #: its own peak RSS (VmHWM)
     lines: tuple[tuple[float, str], ...]  #: (perf_counter, text) of every stdout line
     stderr: str
 
@@ -164,9 +167,13 @@ class Watched:
             stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE,
             start_new_session=True,  # its own group: a timeout kills it and its children
         )
-        self._status = 0
-        self._rusage: Optional[object] = None
-        self._threads = [threading.Thread(target=self._wait, daemon=True)]
+        self._rusage: Optional[resource.struct_rusage] = None
+        self.end = 0.0
+        self._hwm_kb = 0
+        self._threads = [
+            threading.Thread(target=self._wait, daemon=True),
+            threading.Thread(target=self._watch_rss, daemon=True),
+        ]
         if not stdout_null:
             self._threads.append(threading.Thread(target=self._read, daemon=True))
         for t in self._threads:
@@ -183,6 +190,17 @@ class Watched:
             self.lines.append((now, text))
             if self.on_line is not None:
                 self.on_line(now, text)
+
+    def _watch_rss(self) -> None:
+        """Peak RSS (VmHWM) until exit. ``ru_maxrss`` from wait4 would also count the
+        pages of this process that the child had between fork and exec."""
+        path = f"/proc/{self.popen.pid}/status"
+        while not self.done.is_set():
+            with contextlib.suppress(OSError, ValueError), open(path) as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        self._hwm_kb = max(self._hwm_kb, int(line.split()[1]))
+            time.sleep(POLL_S)
 
     def _wait(self) -> None:
         _, status, self._rusage = os.wait4(self.popen.pid, 0)
@@ -206,11 +224,12 @@ class Watched:
         if self.timed_out:
             raise BenchError(f"timed out after {RUN_TIMEOUT_S:.0f} s: {shlex.join(self.argv)}")
         ru = self._rusage
+        assert ru is not None
         return Finished(
             rc=int(self.popen.returncode),
             wall=self.end - self.t0,
-            cpu=ru.ru_utime + ru.ru_stime,  # type: ignore[attr-defined]
-            maxrss_mb=ru.ru_maxrss / 1024,  # type: ignore[attr-defined]
+            cpu=ru.ru_utime + ru.ru_stime,
+            maxrss_mb=self._hwm_kb / 1024,
             lines=tuple(self.lines),
             stderr=err,
         )
@@ -224,6 +243,24 @@ def expect_rc(done: Finished, rc: int, what: str) -> Finished:
             f"{done.stderr[-3000:]}"
         )
     return done
+
+
+def free(port: int, addr: str = "") -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((addr, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_octet(hosts: int) -> int:
+    """The first of FIRST_OCTETS whose addresses all have SSHD_PORT free."""
+    for first in FIRST_OCTETS:
+        addrs = [f"127.0.0.{first + i}" for i in range(1, hosts + 1)]
+        if all(free(SSHD_PORT, addr) for addr in addrs):
+            return first
+    raise BenchError(f"port {SSHD_PORT} is taken on every address range {FIRST_OCTETS}")
 
 
 def run_pids(name: str, value: str) -> list[int]:
@@ -241,6 +278,25 @@ def run_pids(name: str, value: str) -> list[int]:
         if needle in env.split(b"\0"):
             found.append(int(entry))
     return found
+
+
+def reap_leftovers() -> list[str]:
+    """Processes of this suite's runs still alive 5 s after the last run (then killed)."""
+    needle = b"SSHDDP_RUN_ID=bench-"
+    deadline = time.monotonic() + 5
+    while True:
+        left = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                env = Path(f"/proc/{entry}/environ").read_bytes()
+                if any(item.startswith(needle) for item in env.split(b"\0")):
+                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+                    left[int(entry)] = cmd.decode("utf-8", "replace").strip()[:120]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    kill_pids(list(left))  # started by this suite's runs, found by their run id
+    return [f"pid {pid}: `{cmd}`" for pid, cmd in left.items()]
 
 
 def kill_pids(pids: Sequence[int]) -> None:
@@ -269,13 +325,15 @@ class Bench:
         return str(self.cluster.ssh_config)
 
     def port(self) -> int:
-        """A fresh rendezvous port, never handed out before in this run."""
+        """A fresh rendezvous port P, P + 1 free too (sshddp also uses it), both never
+        handed out before in this run."""
         while True:
             with socket.socket() as sock:
                 sock.bind(("", 0))
                 port = int(sock.getsockname()[1])
-            if port not in self.used_ports and port != SSHD_PORT:
-                self.used_ports.add(port)
+            pair = {port, port + 1}
+            if port < 65535 and not pair & (self.used_ports | {SSHD_PORT}) and free(port + 1):
+                self.used_ports |= pair
                 return port
 
     def name(self, kind: str) -> str:
@@ -295,8 +353,13 @@ class Bench:
         path.write_text(text)
         return path
 
-    def start(self, argv: Sequence[str], **kw: object) -> Watched:
-        return Watched(argv, self.env, self.tmp, **kw)  # type: ignore[arg-type]
+    def start(
+        self,
+        argv: Sequence[str],
+        on_line: Optional[Callable[[float, str], None]] = None,
+        stdout_null: bool = False,
+    ) -> Watched:
+        return Watched(argv, self.env, self.tmp, on_line, stdout_null)
 
     def launch_argv(self, name: str, port: int, inv: Path, *rank_args: str) -> list[str]:
         return [
@@ -449,8 +512,8 @@ def dry_run(b: Bench, name: str, port: int, inv: Path, *rank_args: str) -> list[
     argv = b.launch_argv(name, port, inv, *rank_args)
     argv.insert(len(b.sshddp) + 1, "--dry-run")
     done = expect_rc(b.start(argv).finish(), 0, "sshddp launch --dry-run")
-    nodes = [parse_node(block) for block in "\n".join(t for _, t in done.lines).split("\n\n")]
-    nodes = [n for n in nodes if n is not None]
+    blocks = "\n".join(t for _, t in done.lines).split("\n\n")
+    nodes = [n for n in map(parse_node, blocks) if n is not None]
     if not nodes:
         raise BenchError(f"could not parse the --dry-run plan:\n{done.lines}")
     return nodes
@@ -587,7 +650,6 @@ class TeardownSample:
     """Seconds after the FAIL line (all clocks are this machine's)."""
 
     failed_node: float  #: the failing node's exit record (its torchrun has exited)
-    stop_arrived: float  #: the first stop request reached another node
     others: float  #: the last other node's exit record (its torchrun stopped)
     gone: float  #: no process of the run left
     exit: float  #: sshddp exited
@@ -602,23 +664,19 @@ class TeardownRow:
         return stat([getattr(x, name) for x in self.samples])
 
 
-def node_times(rundir: Path) -> tuple[float, Optional[float]]:
-    """(exit.json's ``ended``, mtime of the stop-reason the stop request wrote)."""
-    ended = float(json.loads((rundir / "exit.json").read_text())["ended"])
-    reason = rundir / "stop-reason"
-    return ended, reason.stat().st_mtime if reason.exists() else None
+def node_ended(rundir: Path) -> float:
+    """When the node's supervisor recorded its end (exit.json), torchrun gone."""
+    return float(json.loads((rundir / "exit.json").read_text())["ended"])
 
 
 def teardown_sample(
     b: Bench, name: str, fail: float, gone: float, exit_at: float
 ) -> TeardownSample:
     runs = b.tmp / "work" / name / "runs" / name
-    times = [node_times(runs / f"n{i}") for i in range(TD_HOSTS)]
-    arrived = [t for _, t in times[:-1] if t is not None]
+    ended = [node_ended(runs / f"n{i}") for i in range(TD_HOSTS)]
     return TeardownSample(
-        failed_node=times[-1][0] - fail,
-        stop_arrived=(min(arrived) if arrived else float("nan")) - fail,
-        others=max(ended for ended, _ in times[:-1]) - fail,
+        failed_node=ended[-1] - fail,
+        others=max(ended[:-1]) - fail,
         gone=gone - fail,
         exit=exit_at - fail,
     )
@@ -723,7 +781,8 @@ def log_once(b: Bench, mb: int) -> LogSample:
     done = expect_rc(proc.finish(), 0, "sshddp launch (flood)")
     final = samples[-1][1]
     complete_at = next(t for t, size in samples if size == final)
-    start = stamp(local.read_bytes()[:4096].decode("utf-8", "replace"), "START")
+    with open(local, "rb") as fh:
+        start = stamp(fh.read(4096).decode("utf-8", "replace"), "START")
     end = stamp(read_tail(local), "END")
     remote = b.tmp / "work" / name / "runs" / name / "n0" / "node.log"
     if remote.stat().st_size != final:
@@ -792,6 +851,16 @@ def tool_version(argv: Sequence[str]) -> str:
     return (out.stdout + out.stderr).strip().splitlines()[0]
 
 
+def source_revision() -> str:
+    """The commit measured, and whether src/ had uncommitted changes."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "not a git checkout"
+    dirty = subprocess.run([*git, "status", "--porcelain", "src"], capture_output=True, text=True)
+    return f"commit {head.stdout.strip()}" + (" + uncommitted src/ changes" if dirty.stdout else "")
+
+
 def machine() -> list[tuple[str, str]]:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
@@ -801,7 +870,7 @@ def machine() -> list[tuple[str, str]]:
         ("OS", platform.platform()),
         ("python", platform.python_version()),
         ("torch", importlib.metadata.version("torch")),
-        ("sshddp", sshddp.__version__),
+        ("sshddp", f"{sshddp.__version__}, {source_revision()}"),
         ("OpenSSH", tool_version(["ssh", "-V"])),
         ("pdsh", tool_version(["pdsh", "-V"])),
         ("load average at start (1/5/15 min)", load),
@@ -845,7 +914,7 @@ def launch_table(rows: Sequence[LaunchRow]) -> list[str]:
         "|---:|---|---|---|---:|---|---|",
     ]
     for r in rows:
-        over = r.sshddp.median - r.pdsh.median
+        over = round(r.sshddp.median - r.pdsh.median, 2)
         out.append(
             f"| {r.hosts} | {r.sshddp.fmt()} | {r.pdsh.fmt()} | {r.ssh.fmt()} "
             f"| {over:+.2f} | {verdict(over <= 0.5, f'{over - 0.5:.2f} s over')} "
@@ -857,18 +926,21 @@ def launch_table(rows: Sequence[LaunchRow]) -> list[str]:
             z.hosts - a.hosts
         )
         flat = verdict(abs(slope) <= 0.05, f"{slope * 1000:+.0f} ms per host")
+        cpu = (z.cpu.median - a.cpu.median) / (z.hosts - a.hosts)
         out += [
             "",
             f"Overhead over pdsh grows by {slope * 1000:+.0f} ms per host "
-            f"({a.hosts}→{z.hosts} hosts); flat (≤ 50 ms/host): {flat}.",
+            f"({a.hosts}→{z.hosts} hosts); flat (≤ 50 ms/host): {flat}. The coordinator's "
+            f"own CPU grows by {cpu * 1000:.0f} ms per host; every host's remote processes "
+            "(probe, boot, supervisor, log follower) share this machine's cores, so on this "
+            "box their per-host cost adds up where on a cluster it would run in parallel.",
         ]
     return out
 
 
 TEARDOWN_STAGES = (
     ("failed_node", "the failing node's torchrun has exited (its exit record)"),
-    ("stop_arrived", "sshddp's stop request reaches the other nodes"),
-    ("others", "the other nodes' torchrun have exited after SIGTERM"),
+    ("others", "the other nodes have stopped (SIGTERM, torchrun exits; exit records)"),
     ("gone", "**no process of the run left** (`SSHDDP_RUN_ID` in /proc/*/environ)"),
     ("exit", "sshddp has exited"),
 )
@@ -878,8 +950,8 @@ def teardown_table(r: TeardownRow) -> list[str]:
     med = r.stage("gone").median
     out = [
         f"{TD_HOSTS} hosts × {TD_NPROC} processes; the last rank prints `FAIL <time>` and "
-        "raises. Seconds after that line (each stage from the run's own files: "
-        "`exit.json` times, the `stop-reason` file the stop request writes):",
+        "raises. Seconds after that line (the node stages are the `ended` times of the "
+        "nodes' `exit.json`):",
         "",
         "| stage | seconds after the failure |",
         "|---|---|",
@@ -925,12 +997,13 @@ class Results:
     launch: list[LaunchRow] = field(default_factory=list)
     teardown: Optional[TeardownRow] = None
     logs: Optional[LogRow] = None
+    leftovers: list[str] = field(default_factory=list)  #: processes of finished runs
 
 
 METHOD = """\
 ## Method
 
-* Hosts are real `sshd` servers on 127.0.0.{first}.. (port {port}) started by
+* Hosts are real `sshd` servers on loopback addresses (see *hosts* above) started by
   `tests/sshd_cluster.py`, all on this machine: the hosts' work competes with the coordinator
   for the same cores. Each remote run has its own `workdir` under a temporary directory and a
   fresh rendezvous port. Methods alternate from repetition to repetition. Values are
@@ -959,7 +1032,7 @@ METHOD = """\
   `sshddp-logs/<run>/node0-h1.log` reached its final size (polled every 10 ms; the byte count
   is checked against the host's `node.log`). Baselines: `ssh -F cfg h1 cat <node.log>` to
   `/dev/null` after the run, and ssh running the same writer with stdout to a local file.
-  Peak RSS is `ru_maxrss` of the sshddp process from `os.wait4`.
+  Peak RSS is the sshddp process's `VmHWM` (/proc/<pid>/status, polled every 10 ms).
 """
 
 
@@ -990,6 +1063,11 @@ def render(res: Results, reps: int, mb: int, info: list[tuple[str, str]], cmd: s
         sections.append(("4. Log throughput", log_table(res.logs)))
     for title, body in sections:
         lines += ["", f"## {title}", "", *body]
+    lines += [
+        "",
+        "Processes of the suite's runs alive 5 s after the last one ended (any "
+        "`SSHDDP_RUN_ID=bench-*`): " + ("; ".join(res.leftovers) or "none") + ".",
+    ]
     noisy = noisy_rows(res)
     if noisy:
         lines += [
@@ -998,8 +1076,6 @@ def render(res: Results, reps: int, mb: int, info: list[tuple[str, str]], cmd: s
             "probably busy (other tests?) — compare medians only.",
         ]
     method = METHOD.format(
-        first=FIRST_OCTET + 1,
-        port=SSHD_PORT,
         reps=reps,
         td_hosts=TD_HOSTS,
         td_nproc=TD_NPROC,
@@ -1082,9 +1158,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rank = tmp / "rank.py"
         rank.write_text(RANK_SCRIPT)
         started = time.monotonic()
-        with SshdCluster(tmp / "sshd", hosts, port=SSHD_PORT, first_octet=FIRST_OCTET) as cluster:
+        first = free_octet(hosts)
+        with SshdCluster(tmp / "sshd", hosts, port=SSHD_PORT, first_octet=first) as cluster:
             bench = Bench(tmp, cluster, clean_env(tmp), sshddp_argv(), rank)
             res = run_all(bench, args, mb)
+            res.leftovers = reap_leftovers()
+        info.append(("hosts", f"{hosts} sshd on 127.0.0.{first + 1}–{first + hosts}:{SSHD_PORT}"))
         elapsed = time.monotonic() - started
     info.append(("load average at end", " / ".join(f"{x:.2f}" for x in os.getloadavg())))
     info.append(("suite duration", f"{elapsed:.0f} s"))
