@@ -203,7 +203,10 @@ def stop_cmd(env: Environment, run: str, kw: dict[str, Any]) -> int:
         err = errors[node.host.index]
         outcome = outcomes.get(node.node_rank)
         if err is not None or outcome is None or not outcome.ok:
-            why = err.message if err is not None else str(outcome.error if outcome else "?")
+            if err is not None:
+                why = err.message + (f"\n  fix: {err.hint}" if err.hint else "")
+            else:
+                why = str(outcome.error if outcome else "no answer")
             env.err(f"node {node.node_rank} ({node.host.host}): NOT stopped: {why}")
             code = ExitCode.UNREACHABLE
             continue

@@ -86,3 +86,46 @@ def test_stalled_ssh_listener_is_a_finding_not_a_hang(
     if command == "launch":
         assert "nothing was started" in out
         assert not (tmp_path / "remote" / "runs").exists()
+
+
+def test_changed_and_unknown_host_keys_are_refused_by_every_command(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    from launch_helpers import write_inventory
+
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
+    env = cli_env(ssh_env)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*SSHDDP, *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    started = run("launch", "--detach", "--name", "hk", str(inv), str(JOB), "wait")
+    assert started.returncode == 0, started.stderr
+    ssh_env.change_host_key(2)
+    try:
+        for args, code in ((("launch", str(inv), str(JOB), "ok"), 3), (("attach", "hk"), 4),
+                           (("logs", "hk"), 0), (("stop", "hk"), 4)):  # fmt: skip
+            r = run(*args)
+            out = r.stdout + r.stderr
+            assert r.returncode == code, (args, out)
+            assert "CHANGED" in out and "attack" in out, (args, out)
+            assert "Traceback" not in out
+        # `stop` reached node 0 only; node 0's supervisor then stopped node 1 over the peer
+        # link. Nothing went to node 1 over the refused connection.
+        import json
+
+        exit1 = json.loads((workdir / "runs/hk/n1/exit.json").read_text())
+        assert exit1["state"] == "stopped"
+        assert exit1["reason"].startswith("stopped: node 0 (h1) stopped"), exit1
+        assert not (workdir / "runs/hk/n1/stop-reason").exists()
+    finally:
+        ssh_env.restore_host_key(2)
+    config, _ = ssh_env.config_without_known_host(2)
+    for args, code in ((("attach", "--ssh-config", str(config), "hk"), 4),
+                       (("stop", "--ssh-config", str(config), "hk"), 4)):  # fmt: skip
+        r = run(*args)
+        out = r.stdout + r.stderr
+        assert r.returncode == code and "unknown host key" in out, (args, out)
+        assert "--accept-new-host-keys" in out and "Traceback" not in out
+    run_no_leak("hk", timeout=3.0)
