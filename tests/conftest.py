@@ -7,6 +7,7 @@ Every "host" of the cluster is this machine on its own loopback address, so loca
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -152,17 +153,27 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 
 @pytest.fixture
 def free_port() -> Callable[[], int]:
-    """Return a function giving a free TCP port on 127.0.0.1, new on each call."""
+    """Return a function giving a rendezvous port P, new on each call, with P and P + 1
+    free on every interface (a run uses both). Ports come from below Linux's ephemeral
+    range (32768+), where outgoing connections of a busy machine would otherwise take
+    P + 1 between the pick and the run; sshd test clusters use 22000-28000."""
     given: set[int] = set()
 
+    def free(port: int) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                return False
+        return True
+
     def pick() -> int:
-        while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            if port not in given:
-                given.add(port)
+        for _ in range(2000):
+            port = random.randrange(10000, 21000, 2)
+            if port not in given and free(port) and free(port + 1):
+                given.update((port, port + 1))
                 return port
+        raise RuntimeError("no free pair of TCP ports in 10000-21000")
 
     return pick
 
