@@ -1025,7 +1025,9 @@ METHOD = """\
 * **teardown**: {td_hosts} hosts × {td_nproc} processes; the last rank prints
   `FAIL <time.time()>` 1 s after READY and raises, the others sleep. Latency is from that
   timestamp until no process whose `/proc/<pid>/environ` holds `SSHDDP_RUN_ID=<run id>` is
-  left (polled every 10 ms). sshddp runs with its default `--grace` (10 s).
+  left (the run's pids re-checked every 10 ms; /proc rescanned every 100 ms and to confirm).
+  sshddp runs with its default `--grace` (10 s). The node stages are the `ended` times in
+  each node's `exit.json`.
 * **logs**: one rank writes {mb} MB (1 MiB `write`s of 64-byte printable lines) to stdout; sshddp
   runs with its stdout redirected to `/dev/null` (printing 200 MB to a terminal would
   dominate) and is timed from the rank's `START` timestamp until the local
