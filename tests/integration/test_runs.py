@@ -132,6 +132,9 @@ def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
         "[1 h2",
         "[2 h3",
     ]
+    done = sshddp(ssh_env, tmp_path, "stop", "k9")  # a run that finished on its own: a no-op
+    assert done.returncode == 0 and done.stdout.count("was already succeeded") == 3
+    assert remote_states(workdir, "k9") == ["succeeded"] * 3
     run_no_leak("k9")
 
 
