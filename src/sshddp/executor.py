@@ -7,7 +7,6 @@ happen once, in parallel, whichever thread or signal triggers it. Per-node outco
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -244,15 +243,11 @@ class Executor:
                 self.console.write(rank, chunk)
             if self._detach.is_set():
                 return None
-            err = proc.read_stderr().decode("utf-8", "replace").strip().splitlines()
+            record = ops.status_record(proc.read_stderr())
             proc.wait()
         finally:
             proc.close()
-        try:
-            record = json.loads(err[-1]) if err else None
-        except ValueError:
-            record = None
-        return record if isinstance(record, dict) and "state" in record else None
+        return record
 
     def _node_done(self, node: NodePlan, record: dict[str, Any]) -> None:
         self.console.flush_node(node.node_rank)

@@ -75,12 +75,18 @@ def read_node(
         proc.close_stdin()
         while chunk := proc.read(1 << 20):
             on_bytes(chunk)
-        lines = proc.read_stderr().decode("utf-8", "replace").strip().splitlines()
+        record = status_record(proc.read_stderr())
         proc.wait()
     finally:
         proc.close()
+    return record or {"state": "unknown"}
+
+
+def status_record(stderr: bytes) -> Optional[dict[str, Any]]:
+    """The follower's last stderr line: the node's status record, or None (cut short)."""
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
     try:
         record = json.loads(lines[-1]) if lines else None
     except ValueError:
-        record = None
-    return record if isinstance(record, dict) else {"state": "unknown"}
+        return None
+    return record if isinstance(record, dict) and "state" in record else None

@@ -115,7 +115,11 @@ def test_changed_and_unknown_host_keys_are_refused_by_every_command(
         # link. Nothing went to node 1 over the refused connection.
         import json
 
-        exit1 = json.loads((workdir / "runs/hk/n1/exit.json").read_text())
+        exit_path = workdir / "runs/hk/n1/exit.json"
+        deadline = time.monotonic() + 30  # the peers stop node 1 just after `stop` returns
+        while not exit_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        exit1 = json.loads(exit_path.read_text())
         assert exit1["state"] == "stopped"
         assert exit1["reason"].startswith("stopped: node 0 (h1) stopped"), exit1
         assert not (workdir / "runs/hk/n1/stop-reason").exists()
