@@ -14,9 +14,9 @@ from sshddp.errors import ExitCode, UsageError
 from sshddp.inventory import load_inventory
 from sshddp.launch import LaunchMode, launch
 from sshddp.plan import LaunchOptions, parse_env_pairs
-from sshddp.report import doctor_json, doctor_table, run_report, torchrun_failure  # noqa: F401
+from sshddp.report import doctor_json, doctor_table, run_report
 from sshddp.sinks import tail_lines
-from sshddp.transport import SshOptions, ssh_hostname
+from sshddp.transport import SshOptions, node_addr
 
 
 def run_doctor(
@@ -30,7 +30,7 @@ def run_doctor(
 ) -> int:
     inventory = load_inventory(inventory_path)
     first = inventory.hosts[0]
-    rdzv_addr = inventory.rendezvous.host or first.addr or ssh_hostname(first, ssh)
+    rdzv_addr = inventory.rendezvous.host or node_addr(first, ssh)
     ctx = Context(
         rdzv_addr=rdzv_addr,
         rdzv_port=port or inventory.rendezvous.port,

@@ -216,7 +216,7 @@ class Executor:
         while not self._detach.is_set():
             try:
                 record = self._stream(transport, node)
-            except (SshddpError, OSError, EOFError, Exception) as exc:  # noqa: B014
+            except Exception as exc:  # any failure of the stream: reconnect and resume
                 record, error = None, exc
             if record is not None:
                 self._node_done(node, record)

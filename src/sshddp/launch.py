@@ -21,7 +21,7 @@ from sshddp.inventory import Inventory
 from sshddp.plan import LaunchOptions, LaunchPlan, describe, make_plan, new_run_id
 from sshddp.report import doctor_table
 from sshddp.sinks import Console, NodeLogs
-from sshddp.transport import SshOptions, ssh_hostname
+from sshddp.transport import SshOptions, node_addr
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,7 @@ def build_plan(
     if registry.exists(run_id):
         raise UsageError(f"--name {run_id}: a run with that id exists already; pick another")
     code = code_spec(options)
-
-    def addr_of(host: object) -> str:
-        from sshddp.inventory import Host
-
-        assert isinstance(host, Host)
-        return host.addr or ssh_hostname(host, ssh)
-
-    return make_plan(inventory, options, run_id, code, addr_of, secrets)
+    return make_plan(inventory, options, run_id, code, lambda h: node_addr(h, ssh), secrets)
 
 
 def launch(

@@ -19,7 +19,7 @@ from sshddp.environment import Environment
 from sshddp.errors import ExitCode, HostUnreachable
 from sshddp.executor import Executor, NodeState
 from sshddp.plan import LaunchPlan, NodePlan
-from sshddp.sinks import Console, NodeLogs, log_name
+from sshddp.sinks import Console, NodeLogs
 from sshddp.transport import SshOptions, Transport
 
 
@@ -219,7 +219,7 @@ def stop_cmd(env: Environment, run: str, kw: dict[str, Any]) -> int:
 def register(group: click.Group) -> None:
     """Add the run commands to the top-level group."""
 
-    @group.command(context_settings=CONTEXT)
+    @group.command(name="attach", context_settings=CONTEXT)
     @click.argument("run")
     @ssh_options
     @click.pass_context
@@ -254,8 +254,3 @@ def register(group: click.Group) -> None:
     def stop_command(ctx: click.Context, run: str, **kw: Any) -> None:
         """Stop RUN on every host (SIGTERM, grace, SIGKILL); a finished run is a no-op."""
         raise Exit(stop_cmd(env_of(ctx), run, kw))
-
-    attach_command.name = "attach"
-
-
-__all__ = ["register", "log_name"]

@@ -360,6 +360,11 @@ def open_transport(host: Host, options: SshOptions) -> Transport:
     return SshTransport(host, options)
 
 
+def node_addr(host: Host, options: SshOptions) -> str:
+    """The address other nodes reach ``host`` at: its ``addr``, else its ssh HostName."""
+    return host.addr or ssh_hostname(host, options)
+
+
 def ssh_hostname(host: Host, options: SshOptions) -> str:
     """The HostName ssh_config gives a host alias (the alias itself when none)."""
     if host.is_local:

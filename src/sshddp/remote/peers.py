@@ -200,7 +200,7 @@ class Peers(object):
         elif self.sock is not None:
             self._send(self.sock, {"done": self.rank, "state": state, "reason": reason})
 
-    def wait_others(self, should_stop):
+    def wait_others(self):
         """Hub only: stay up (relaying aborts) until every node has reported."""
         if not self.enabled or self.rank != 0:
             return

@@ -70,7 +70,7 @@ class Supervisor(object):
             )
         except OSError as exc:
             os.write(self.log, ("sshddp: cannot start %s: %s\n" % (argv[0], exc)).encode())
-            self.finish("failed", None, None, "cannot start torchrun: %s" % exc)
+            self.finish("failed", None, "cannot start torchrun: %s" % exc)
             return False
         finally:
             os.close(slave)
@@ -151,7 +151,7 @@ class Supervisor(object):
         if not self.start():
             self.peers.start()
             self.peers.report("failed", "torchrun did not start")
-            self.peers.wait_others(None)
+            self.peers.wait_others()
             return
         self.peers.start()
         rc = self.loop()
@@ -168,14 +168,14 @@ class Supervisor(object):
             self.drain()
             state = "succeeded" if rc == 0 else "failed"
             reason = "" if rc == 0 else _describe(rc)
-        self.finish(state, rc, None, reason)
+        self.finish(state, rc, reason)
         self.peers.report(state, reason)
-        self.peers.wait_others(None)
+        self.peers.wait_others()
 
     def hurry(self):
         return self.stop_signal == signal.SIGUSR1
 
-    def finish(self, state, rc, sig, reason):
+    def finish(self, state, rc, reason):
         result = {
             "state": state,
             "returncode": rc,
