@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The CUDA/NCCL paths on a real GPU machine, through the localhost transport (no sshd):
+# doctor's GPU facts, a GPU-count mismatch, a process already holding GPU memory, an NCCL
+# all-reduce under `sshddp launch`, and a failing NCCL rank torn down with its GPU freed.
+# Usage: bash scripts/gpu_smoke.sh [OUT_DIR]   (needs torch with CUDA and sshddp importable)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${1:-${OUT:-/tmp/gpu-smoke}}
+mkdir -p "$out"
+py=$(command -v python3)
+sshddp() { "$py" -m sshddp "$@"; }
+step() { printf '\n==> %s\n' "$*"; }
+ngpu=$(nvidia-smi -L | wc -l)
+
+inv() {  # inv FILE GPUS
+    printf 'rendezvous: {port: 29531}\nhosts:\n  - host: localhost\n    gpus: %s\n    python: %s\n' \
+        "$2" "$py" >"$1"
+}
+inv "$out/gpu.yaml" "$ngpu"
+inv "$out/too-many.yaml" $((ngpu + 1))
+
+step "nvidia-smi"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+step "doctor ($ngpu GPU)"; sshddp doctor "$out/gpu.yaml"; echo "exit $?"
+sshddp doctor --json "$out/gpu.yaml" >"$out/doctor.json"; echo "json exit $?"
+step "doctor, inventory claims $((ngpu + 1)) GPUs"; sshddp doctor "$out/too-many.yaml"; echo "exit $?"
+
+step "doctor while another process holds GPU memory"
+"$py" -c 'import torch,time; x=torch.empty(2**30, device="cuda"); print("holding", flush=True); time.sleep(120)' &
+holder=$!
+sleep 12
+sshddp doctor "$out/gpu.yaml"; echo "exit $?"
+kill "$holder"; wait "$holder" 2>/dev/null
+
+step "launch: NCCL all-reduce"
+sshddp launch --log-dir "$out/logs" --name nccl-ok "$out/gpu.yaml" scripts/payloads/nccl_smoke.py 'a b' '$(x)'
+echo "exit $?"
+
+step "launch: an NCCL rank fails while holding GPU memory"
+sshddp launch --log-dir "$out/logs" --name nccl-fail "$out/gpu.yaml" scripts/payloads/nccl_smoke.py --fail
+echo "exit $?"
+sleep 1
+step "GPU processes left after the teardown (expect none)"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+echo "count: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"

@@ -1,0 +1,23 @@
+"""A real NCCL job for scripts/gpu_smoke.sh: one all-reduce per rank on its own GPU."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+dist.init_process_group("nccl")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)], device="cuda")
+dist.all_reduce(t)
+hold = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # visible to nvidia-smi
+print(
+    f"rank {rank}/{world} on {torch.cuda.get_device_name()} nccl {torch.cuda.nccl.version()}"
+    f" all_reduce={t.item():g} expected={world * (world + 1) / 2:g} argv={sys.argv[1:]}",
+    flush=True,
+)
+if "--fail" in sys.argv:
+    raise RuntimeError(f"planned failure on rank {rank} while holding GPU memory")
+dist.destroy_process_group()
