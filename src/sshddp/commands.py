@@ -73,6 +73,7 @@ def launch_options(
         workdir=kw["workdir"], log_dir=kw["log_dir"], name=kw["name"],
         max_restarts=kw["max_restarts"], grace=kw["grace"],
         heartbeat_timeout=kw["heartbeat_timeout"],
+        tty=kw["tty"],
     )  # fmt: skip
     return options, secrets
 

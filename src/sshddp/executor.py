@@ -153,10 +153,11 @@ class Executor:
             "rundir": node.rundir,
             "spec": {"run_id": self.plan.run_id, "node_rank": node.node_rank,
                      "argv": list(node.argv), "cwd": node.cwd, "grace": self.plan.grace,
-                     "mark": node.mark, "peers": self._peers()},
+                     "mark": node.mark, "peers": self._peers(), "tty": self.plan.tty},
             "env": dict(node.env),
             "payload": payload.header(),
             "supervisor": supervisor,
+            "rank": scripts.rank_source(),
             "remote_script": code.target if code.kind == "remote" else None,
         }  # fmt: skip
         answer = ops.call(self.transport(node), "boot", args, payload.data)

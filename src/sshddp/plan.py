@@ -22,6 +22,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|CREDENTIAL|AUTH|PRIVATE)", re.I)
 MASK = "***"
+RANK_SHIM = "rank.py"  #: written into every node's run directory by boot
 CodeKind = Literal["file", "tar", "remote", "none"]
 
 
@@ -41,6 +42,7 @@ class LaunchOptions:
     max_restarts: int = 0  #: torchrun ``--max-restarts``
     grace: float = 10.0  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = 30.0  #: seconds of silence after which a node counts as lost
+    tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class LaunchPlan:
     log_dir: str  #: local directory of this run's logs
     heartbeat_timeout: float = 30.0  #: supervisors stop the run after this much silence
     secret_names: frozenset[str] = field(default_factory=frozenset)  #: env names to mask
+    tty: bool = False  #: ranks write to a pty instead of a pipe
 
     @property
     def peer_port(self) -> int:
@@ -158,7 +161,16 @@ def make_plan(
             rundir=run_dir(h.workdir, run_id, i),
             env=MappingProxyType({**h.env, **extra_env}),
             argv=torchrun_argv(
-                h.python, i, len(hosts), nprocs[i], rdzv_addr, rdzv_port, run_id, options, code
+                h.python,
+                i,
+                len(hosts),
+                nprocs[i],
+                rdzv_addr,
+                rdzv_port,
+                run_id,
+                options,
+                code,
+                run_dir(h.workdir, run_id, i),
             ),
             cwd=_cwd(code, run_dir(h.workdir, run_id, i)),
         )
@@ -169,7 +181,7 @@ def make_plan(
         world_size=sum(nprocs), code=code, script_args=options.script_args,
         grace=options.grace, log_dir=f"{options.log_dir.rstrip('/')}/{run_id}",
         heartbeat_timeout=options.heartbeat_timeout,
-        secret_names=frozenset(secret),
+        secret_names=frozenset(secret), tty=options.tty,
     )  # fmt: skip
 
 
@@ -216,8 +228,14 @@ def torchrun_argv(
     run_id: str,
     options: LaunchOptions,
     code: CodeSpec,
+    rundir: str,
 ) -> tuple[str, ...]:
-    """torchrun with a static rendezvous, so host i gets node rank i deterministically."""
+    """torchrun with a static rendezvous, so host i gets node rank i deterministically.
+
+    Ranks start through ``rank.py`` in the run directory rather than torchrun's default
+    ``python -u``: it runs the script unchanged but line-buffers stdout and stderr, so each
+    line is one write and lines of the ranks sharing the node's log pipe never mix.
+    """
     argv = [
         python, "-m", "torch.distributed.run",
         "--nnodes", str(nnodes),
@@ -227,9 +245,7 @@ def torchrun_argv(
         "--rdzv-endpoint", endpoint(rdzv_addr, rdzv_port),
         "--rdzv-id", run_id,
         "--max-restarts", str(options.max_restarts),
-        # torchrun would run `python -u`; our own interpreter keeps ranks line-buffered on
-        # the supervisor's pty, so lines of different ranks never mix.
-        "--no-python", python,
+        "--no-python", python, f"{rundir}/{RANK_SHIM}",
     ]  # fmt: skip
     if options.module:
         argv += ["-m", code.target]
@@ -246,6 +262,7 @@ def describe(plan: LaunchPlan) -> str:
         f"world size:  {plan.world_size} processes on {len(plan.nodes)} nodes",
         f"code:        {plan.code.kind} {plan.code.local_path or plan.code.target}",
         f"logs:        {plan.log_dir}/",
+        "output:      " + ("a terminal (--tty)" if plan.tty else "a pipe; ranks line-buffered"),
     ]
     for node in plan.nodes:
         last = node.first_rank + node.nproc - 1

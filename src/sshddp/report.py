@@ -6,7 +6,7 @@ import json
 import re
 import signal
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, Any, Optional
 
 from rich.console import Console
 from rich.markup import escape
@@ -101,8 +101,17 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def user_tail(lines: Sequence[str], n: int = TAIL_LINES) -> list[str]:
-    """The last ``n`` lines of the ranks' own output, without torchrun's failure summary."""
+def user_tail(lines: Sequence[str], n: int = TAIL_LINES, rank: Optional[int] = None) -> list[str]:
+    """The last ``n`` lines of the ranks' own output, without torchrun's failure summary.
+
+    When torchrun names the failing ``rank`` and that rank's error lines are there (torch
+    prefixes them ``[rankN]:``), those: the other ranks' follow-on errors (a peer closed the
+    connection) would otherwise push the root cause's traceback out of the tail.
+    """
+    if rank is not None:
+        own = [line for line in lines if line.startswith(f"[rank{rank}]:")]
+        if own:
+            return own[-n:]
     cut = len(lines)
     for i in range(len(lines) - 1, -1, -1):
         if "ChildFailedError" in lines[i]:
@@ -137,7 +146,7 @@ def run_report(result: Any, full_tail: Sequence[str]) -> str:
         else node.reason or node.state.value
     )  # fmt: skip
     out.append(f"root cause: {where}: {how}")
-    tail = user_tail(full_tail)
+    tail = user_tail(full_tail, rank=info.get("rank"))
     if tail:
         out.append(f"--- last {len(tail)} lines of node {node.node_rank}'s output ---")
         out.extend(tail)

@@ -45,6 +45,11 @@ def supervisor_source() -> str:
     )
 
 
+def rank_source() -> str:
+    """The rank shim, standalone: every rank's interpreter runs it from the run directory."""
+    return _read("rank")
+
+
 def quote_path(path: str) -> str:
     """Quote a path for the remote shell, leaving a leading ``~/`` to expand there."""
     if path == "~":

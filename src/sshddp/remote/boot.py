@@ -1,7 +1,7 @@
 # boot: prepare one node's run directory and start its supervisor, detached from SSH.
 # ARGS: {"rundir", "spec": {...}, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
 #        "name", "size", "sha256"}, "supervisor": source, "remote_script": path|None,
-#        "keep_runs": int}
+#        "keep_runs": int, "rank": source of rank.py}
 # stdin after the header line: exactly payload.size bytes of code.
 # Prints one JSON line: {"ok": true, "state": {...}} or {"ok": false, "error": "..."}.
 import hashlib
@@ -119,6 +119,8 @@ def main(args):
             raise BootError("the script %s does not exist on this host" % remote)
         if spec.get("cwd"):
             spec["cwd"] = os.path.expanduser(spec["cwd"])
+        with open(os.path.join(rundir, "rank.py"), "w") as fh:
+            fh.write(args["rank"])
         atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
         atomic_write_json(os.path.join(rundir, "spec.json"), spec)
         state = _start_supervisor(rundir, spec, args["supervisor"])

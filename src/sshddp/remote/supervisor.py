@@ -1,17 +1,20 @@
 # supervisor: owns one node's torchrun for the whole run, independent of any SSH channel.
 # Started detached by boot.py as `python supervisor.py RUNDIR`. It starts torchrun in its own
-# session with a raw pty as stdout and stderr (so every rank line-buffers: one write per line,
-# lines of different ranks never mix, output is live), copies what arrives byte for byte to
-# RUNDIR/node.log, records state.json, and on SIGTERM
-# (graceful) or SIGUSR1 (immediate) stops exactly this node's processes: torchrun's process
-# group plus every process carrying this node's run marker. Its last act is exit.json.
+# session with one pipe as stdout and stderr (or a raw pty with spec "tty": ranks then see a
+# terminal), copies what arrives byte for byte to RUNDIR/node.log, records state.json, and on
+# SIGTERM (graceful) or SIGUSR1 (immediate) stops exactly this node's processes: torchrun's
+# process group plus every process carrying this node's run marker. Its last act is
+# exit.json. Ranks start through rank.py, which line-buffers them: one write per line.
 import errno
+import fcntl
 import pty
 import select
 import subprocess
 import tty
 
 PUMP_BYTES = 1 << 20
+PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
 
 
 class Supervisor(object):
@@ -51,13 +54,13 @@ class Supervisor(object):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.log = os.open(self.path("node.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.master, slave = pty.openpty()
-        tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+        self.master, slave = self._output()
         os.set_blocking(self.master, False)
         argv = list(self.spec["argv"])
         argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
-        if "--no-python" in argv:
-            argv[argv.index("--no-python") + 1] = sys.executable
+        if "--no-python" in argv:  # ... then the rank shim, in this run directory
+            at = argv.index("--no-python")
+            argv[at + 1 : at + 3] = [sys.executable, self.path("rank.py")]
         try:
             self.proc = subprocess.Popen(
                 argv,
@@ -86,16 +89,29 @@ class Supervisor(object):
         )
         return True
 
+    def _output(self):
+        """(read end, write end) of the node's output: a pipe, or a raw pty."""
+        if self.spec.get("tty"):
+            master, slave = pty.openpty()
+            tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+            return master, slave
+        read, write = os.pipe()
+        try:
+            fcntl.fcntl(read, F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:  # above /proc/sys/fs/pipe-max-size for this user: keep the default
+            pass
+        return read, write
+
     def reap(self):
         if self.proc is not None:
             self.proc.poll()
         self.pump(0)
 
     def pump(self, timeout):
-        """Copy what the pty holds to node.log; False once no writer is left (EIO).
+        """Copy what the pipe or pty holds to node.log; False once no writer is left.
 
-        A pty read returns at most ~4 KB, so drain it non-blocking up to 1 MB per wakeup
-        and write that in one go: one select per 4 KB would cap a chatty rank's output.
+        Drain it non-blocking up to 1 MB per wakeup and write that in one go (a pty read
+        returns at most ~4 KB: one select per read would cap a chatty rank's output).
         """
         if self.master is None:
             return False

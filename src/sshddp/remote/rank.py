@@ -1,0 +1,67 @@
+# rank: how every rank's Python starts. torchrun runs `python rank.py SCRIPT ARGS...` or
+# `python rank.py -m MODULE ARGS...` (through --no-python), and this runs SCRIPT or MODULE as
+# `python SCRIPT` / `python -m MODULE` would: same sys.argv, sys.path[0] and __main__.
+# What it adds: stdout and stderr line-buffered, as on a terminal, whatever they are. The
+# ranks of a node share one pipe to the supervisor; with one write per line, lines of
+# different ranks never mix (a pipe keeps writes of up to 4 KB whole) and output is live.
+# torchrun's own `python -u` would write a line's text and its newline separately.
+# Standalone (no common.py): written into the run directory, run by the ranks' interpreter.
+import io
+import os
+import runpy
+import sys
+
+
+def _line_buffered():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):  # replaced or closed stream: leave it
+            pass
+
+
+_RUNPY = compile("runpy.run_path(path, run_name='__main__')", "<sshddp rank>", "exec")
+_RUNPY_MODULE = compile(
+    "runpy.run_module(name, run_name='__main__', alter_sys=True)", "<sshddp rank>", "exec"
+)
+
+
+def prepare(args):
+    """Set up sys.argv and sys.path as `python SCRIPT` / `python -m MODULE` would; return
+    (code, namespace) to exec.
+
+    A script's code runs in this shim's own ``__main__`` namespace, emptied first (as pdb and
+    cProfile do it), so pickling, ``multiprocessing`` and tracebacks see a plain script: a
+    traceback shows one extra frame, the ``exec`` line at the bottom of this file.
+    """
+    _line_buffered()
+    if not args or (args[0] == "-m" and len(args) < 2):
+        sys.exit("usage: rank.py SCRIPT [ARGS...] | rank.py -m MODULE [ARGS...]")
+    if args[0] == "-m":
+        sys.argv = args[1:]
+        sys.path[0] = os.getcwd()
+        return _RUNPY_MODULE, {"runpy": runpy, "name": args[1]}
+    path = args[0]
+    sys.argv = list(args)
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    if os.path.isdir(path) or not path.endswith(".py"):  # a directory or zip: __main__.py
+        return _RUNPY, {"runpy": runpy, "path": path}
+    with io.open_code(path) as fh:
+        code = compile(fh.read(), path, "exec", dont_inherit=True)
+    namespace = sys.modules["__main__"].__dict__
+    builtins = namespace["__builtins__"]
+    namespace.clear()
+    namespace.update(
+        __name__="__main__",
+        __file__=path,
+        __builtins__=builtins,
+        __doc__=None,
+        __package__=None,
+        __spec__=None,
+        __cached__=None,
+    )
+    return code, namespace
+
+
+if __name__ == "__main__":
+    exec(*prepare(sys.argv[1:]))  # what `python SCRIPT` does, in this frame

@@ -1,0 +1,80 @@
+"""How ranks' output reaches the node log: a line-buffered pipe by default, a pty with --tty.
+
+Ranks never flush here: sshddp's rank shim must make every plain `print` one whole, live
+line, and the lines of ranks writing at the same time must never mix. (Checked by hand:
+with torchrun's `python -u` instead of the shim, the mixing test finds thousands of broken
+lines, and without any buffering change the live test never sees its line.)
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from launch_helpers import SSHDDP, Run, cli_env, run_id_of, write_inventory
+
+from sshd_cluster import SshdCluster
+
+STDIO = Path(__file__).parent / "payloads" / "stdio.py"
+NPROC = 4
+
+
+def _launch(cluster: SshdCluster, tmp: Path, port: int, opts: list[str], args: list[str]) -> Run:
+    inv, workdir = write_inventory(cluster, tmp, port, hosts=[1], nproc=NPROC)
+    proc = subprocess.run(
+        [*SSHDDP, "launch", *opts, str(inv), str(STDIO), *args],
+        cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
+
+
+@pytest.mark.parametrize(("opts", "tty"), [([], False), (["--tty"], True)])
+def test_unflushed_lines_of_concurrent_ranks_never_mix(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak,
+    opts: list[str], tty: bool,
+) -> None:  # fmt: skip
+    count, size = 5000, 1000  # 5 MB per rank, each line one write below PIPE_BUF (4 KB)
+    run = _launch(ssh_env, tmp_path, free_port(), opts, ["lines", str(count), str(size)])
+    assert run.rc == 0, run.stderr
+    data = run.local_log(0).read_bytes()
+    assert data == run.remote_log(0).read_bytes()
+    lines = data.decode().splitlines()
+    for rank in range(NPROC):
+        assert f"tty {tty} rank {rank}" in lines
+        fill = chr(ord("a") + rank) * (size - len(f"r{rank} 000000 ") - 1)
+        mine = [ln for ln in lines if ln.startswith(f"r{rank} ")]
+        assert mine == [f"r{rank} {i:06d} {fill}" for i in range(count)]
+    # Nothing else: no line is a mix of two ranks' bytes (torchrun's own lines aside).
+    rank_lines = [ln for ln in lines if re.match(r"r\d ", ln)]
+    assert len(rank_lines) == NPROC * count
+    run_no_leak(run.run_id)
+
+
+def test_a_line_printed_without_flush_shows_up_live(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=2)
+    proc = subprocess.Popen(
+        [*SSHDDP, "launch", "--grace", "1", str(inv), str(STDIO), "live"],
+        cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    seen: set[str] = set()
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while len(seen) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if not line:
+            break
+        seen.update(m.group(0) for m in [re.search(r"LIVE \d", line)] if m)
+    # Both lines arrived while the ranks still run: nothing waited for a buffer to fill.
+    assert seen == {"LIVE 0", "LIVE 1"}
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    run_no_leak(run_id_of(err.decode()))
