@@ -13,9 +13,10 @@ from typing import Any, Optional
 
 from sshddp import ops
 from sshddp.checks import Context, HostFacts, HostReport, evaluate
-from sshddp.cluster import Cluster
-from sshddp.errors import InterpreterMissing, SshddpError
+from sshddp.cluster import Cluster, Outcome
+from sshddp.errors import HostUnreachable, InterpreterMissing, SshddpError
 from sshddp.inventory import Host
+from sshddp.sessions import HostSession
 
 CONNECT_WINDOW = 3.0  # seconds each host keeps retrying the rendezvous connect
 
@@ -84,17 +85,57 @@ def gather(cluster: Cluster, ctx: Context, deep: bool) -> list[HostFacts]:
         )
 
     outcomes = dict(zip((h.index for h in others), cluster.map(probe, others)))
-    results: list[HostFacts] = []
     first_facts = listener.result() if listener else None
+    facts = {h.index: _to_facts(h, outcomes[h.index]) for h in others}
+    if first_facts is not None:
+        facts[first.index] = first_facts
+    return _assemble(hosts, errors, facts)
+
+
+def gather_sessions(
+    cluster: Cluster, ctx: Context
+) -> tuple[list[HostFacts], dict[int, HostSession]]:
+    """The launch preflight: ``gather`` through each host's launch session, which stays
+    open (host 0 holding the rendezvous port) to boot the node once the checks pass."""
+    errors = cluster.connect_all()
+    hosts = cluster.hosts
+    first = hosts[0]
+    rdzv_ok = errors[first.index] is None
+    reachable = [h for h in hosts if errors[h.index] is None]
+
+    def open_one(host: Host) -> tuple[HostSession, Any]:
+        args = probe_args(host, ctx, False, host is first, rdzv_ok)
+        session = HostSession(cluster.transports[host.index], args)
+        try:
+            return session, session.answer("probe")
+        except BaseException:
+            session.close()
+            raise
+
+    sessions: dict[int, HostSession] = {}
+    facts: dict[int, HostFacts] = {}
+    for host, outcome in zip(reachable, cluster.map(open_one, reachable)):
+        if outcome.ok:
+            assert outcome.value is not None
+            sessions[host.index], answer = outcome.value
+            facts[host.index] = HostFacts(host, answer)
+        else:
+            facts[host.index] = _to_facts(host, outcome)
+    return _assemble(hosts, errors, facts), sessions
+
+
+def _assemble(
+    hosts: Sequence[Host], errors: dict[int, Optional[HostUnreachable]],
+    facts: dict[int, HostFacts],
+) -> list[HostFacts]:  # fmt: skip
+    """One ``HostFacts`` per host, in inventory order: facts, or why it was not reached."""
+    results: list[HostFacts] = []
     for host in hosts:
         err = errors[host.index]
         if err is not None:
             results.append(HostFacts(host, error=err.message, hint=err.hint))
-        elif host is first:
-            assert first_facts is not None
-            results.append(first_facts)
         else:
-            results.append(_to_facts(host, outcomes[host.index]))
+            results.append(facts[host.index])
     return _drop_unproven_rdzv(results)
 
 
@@ -115,8 +156,8 @@ def _drop_unproven_rdzv(results: list[HostFacts]) -> list[HostFacts]:
     ]
 
 
-def _to_facts(host: Host, outcome: Any) -> HostFacts:
-    if outcome.ok:
+def _to_facts(host: Host, outcome: Outcome[Any]) -> HostFacts:
+    if outcome.error is None:
         return HostFacts(host, outcome.value)
     return _error_facts(host, outcome.error)
 

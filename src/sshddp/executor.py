@@ -17,9 +17,10 @@ from typing import Any, Optional
 
 from sshddp import ops, scripts
 from sshddp.bundle import Payload
-from sshddp.cluster import Cluster
+from sshddp.cluster import Cluster, Outcome
 from sshddp.errors import SshddpError
 from sshddp.plan import LaunchPlan, NodePlan
+from sshddp.sessions import HostSession
 from sshddp.sinks import Console, NodeLogs
 from sshddp.transport import Transport
 
@@ -107,23 +108,59 @@ class Executor:
         self._root_cause: Optional[int] = None
         self._detach = threading.Event()
         self._stop_threads: list[threading.Thread] = []
+        self._sessions: dict[int, HostSession] = {}  #: launch sessions not yet streaming
 
     def transport(self, node: NodePlan) -> Transport:
         return self.cluster.transports[node.host.index]
 
     # ------------------------------------------------------------------ boot
 
-    def boot(self, payload: Payload) -> bool:
-        """Start every node's supervisor; on any failure stop those that started."""
-        supervisor = scripts.supervisor_source()
+    def boot(
+        self, payload: Payload, sessions: dict[int, HostSession],
+        unreachable: Optional[dict[int, BaseException]] = None,
+    ) -> bool:  # fmt: skip
+        """Tell every node's session to go; on any failure stop the nodes that started.
+
+        Node 0 goes first: its probe must let go of the rendezvous port before any node's
+        torchrun could reach that listener instead of node 0's store.
+        """
+        self._sessions = dict(sessions)
+        supervisor, rank_shim = scripts.supervisor_source(), scripts.rank_source()
         for node in self.plan.nodes:
             self.results[node.node_rank].state = NodeState.STARTING
-        outcomes = self.cluster.map(lambda n: self._boot_node(n, payload, supervisor),
-                                    self.plan.nodes)  # fmt: skip
+
+        def session_of(node: NodePlan) -> HostSession:
+            session = self._sessions.get(node.host.index)
+            if session is None:
+                error = (unreachable or {}).get(node.host.index)
+                raise error or SshddpError(f"{node.host.host}: no session")
+            return session
+
+        def go(node: NodePlan) -> HostSession:
+            session = session_of(node)
+            session.go(self._boot_args(node, payload, supervisor, rank_shim), payload.data)
+            session.answer("release")
+            return session
+
+        def boot_node(node: NodePlan) -> Optional[str]:
+            session = session_of(node) if node is first else go(node)
+            return self._booted(node, session.answer("boot"))
+
+        first = self.plan.nodes[0]
+        opened = self.cluster.map(go, [first])[0]
+        if opened.ok:
+            outcomes = self.cluster.map(boot_node, self.plan.nodes)
+        else:
+            outcomes = [Outcome[Optional[str]](error=opened.error)]
+            outcomes += [Outcome(value="not started: node 0 could not start")
+                         for _ in self.plan.nodes[1:]]  # fmt: skip
         for node, outcome in zip(self.plan.nodes, outcomes):
             result = self.results[node.node_rank]
             if outcome.ok and outcome.value is None:
                 result.state = NodeState.RUNNING
+                continue
+            if outcome.ok and opened.error is not None:
+                result.state, result.reason = NodeState.STOPPED, str(outcome.value)
                 continue
             result.state = NodeState.FAILED
             result.reason = outcome.value or _message(outcome.error)
@@ -131,10 +168,17 @@ class Executor:
                 self._root_cause = node.node_rank
         if self._root_cause is None:
             return True
+        self.close_sessions()
         failed = self.results[self._root_cause]
         self.stop_all(False, f"node {failed.node_rank} ({failed.host}) failed to start")
         self.wait_stopped()
         return False
+
+    def close_sessions(self) -> None:
+        """End the launch sessions that no follower took over (the run goes on)."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()
 
     def _peers(self) -> dict[str, Any]:
         plan = self.plan
@@ -146,10 +190,11 @@ class Executor:
             "hosts": [n.host.host for n in plan.nodes],
         }
 
-    def _boot_node(self, node: NodePlan, payload: Payload, supervisor: str) -> Optional[str]:
-        """None when the node's torchrun started, else why not."""
+    def _boot_args(
+        self, node: NodePlan, payload: Payload, supervisor: str, rank_shim: str
+    ) -> dict[str, Any]:
         code = self.plan.code
-        args = {
+        return {
             "rundir": node.rundir,
             "spec": {"run_id": self.plan.run_id, "node_rank": node.node_rank,
                      "argv": list(node.argv), "cwd": node.cwd, "grace": self.plan.grace,
@@ -157,10 +202,12 @@ class Executor:
             "env": dict(node.env),
             "payload": payload.header(),
             "supervisor": supervisor,
-            "rank": scripts.rank_source(),
+            "rank": rank_shim,
             "remote_script": code.target if code.kind == "remote" else None,
         }  # fmt: skip
-        answer = ops.call(self.transport(node), "boot", args, payload.data)
+
+    def _booted(self, node: NodePlan, answer: dict[str, Any]) -> Optional[str]:
+        """None when the node's torchrun started, else why not."""
         if not answer.get("ok"):
             return str(answer.get("error"))
         state = answer.get("state") or {}
@@ -231,10 +278,19 @@ class Executor:
         self.console.flush_node(rank)
 
     def _stream(self, transport: Transport, node: NodePlan) -> Optional[dict[str, Any]]:
-        """Follow one node's log from the local copy's size; its exit record, or None if cut."""
+        """Follow one node's log from the local copy's size; its exit record, or None if cut.
+
+        The first stream is the tail of the node's launch session; a reconnect starts a
+        follower from the local copy's size."""
         rank = node.node_rank
-        offset = self.logs.size(rank)
-        proc = ops.start_script(transport, "follow", {"rundir": node.rundir, "offset": offset})
+        session = self._sessions.pop(node.host.index, None)
+        if session is not None:
+            proc, early = session.take_stream()
+            self.logs.write(rank, early)
+            self.console.write(rank, early)
+        else:
+            offset = self.logs.size(rank)
+            proc = ops.start_script(transport, "follow", {"rundir": node.rundir, "offset": offset})
         try:
             while not self._detach.is_set():
                 chunk = proc.read(1 << 20)

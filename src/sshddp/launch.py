@@ -11,15 +11,16 @@ from typing import Optional
 
 from sshddp import registry
 from sshddp.bundle import build_payload, code_spec
-from sshddp.checks import Context
+from sshddp.checks import Context, evaluate
 from sshddp.cluster import Cluster
-from sshddp.doctor import reports_ok, run_checks
+from sshddp.doctor import gather_sessions, reports_ok
 from sshddp.environment import Environment
 from sshddp.errors import CheckFailed, UsageError
 from sshddp.executor import Executor, RunResult
 from sshddp.inventory import Inventory
 from sshddp.plan import LaunchOptions, LaunchPlan, describe, make_plan, new_run_id
 from sshddp.report import doctor_table
+from sshddp.sessions import HostSession
 from sshddp.sinks import Console, NodeLogs
 from sshddp.transport import SshOptions, node_addr
 
@@ -66,12 +67,15 @@ def launch(
         console.add_node(node.node_rank, node.host.host, width)
     env.err(_banner(plan, mode.detach))
     with Cluster(inventory.hosts, ssh, mode.fanout) as cluster:
+        unreachable: dict[int, BaseException] = {}
         if mode.check:
-            _preflight(cluster, plan, options, env)
-        registry.save(registry.record(plan, inventory.source, ssh.ssh_config))
+            sessions = _preflight(cluster, plan, options, env)
+        else:
+            sessions, unreachable = _open_sessions(cluster)
         executor = Executor(plan, cluster, logs, console)
         try:
-            if not executor.boot(payload):
+            registry.save(registry.record(plan, inventory.source, ssh.ssh_config))
+            if not executor.boot(payload, sessions, unreachable):
                 return _finish(executor.result(False))
             if mode.detach:
                 env.err(f"sshddp: run {plan.run_id} started on {len(plan.nodes)} node(s); "
@@ -80,6 +84,9 @@ def launch(
             with _detach_on(executor):
                 return _finish(executor.follow())
         finally:
+            executor.close_sessions()
+            for session in sessions.values():
+                session.close()
             logs.close()
 
 
@@ -109,17 +116,39 @@ def _banner(plan: LaunchPlan, detach: bool) -> str:
 
 def _preflight(
     cluster: Cluster, plan: LaunchPlan, options: LaunchOptions, env: Environment
-) -> None:
+) -> dict[int, HostSession]:
+    """Every host's launch session, opened by the doctor checks that matter for a launch;
+    ``CheckFailed`` (nothing started, no session left) when one fails."""
     script = options.script if plan.code.kind == "remote" else None
     ctx = Context(plan.rdzv_addr, plan.rdzv_port, script=script,
                   nproc_override=options.nproc_per_node)  # fmt: skip
-    _, reports = run_checks(cluster, ctx, deep=False)
+    facts, sessions = gather_sessions(cluster, ctx)
+    reports = evaluate(facts, ctx)
     if not reports_ok(reports):
+        for session in sessions.values():
+            session.close()
         doctor_table(reports, env.rich_err())
         raise CheckFailed(
             "the preflight checks failed (above); nothing was started. Fix them, or pass "
             "--no-check to launch anyway"
         )
+    return sessions
+
+
+def _open_sessions(cluster: Cluster) -> tuple[dict[int, HostSession], dict[int, BaseException]]:
+    """``--no-check``: every reachable host's launch session, without the probe."""
+    errors: dict[int, BaseException] = {
+        i: e for i, e in cluster.connect_all().items() if e is not None
+    }
+    reachable = [h for h in cluster.hosts if h.index not in errors]
+    outcomes = cluster.map(lambda h: HostSession(cluster.transports[h.index], None), reachable)
+    sessions: dict[int, HostSession] = {}
+    for host, outcome in zip(reachable, outcomes):
+        if outcome.value is not None:
+            sessions[host.index] = outcome.value
+        elif outcome.error is not None:
+            errors[host.index] = outcome.error
+    return sessions, errors
 
 
 class _detach_on:

@@ -32,9 +32,14 @@ def _read(name: str) -> str:
     return (resources.files("sshddp.remote") / f"{name}.py").read_text(encoding="utf-8")
 
 
+# Scripts built from others: their parts are shipped before them, in this order.
+_PARTS = {"session": ("probe", "boot", "follow")}
+
+
 def script_source(name: str) -> str:
-    """``common.py`` then script ``name``, ending with a call of its ``main(ARGS)``."""
-    return f"{_read('common')}\n{_read(name)}\nmain(ARGS)\n"
+    """``common.py``, the parts, then script ``name``; it ends calling ``<name>_main(ARGS)``."""
+    parts = [_read("common"), *(_read(p) for p in _PARTS.get(name, ())), _read(name)]
+    return "\n".join(parts) + f"\n{name}_main(ARGS)\n"
 
 
 def supervisor_source() -> str:

@@ -59,19 +59,12 @@ def _prune(runs_root, keep):
     finished = []
     for name in names:
         path = os.path.join(runs_root, name)
-        nodes = [os.path.join(path, n) for n in _listdir(path) if n.startswith("n")]
+        nodes = [os.path.join(path, n) for n in listdir(path) if n.startswith("n")]
         if nodes and all(os.path.exists(os.path.join(n, "exit.json")) for n in nodes):
             finished.append((os.path.getmtime(path), path))
     finished.sort(reverse=True)
     for _, path in finished[keep:]:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _listdir(path):
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def _start_supervisor(rundir, spec, source):
@@ -82,7 +75,7 @@ def _start_supervisor(rundir, spec, source):
     env = dict(os.environ)
     env["SSHDDP_RUN_ID"] = spec["run_id"]
     subprocess.Popen(
-        [sys.executable, path, rundir],
+        [sys.executable, "-S", path, rundir],  # stdlib only: skip site-packages' .pth files
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -103,7 +96,9 @@ def _start_supervisor(rundir, spec, source):
     raise BootError("the supervisor did not start within 20 s; see %s/supervisor.log" % rundir)
 
 
-def main(args):
+def boot(args, stream):
+    """Prepare the run directory from ``args`` and the code on ``stream``; start the
+    supervisor. The answer: {"ok": true, "state", "rundir"} or {"ok": false, "error", ...}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
     try:
@@ -113,7 +108,7 @@ def main(args):
         spec = args["spec"]
         payload = args["payload"]
         if payload["kind"] != "none":
-            _receive_code(rundir, payload, sys.stdin.buffer)
+            _receive_code(rundir, payload, stream)
         remote = args.get("remote_script")
         if remote and not os.path.isfile(os.path.expanduser(remote)):
             raise BootError("the script %s does not exist on this host" % remote)
@@ -125,6 +120,10 @@ def main(args):
         atomic_write_json(os.path.join(rundir, "spec.json"), spec)
         state = _start_supervisor(rundir, spec, args["supervisor"])
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)))
-        emit({"ok": True, "state": state, "rundir": rundir})
+        return {"ok": True, "state": state, "rundir": rundir}
     except (BootError, OSError, tarfile.TarError) as exc:
-        emit({"ok": False, "error": str(exc), "rundir": rundir})
+        return {"ok": False, "error": str(exc), "rundir": rundir}
+
+
+def boot_main(args):
+    emit(boot(args, sys.stdin.buffer))

@@ -28,6 +28,13 @@ def read_json(path):
         return None
 
 
+def listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def emit(obj, stream=None):
     stream = stream or sys.stdout
     stream.write(json.dumps(obj) + "\n")

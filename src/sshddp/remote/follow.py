@@ -50,7 +50,7 @@ def node_status(rundir):
     return {"state": "running", "started": state.get("started")}
 
 
-def main(args):
+def follow_main(args):
     rundir = os.path.expanduser(args["rundir"])
     exit_path = os.path.join(rundir, "exit.json")
     mode = args.get("mode", "follow")

@@ -2,7 +2,8 @@
 # ARGS: {"workdir", "deep": bool, "listen_port": int|None, "connect": [addr, port]|None,
 #        "connect_timeout": float, "script": str|None}
 # With listen_port it also holds a listener on that port (proving it free) until stdin closes,
-# so the other hosts can make a real TCP connection to the rendezvous endpoint.
+# so the other hosts can make a real TCP connection to the rendezvous endpoint. session.py
+# uses probe() and release() the same way within a launch.
 import platform  # python_version() only: platform.platform() reads the libc binary
 import shutil
 import socket
@@ -30,18 +31,11 @@ def _dist_versions(site):
     """{distribution name: version} from the *.dist-info names in one site directory
     (one listdir: importlib.metadata would scan every path entry per lookup)."""
     found = {}
-    for name in _listdir(site):
+    for name in listdir(site):
         if name.endswith(".dist-info") and "-" in name:
             dist, _, version = name[: -len(".dist-info")].rpartition("-")
             found[dist.lower().replace("-", "_")] = version
     return found
-
-
-def _listdir(path):
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def _torch_facts(deep):
@@ -148,8 +142,20 @@ def _listen(port):
             except OSError:
                 return
 
-    threading.Thread(target=accept_loop, daemon=True).start()
-    return sock, None
+    thread = threading.Thread(target=accept_loop, daemon=True)
+    thread.start()
+    return (sock, thread), None
+
+
+def release(holders):
+    """Close listeners from _listen: the port is free again when this returns."""
+    for sock, thread in holders:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+        except OSError:
+            pass
+        sock.close()
+        thread.join(1.0)
 
 
 def _connect(addr, port, timeout):
@@ -165,7 +171,8 @@ def _connect(addr, port, timeout):
     return {"ok": False, "addr": addr, "port": port, "error": last}
 
 
-def main(args):
+def probe(args):
+    """(facts, listeners still held): the host's facts, the rendezvous port held if asked."""
     facts = {
         "hostname": socket.gethostname(),
         "os": "%s %s %s" % (os.uname().sysname, os.uname().release, os.uname().machine),
@@ -173,16 +180,16 @@ def main(args):
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "disk": _disk(args.get("workdir") or "~/.sshddp"),
     }
-    listener = None
+    held = []
     if args.get("listen_port"):
         listener, err = _listen(int(args["listen_port"]))
         facts["port"] = {"port": args["listen_port"], "free": listener is not None, "error": err}
+        held += [listener] if listener else []
         # sshddp's supervisors use the next port: check it is free too, then let it go.
         peer, peer_err = _listen(int(args["listen_port"]) + 1)
         facts["port"]["peer_free"] = peer is not None
         facts["port"]["peer_error"] = peer_err
-        if peer is not None:
-            peer.close()
+        release([peer] if peer else [])
     if args.get("connect"):
         addr, port = args["connect"]
         facts["rendezvous"] = _connect(addr, int(port), float(args.get("connect_timeout", 3)))
@@ -194,10 +201,15 @@ def main(args):
             "path": args["script"],
             "exists": os.path.isfile(os.path.expanduser(args["script"])),
         }
+    return facts, held
+
+
+def probe_main(args):
+    facts, held = probe(args)
     emit(facts)
-    if listener is not None:
+    if held:
         sys.stdin.buffer.read()  # hold the port until the coordinator closes our stdin
-        listener.close()
+        release(held)
 
 
 def _count_gpu_devices():

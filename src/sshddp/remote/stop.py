@@ -8,7 +8,7 @@ def _is_our_supervisor(pid, rundir):
     return pid_alive(pid) and rundir in cmdline(pid) and "supervisor.py" in cmdline(pid)
 
 
-def main(args):
+def stop_main(args):
     rundir = os.path.expanduser(args["rundir"])
     exit_path = os.path.join(rundir, "exit.json")
     done = read_json(exit_path)

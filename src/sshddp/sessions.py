@@ -1,0 +1,63 @@
+"""One SSH channel and one remote interpreter per host for a whole launch.
+
+The host's session (``remote/session.py``) answers the preflight probe, waits for the go,
+boots the node and then streams its log. Without it a launch cost every host three channels
+and three interpreters (probe, boot, follow) on top of the supervisor, and on busy hosts
+those starts were most of sshddp's launch latency.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from sshddp import ops
+from sshddp.transport import RemoteProcess, Transport
+
+
+class HostSession:
+    """The coordinator's end of one host's session."""
+
+    def __init__(self, transport: Transport, probe: Optional[dict[str, Any]]) -> None:
+        self.transport = transport
+        self.proc: RemoteProcess = ops.start_script(transport, "session", {"probe": probe})
+        self._buffer = b""
+        self.closed = False
+
+    def answer(self, what: str) -> dict[str, Any]:
+        """The next JSON line, or a ``RemoteError`` / ``InterpreterMissing`` saying why not."""
+        while b"\n" not in self._buffer:
+            chunk = self.proc.read(65536)
+            if not chunk:
+                line, self._buffer = self._buffer, b""
+                return ops.decode(
+                    self.transport, what, line, self.proc.read_stderr(), self.proc.wait()
+                )
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return ops.decode(self.transport, what, line, b"", None)
+
+    def go(self, boot_args: dict[str, Any], code: bytes) -> None:
+        """Tell the host to boot: its probe lets go of the rendezvous port first."""
+        order = {"go": True, "boot": boot_args}
+        self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n" + code)
+
+    def take_stream(self) -> tuple[RemoteProcess, bytes]:
+        """The process, now streaming the node's log, and log bytes already read."""
+        data, self._buffer = self._buffer, b""
+        return self.proc, data
+
+    def close(self) -> None:
+        """End the session: before the go the host does nothing more; after it, the run
+        goes on and only the log stream stops."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.proc.close_stdin()
+        except Exception:  # noqa: BLE001 - the channel may be gone already
+            pass
+        try:
+            self.proc.close()
+        except Exception:  # noqa: BLE001
+            pass
