@@ -1,0 +1,127 @@
+"""Launch paths through each host's single launch session: with and without the preflight,
+and hosts that cannot be reached or cannot run the session at all."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from launch_helpers import JOB, SSHDDP, Run, cli_env, launch, run_id_of, write_inventory
+
+from sshd_cluster import SshdCluster
+
+MakeCluster = Callable[..., SshdCluster]
+
+
+def test_no_check_launch_runs_the_job(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    run = launch(ssh_env, tmp_path, free_port(), ["ok"], opts=["--no-check"], hosts=[1, 2])
+    assert run.rc == 0, run.stderr
+    for node in range(2):
+        sums = [j["sum"] for j in run.json_lines(node) if "sum" in j]
+        assert sums == [6.0, 6.0]  # 4 ranks: 0 + 1 + 2 + 3
+        assert run.local_log(node).read_bytes() == run.remote_log(node).read_bytes()
+    assert "rank 0 line 49" in run.local_log(0).read_text()
+    run_no_leak(run.run_id)
+
+
+def _launch(cluster: SshdCluster, tmp: Path, port: int, opts: list[str]) -> Run:
+    inv, workdir = write_inventory(cluster, tmp, port, hosts=[1, 2, 3], nproc=1)
+    proc = subprocess.run(
+        [*SSHDDP, "launch", *opts, str(inv), str(JOB), "wait"],
+        cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
+
+
+def test_no_check_with_a_host_down_stops_the_nodes_that_started(
+    make_cluster: MakeCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    private = make_cluster(3)
+    private.stop_host(3)
+    run = _launch(private, tmp_path, free_port(), ["--no-check"])
+    assert run.rc == 1, run.stderr
+    assert "root cause: node 2 on h3" in run.stderr, run.stderr
+    assert "refused" in run.stderr.lower(), run.stderr
+    assert "Traceback" not in run.stderr
+    for node, host in ((0, "h1"), (1, "h2")):  # they had started: stopped, not left running
+        assert f"node {node}   {host}" in run.stderr
+        assert (run.workdir / "runs" / run.run_id / f"n{node}" / "exit.json").exists()
+    run_no_leak(run.run_id)
+
+
+def test_no_check_with_node_0_down_starts_no_other_node(
+    make_cluster: MakeCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    private = make_cluster(3)
+    private.stop_host(1)
+    run = _launch(private, tmp_path, free_port(), ["--no-check"])
+    assert run.rc == 1, run.stderr
+    assert "root cause: node 0 on h1" in run.stderr, run.stderr
+    assert run.stderr.count("not started: node 0 could not start") == 2, run.stderr
+    assert not (run.workdir / "runs" / run.run_id).exists()  # nothing was booted anywhere
+    run_no_leak(run.run_id)
+
+
+def test_failed_preflight_leaves_no_session_and_holds_no_port(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """A check fails (node 2's interpreter is missing): every session ends without booting,
+    and host 0's probe lets go of the rendezvous port, so the next launch gets it."""
+    port = free_port()
+    inv, workdir = write_inventory(ssh_env, tmp_path, port, hosts=[1, 2, 3], nproc=1)
+    text = inv.read_text()
+    doc = yaml.safe_load(text)
+    doc["hosts"][2]["python"] = "/nonexistent/python3"
+    inv.write_text(yaml.safe_dump(doc))
+    bad = subprocess.run(
+        [*SSHDDP, "launch", str(inv), str(JOB), "ok"],
+        cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert bad.returncode == 3, bad.stderr
+    assert "/nonexistent/python3" in bad.stderr and "nothing was started" in bad.stderr
+    assert not (workdir / "runs").exists() or not any((workdir / "runs").iterdir())
+    inv.write_text(text)
+    run = launch(ssh_env, tmp_path, port, ["ok"], hosts=[1, 2, 3], nproc=1)
+    assert run.rc == 0, run.stderr
+    run_no_leak(run.run_id)
+
+
+def test_workdir_module_runs_like_python_dash_m(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """`--workdir DIR -m pkg.main`: the directory is shipped honouring .gitignore, and the
+    module runs as `python -m` would run it from there (argv, __name__, sys.path[0], a
+    relative import), through torchrun and the rank shim."""
+    proj = tmp_path / "proj"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / ".gitignore").write_text("secret.txt\n")
+    (proj / "secret.txt").write_text("do not ship")
+    (proj / "pkg" / "__init__.py").write_text("")
+    (proj / "pkg" / "helper.py").write_text("VALUE = 'helper ok'\n")
+    (proj / "pkg" / "main.py").write_text(
+        "import json, os, sys\n"
+        "from .helper import VALUE\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'argv0': sys.argv[0], 'name': __name__,\n"
+        "    'path0': sys.path[0], 'cwd': os.getcwd(), 'value': VALUE,\n"
+        "    'ignored_shipped': os.path.exists('secret.txt'), 'rank': os.environ['RANK']}))\n"
+    )
+    inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
+    proc = subprocess.run(
+        [*SSHDDP, "launch", "--workdir", str(proj), "-m", "pkg.main", str(inv), "a b", "--x=1"],
+        cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run = Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp_path,
+              tmp_path / "remote")  # fmt: skip
+    for node in range(2):
+        (out,) = run.json_lines(node)
+        assert out["argv"] == ["a b", "--x=1"] and out["name"] == "__main__"
+        assert out["argv0"].endswith("/code/pkg/main.py")
+        assert out["path0"] == out["cwd"] and out["cwd"].endswith("/code")
+        assert out["value"] == "helper ok" and out["ignored_shipped"] is False
+        assert out["rank"] == str(node)
+    run_no_leak(run.run_id)
