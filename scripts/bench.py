@@ -549,6 +549,10 @@ def node_scripts(b: Bench, nodes: Sequence[NodeCommand], name: str, extra_env: s
     for node in nodes:
         Path(node.cwd).mkdir(parents=True, exist_ok=True)
         shutil.copy(b.rank_script, node.cwd)
+        argv = shlex.split(node.command)  # ... --no-python PYTHON RUNDIR/rank.py SCRIPT ...
+        shim = Path(os.path.expanduser(argv[argv.index("--no-python") + 2]))
+        shim.parent.mkdir(parents=True, exist_ok=True)
+        shim.write_text(scripts.rank_source())
         line = f"cd {shlex.quote(node.cwd)} && exec env {extra_env} {node.env} {node.command}\n"
         (out / f"node-{node.host}.sh").write_text(line)
     return out
@@ -881,7 +885,7 @@ def bench_nodeloss(b: Bench, reps: int) -> NodeLossRow:
 @dataclass(frozen=True)
 class LogSample:
     total: float  #: rank's START to the local log file complete
-    writer: float  #: rank's START to END: its writes through the pty into node.log
+    writer: float  #: rank's START to END: its writes through the node's pipe into node.log
     cat: float  #: ssh cat of the remote node.log to /dev/null
     direct: float  #: ssh running the same writer, its stdout to a local file
     rss_mb: float  #: sshddp's peak RSS
@@ -1331,7 +1335,7 @@ def log_table(r: LogRow) -> list[str]:
     ratio = total.median / cat.median
     rows = [
         ("sshddp: rank's first byte → local log complete", total),
-        ("… the rank's writes through sshddp's pty into node.log (START → END)", r.stage("writer")),
+        ("… the rank's writes into node.log (START → END)", r.stage("writer")),
         ("… END at the host → local copy complete (follower, SSH, coordinator)", r.lag),
         ("OpenSSH: `ssh h1 cat node.log > /dev/null` (after the run)", cat),
         ("OpenSSH: `ssh h1 python rank.py flood > file` (same writer, no sshddp)",
@@ -1353,7 +1357,7 @@ def logs8_table(r: Log8Row) -> list[str]:
     total = r.hosts * r.mb
     rows = [
         ("sshddp: first rank's START → every local log complete", r.stage("total")),
-        ("… the ranks' writes through the ptys into node.log (first START → last END)",
+        ("… the ranks' writes through the nodes' pipes into node.log (first START → last END)",
          r.stage("writer")),
         ("… last END → every local copy complete (followers, SSH, coordinator)", r.lag),
         (f"OpenSSH: {r.hosts} × `ssh hK cat node.log > /dev/null` at once (after the run)",

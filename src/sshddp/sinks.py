@@ -44,25 +44,27 @@ class Console:
     def write(self, node_rank: int, data: bytes) -> None:
         if self._quiet:
             return
-        buf = self._partial.get(node_rank, b"") + data
+        partial = self._partial.get(node_rank)
+        buf = partial + data if partial else data
         head, sep, rest = buf.rpartition(b"\n")
         if len(rest) > _MAX_PARTIAL:  # a huge line without newline: show it in pieces
             head, sep, rest = buf, b"\n", b""
         self._partial[node_rank] = rest
         if sep:
-            self._emit(node_rank, head.split(b"\n"))
+            self._emit(node_rank, head)
 
     def flush_node(self, node_rank: int) -> None:
         """Print a node's unterminated last line (it printed no newline)."""
         rest = self._partial.pop(node_rank, b"")
         if rest and not self._quiet:
-            self._emit(node_rank, [rest])
+            self._emit(node_rank, rest)
 
-    def _emit(self, node_rank: int, lines: list[bytes]) -> None:
+    def _emit(self, node_rank: int, lines: bytes) -> None:
+        """Print ``lines`` (newline-separated, no final newline), each with the prefix."""
         prefix = self._prefix.get(node_rank, f"[{node_rank}] ".encode())
         # One C-level replace per chunk, not a Python loop per line: 200 MB of short lines
         # would otherwise cost seconds of coordinator CPU.
-        out = prefix + b"\n".join(lines).replace(b"\n", b"\n" + prefix) + b"\n"
+        out = prefix + lines.replace(b"\n", b"\n" + prefix) + b"\n"
         with self._lock:
             try:
                 self._stream.write(out)
