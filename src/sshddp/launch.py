@@ -67,7 +67,7 @@ def launch(
     env.err(_banner(plan, mode.detach))
     with Cluster(inventory.hosts, ssh, mode.fanout) as cluster:
         if mode.check:
-            _preflight(cluster, plan, options, env)
+            _preflight(cluster, plan, options, env, payload.disk_bytes)
         registry.save(registry.record(plan, inventory.source, ssh.ssh_config))
         executor = Executor(plan, cluster, logs, console)
         try:
@@ -108,11 +108,11 @@ def _banner(plan: LaunchPlan, detach: bool) -> str:
 
 
 def _preflight(
-    cluster: Cluster, plan: LaunchPlan, options: LaunchOptions, env: Environment
+    cluster: Cluster, plan: LaunchPlan, options: LaunchOptions, env: Environment, code_bytes: int
 ) -> None:
     script = options.script if plan.code.kind == "remote" else None
     ctx = Context(plan.rdzv_addr, plan.rdzv_port, script=script,
-                  nproc_override=options.nproc_per_node)  # fmt: skip
+                  nproc_override=options.nproc_per_node, code_bytes=code_bytes)  # fmt: skip
     _, reports = run_checks(cluster, ctx, deep=False)
     if not reports_ok(reports):
         doctor_table(reports, env.rich_err())
