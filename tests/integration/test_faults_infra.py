@@ -163,7 +163,7 @@ def test_partitioned_node_stops_everywhere_and_is_reported(
     workdir = tmp_path / "remote"
     inv = write_inv(tmp_path, free_port(), hosts, workdir, {"GLOO_SOCKET_IFNAME": INNER_IFNAME})
     run = "part"
-    proc = start(cluster, tmp_path, "launch", "--name", run, "--heartbeat-timeout", "3",
+    proc = start(cluster, tmp_path, "launch", "--name", run, "--heartbeat-timeout", "5",
                  "--grace", "2", "--connect-timeout", "3", str(inv), str(JOB), "stream",
                  "100000")  # fmt: skip
     try:

@@ -150,8 +150,6 @@ class Supervisor(object):
         try:
             with open(self.path("reserve"), "wb") as fh:
                 fh.write(b"\0" * RESERVE_BYTES)
-                fh.flush()
-                os.fsync(fh.fileno())
         except OSError:
             self._unreserve()  # no room even for that: exit.json will try its luck
 
