@@ -483,6 +483,9 @@ def test_local_log_disk_full_detaches_and_attach_completes_the_logs(
     assert all(remote[n].startswith(local[n]) for n in range(2)), "local logs: not a prefix"
     cut = int(Path(full.group(1)).name[len("node")])  # the node whose local log filled up
     assert len(local[cut]) < len(remote[cut])
+    still_full = sshddp(ssh_env, tmp_path, "logs", run)  # never prints a cut copy as whole
+    assert still_full.returncode == 74, still_full.stderr
+    assert "No space left on device" in still_full.stderr and still_full.stdout == ""
     subprocess.run(["mount", "-o", "remount,size=64m", str(logs)], check=True)
     att = sshddp(ssh_env, tmp_path, "attach", run)
     assert att.returncode == 0, att.stderr
