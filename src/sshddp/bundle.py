@@ -28,6 +28,14 @@ class Payload:
     data: bytes
     sha256: str
 
+    @property
+    def disk_bytes(self) -> int:
+        """What the code takes on a host once stored (a tar is stored unpacked)."""
+        if self.kind != "tar":
+            return len(self.data)
+        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
+            return sum(m.size for m in tar.getmembers())
+
     def header(self) -> dict[str, object]:
         return {"kind": self.kind, "name": self.name, "size": len(self.data),
                 "sha256": self.sha256}  # fmt: skip

@@ -17,6 +17,7 @@ from sshddp.plan import endpoint
 
 Facts = Mapping[str, Any]
 LOW_DISK = 1 << 30
+START_HEADROOM = 1 << 20  # spec, supervisor, state files and the first lines of node.log
 CHECKS = ("ssh", "python", "torch", "cuda", "nccl", "gpus", "gpu_model", "port", "rdzv",
           "disk", "script")  # fmt: skip
 
@@ -57,6 +58,7 @@ class Context:
     script: Optional[str] = None  #: --script given to doctor / launch
     script_is_local: bool = False  #: it exists on this machine (it will be shipped)
     nproc_override: Optional[int] = None
+    code_bytes: Optional[int] = None  #: bytes the shipped code takes on a host's disk (launch)
 
 
 @dataclass(frozen=True)
@@ -342,12 +344,25 @@ def _disk(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     if free is None:
         return None
     gib = free / (1 << 30)
+    need = (ctx.code_bytes or 0) + START_HEADROOM
+    if ctx.code_bytes is not None and free < need:
+        return Finding(
+            "disk", Status.FAIL,
+            f"only {_mb(free)} free under {disk.get('path')}; the run needs about {_mb(need)} "
+            f"there ({_mb(ctx.code_bytes)} of code); it would fail with 'No space left on device'",
+            f"free space on {hf.host.host}, ship less code (.gitignore), or point `workdir:` "
+            "to a bigger disk",
+        )  # fmt: skip
     if free < LOW_DISK:
         return Finding(
             "disk", Status.WARN, f"only {gib:.2f} GiB free under {disk.get('path')}",
             f"free space on {hf.host.host} or point `workdir:` to a bigger disk",
         )  # fmt: skip
     return Finding("disk", Status.OK, f"{gib:.0f} GiB free")
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MB"
 
 
 def _script(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:

@@ -14,7 +14,7 @@ from sshddp.errors import ExitCode, UsageError
 from sshddp.inventory import load_inventory
 from sshddp.launch import LaunchMode, launch
 from sshddp.plan import LaunchOptions, parse_env_pairs
-from sshddp.report import doctor_json, doctor_table, run_report
+from sshddp.report import doctor_json, doctor_table, peer_cause, run_report
 from sshddp.sinks import tail_lines
 from sshddp.transport import SshOptions, node_addr
 
@@ -101,8 +101,11 @@ def report_result(env: Environment, result: Any) -> int:
         return ExitCode.OK
     if result.interrupted:
         return ExitCode.INTERRUPTED
+    if result.extra.get("log_error"):
+        return ExitCode.LOG_WRITE_FAILED
     if result.detached:
         return ExitCode.OK
-    if result.root_cause is None and any(n.state.value == "unreachable" for n in result.nodes):
+    unreachable = any(n.state.value == "unreachable" for n in result.nodes)
+    if result.root_cause is None and unreachable and not peer_cause(result):
         return ExitCode.UNREACHABLE
     return ExitCode.RUN_FAILED

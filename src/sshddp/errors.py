@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     CHECK_FAILED = 3  #: doctor or the launch preflight found a failing check
     UNREACHABLE = 4  #: a host needed for the command could not be reached
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
+    LOG_WRITE_FAILED = 74  #: a local log stopped taking bytes mid-run (EX_IOERR); run detached
     INTERRUPTED = 130  #: Ctrl-C
 
 
@@ -75,6 +76,12 @@ class RemoteError(SshddpError):
 
 class InterpreterMissing(RemoteError):
     """The host's configured Python interpreter does not exist there."""
+
+
+class LogWriteFailed(SshddpError):
+    """A local log file could not take more bytes (disk full, quota, I/O error)."""
+
+    exit_code = ExitCode.LOG_WRITE_FAILED
 
 
 class NodeFailed(SshddpError):

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from sshddp import ops, scripts
 from sshddp.bundle import Payload
 from sshddp.cluster import Cluster, Outcome
-from sshddp.errors import SshddpError
+from sshddp.errors import LogWriteFailed, SshddpError
 from sshddp.plan import LaunchPlan, NodePlan
 from sshddp.sessions import HostSession
 from sshddp.sinks import Console, NodeLogs
@@ -109,6 +109,7 @@ class Executor:
         self._detach = threading.Event()
         self._stop_threads: list[threading.Thread] = []
         self._sessions: dict[int, HostSession] = {}  #: launch sessions not yet streaming
+        self._log_error: Optional[str] = None  #: why we detached: a local log stopped taking bytes
 
     def transport(self, node: NodePlan) -> Transport:
         return self.cluster.transports[node.host.index]
@@ -264,11 +265,20 @@ class Executor:
         while not self._detach.is_set():
             try:
                 record = self._stream(transport, node)
+            except LogWriteFailed as exc:  # our disk, not the host: the run goes on without us
+                self._log_error = exc.message
+                self.detach()
+                return
             except Exception as exc:  # any failure of the stream: reconnect and resume
                 record, error = None, exc
             if record is not None:
                 self._node_done(node, record)
                 return
+            if deadline is None and not self._detach.is_set():
+                self.console.message(
+                    f"sshddp: lost the connection to node {rank} ({node.host.host}); "
+                    f"reconnecting for up to {self.reconnect_window:g} s (the run goes on there)"
+                )
             deadline = deadline or time.monotonic() + self.reconnect_window
             if time.monotonic() > deadline:
                 self._unreachable(node, error)
@@ -359,6 +369,7 @@ class Executor:
             interrupted=interrupted,
             detached=self._detach.is_set(),
             log_dir=self.logs.directory,
+            extra={"log_error": self._log_error} if self._log_error else {},
         )
 
 

@@ -69,7 +69,7 @@ def launch(
     with Cluster(inventory.hosts, ssh, mode.fanout) as cluster:
         unreachable: dict[int, BaseException] = {}
         if mode.check:
-            sessions = _preflight(cluster, plan, options, env)
+            sessions = _preflight(cluster, plan, options, env, payload.disk_bytes)
         else:
             sessions, unreachable = _open_sessions(cluster)
         executor = Executor(plan, cluster, logs, console)
@@ -115,13 +115,13 @@ def _banner(plan: LaunchPlan, detach: bool) -> str:
 
 
 def _preflight(
-    cluster: Cluster, plan: LaunchPlan, options: LaunchOptions, env: Environment
+    cluster: Cluster, plan: LaunchPlan, options: LaunchOptions, env: Environment, code_bytes: int
 ) -> dict[int, HostSession]:
     """Every host's launch session, opened by the doctor checks that matter for a launch;
     ``CheckFailed`` (nothing started, no session left) when one fails."""
     script = options.script if plan.code.kind == "remote" else None
     ctx = Context(plan.rdzv_addr, plan.rdzv_port, script=script,
-                  nproc_override=options.nproc_per_node)  # fmt: skip
+                  nproc_override=options.nproc_per_node, code_bytes=code_bytes)  # fmt: skip
     facts, sessions = gather_sessions(cluster, ctx)
     reports = evaluate(facts, ctx)
     if not reports_ok(reports):

@@ -134,6 +134,9 @@ def run_report(result: Any, full_tail: Sequence[str]) -> str:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
     if result.root_cause is None:
+        cause = peer_cause(result)
+        if cause:
+            out.append(f"root cause (as the supervisors saw it): {cause}")
         return "\n".join(out)
     node = next(n for n in result.nodes if n.node_rank == result.root_cause)
     info = torchrun_failure(full_tail)
@@ -156,13 +159,33 @@ def run_report(result: Any, full_tail: Sequence[str]) -> str:
     return "\n".join(out)
 
 
+def peer_cause(result: Any) -> str:
+    """Why the supervisors stopped the run, when no node the coordinator reached failed
+    itself: a node they lost (partitioned, powered off) shows only in the others' records."""
+    if result.interrupted or result.ok:
+        return ""
+    prefix = "stopped: "
+    for n in sorted(result.nodes, key=lambda n: n.node_rank):
+        if n.state.value == "stopped" and n.reason.startswith(prefix):
+            return str(n.reason[len(prefix) :])
+    return ""
+
+
 def _verdict(result: Any) -> str:
     if result.ok:
         return "succeeded"
     if result.interrupted:
         return "was stopped (Ctrl-C)"
+    if result.extra.get("log_error"):
+        return (
+            f"goes on without us (detached): {result.extra['log_error']}. The hosts keep every "
+            f"byte: free space, then `sshddp attach {result.run_id}` (or `sshddp logs`) "
+            "completes the local logs"
+        )
     if result.detached:
         return "goes on without us (detached)"
     if any(n.state.value == "unreachable" for n in result.nodes):
+        if peer_cause(result):  # a cut-off supervisor stops its own node
+            return "failed; lost contact with some hosts, whose supervisors stop on their own"
         return "lost contact with some hosts; the run may still be going"
     return "failed"

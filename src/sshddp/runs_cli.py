@@ -16,7 +16,7 @@ from sshddp import ops, registry
 from sshddp.cli import CONTEXT, Exit, env_of, make_ssh, ssh_options
 from sshddp.cluster import Cluster
 from sshddp.environment import Environment
-from sshddp.errors import ExitCode, HostUnreachable
+from sshddp.errors import ExitCode, HostUnreachable, LogWriteFailed
 from sshddp.executor import Executor, NodeState
 from sshddp.plan import LaunchPlan, NodePlan
 from sshddp.sinks import Console, NodeLogs
@@ -89,7 +89,11 @@ def logs_cmd(env: Environment, run: str, kw: dict[str, Any]) -> int:
         logs, console = _logs_and_console(plan, entry, env)
         try:
             reachable = [n for n in nodes if errors[n.host.index] is None]
-            cluster.map(lambda n: _fetch(cluster.transports[n.host.index], n, logs), reachable)
+            fetched = cluster.map(lambda n: _fetch(cluster.transports[n.host.index], n, logs),
+                                  reachable)  # fmt: skip
+            for outcome in fetched:  # a local copy cut short must not print as the whole log
+                if isinstance(outcome.error, LogWriteFailed):
+                    raise outcome.error
             for n in nodes:
                 if errors[n.host.index] is not None:
                     env.err(f"sshddp: node {n.node_rank} ({n.host.host}) unreachable; showing "

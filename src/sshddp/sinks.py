@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from sshddp.errors import UsageError
+from sshddp.errors import LogWriteFailed, UsageError
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
 _RESET = b"\x1b[0m"
@@ -105,9 +105,15 @@ class NodeLogs:
         return fh.tell()
 
     def write(self, node_rank: int, data: bytes) -> None:
-        fh = self._files[node_rank]
-        fh.write(data)
-        fh.flush()
+        """Append ``data``; on failure the file holds an exact prefix of the node's log
+        (unbuffered writes), so a later attach or ``logs`` resumes from its size."""
+        fd = self._files[node_rank].fileno()
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError as exc:
+            path = self.paths[node_rank]
+            raise LogWriteFailed(f"cannot write the local log {path}: {exc.strerror}") from exc
 
     def size(self, node_rank: int) -> int:
         return os.fstat(self._files[node_rank].fileno()).st_size

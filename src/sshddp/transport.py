@@ -28,6 +28,12 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 15
+# A host whose link is cut (cable, partition, powered off) sends no FIN: without these, a
+# follower waits on it for TCP's ~15 minutes of retransmissions. Idle probes start after
+# DEAD_PROBE_SECONDS; a peer that acknowledges nothing for DEAD_LINK_SECONDS is dropped, and
+# the follower then reconnects (the run itself never depends on this connection).
+DEAD_PROBE_SECONDS = 5
+DEAD_LINK_SECONDS = 20
 # Measured on loopback (BENCHMARKS.md): an 8 MB window with 256 KB packets streams fastest;
 # bigger windows only let paramiko buffer more (and cost memory). AES-GCM is the fastest
 # cipher paramiko shares with OpenSSH, so it goes first.
@@ -262,6 +268,7 @@ class SshTransport:
             transport = self._conn.client.get_transport()
             if transport is not None:
                 transport.set_keepalive(KEEPALIVE_SECONDS)
+                _detect_dead_link(transport.sock)
 
     def _prepare_host_keys(self) -> None:
         from sshddp.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
@@ -291,6 +298,21 @@ class SshTransport:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _detect_dead_link(sock: object) -> None:
+    """TCP keepalive and a user timeout on the connection's socket (Linux names; best effort)."""
+    if not isinstance(sock, socket.socket):
+        return  # a ProxyJump channel: the jump host's connection carries the timeouts
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    tcp = {"TCP_KEEPIDLE": DEAD_PROBE_SECONDS, "TCP_KEEPINTVL": DEAD_PROBE_SECONDS,
+           "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": DEAD_LINK_SECONDS * 1000}  # fmt: skip
+    for name, value in tcp.items():
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, option, value in options:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(level, option, value)
 
 
 def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> HostUnreachable:

@@ -178,7 +178,7 @@ def probe(args):
         "os": "%s %s %s" % (os.uname().sysname, os.uname().release, os.uname().machine),
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "disk": _disk(args.get("workdir") or "~/.sshddp"),
+        "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
     }
     held = []
     if args.get("listen_port"):

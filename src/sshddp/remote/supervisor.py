@@ -5,6 +5,9 @@
 # SIGTERM (graceful) or SIGUSR1 (immediate) stops exactly this node's processes: torchrun's
 # process group plus every process carrying this node's run marker. Its last act is
 # exit.json. Ranks start through rank.py, which line-buffers them: one write per line.
+# When node.log cannot grow (its disk is full), the node is stopped and fails with that reason:
+# output that cannot be kept would otherwise vanish silently. A small reserve file, deleted
+# then, leaves room for exit.json on the full disk.
 import errno
 import fcntl
 import pty
@@ -15,6 +18,8 @@ import tty
 PUMP_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
+RESERVE_BYTES = 64 * 1024
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class Supervisor(object):
@@ -25,6 +30,7 @@ class Supervisor(object):
         self.proc = None
         self.master = None
         self.log = None
+        self.log_full = None  # why node.log cannot grow (disk full), once it cannot
         self.peers = Peers(self.spec)
         self.started = time.time()
 
@@ -54,6 +60,7 @@ class Supervisor(object):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.log = os.open(self.path("node.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._reserve()
         self.master, slave = self._output()
         os.set_blocking(self.master, False)
         argv = list(self.spec["argv"])
@@ -72,7 +79,7 @@ class Supervisor(object):
                 start_new_session=True,
             )
         except OSError as exc:
-            os.write(self.log, ("sshddp: cannot start %s: %s\n" % (argv[0], exc)).encode())
+            self.write_log(("sshddp: cannot start %s: %s\n" % (argv[0], exc)).encode())
             self.finish("failed", None, "cannot start torchrun: %s" % exc)
             return False
         finally:
@@ -133,13 +140,40 @@ class Supervisor(object):
                 break
             chunks.append(data)
             size += len(data)
-        data = b"".join(chunks)
-        while data:
-            data = data[os.write(self.log, data) :]
+        self.write_log(b"".join(chunks))
         if not alive:
             os.close(self.master)
             self.master = None
         return alive
+
+    def write_log(self, data):
+        """Append to node.log; on a full disk, note why and drop output from then on."""
+        if self.log_full is not None:
+            return
+        try:
+            while data:
+                data = data[os.write(self.log, data) :]
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            self.log_full = (
+                "the disk of %s is full (%s): node.log cannot grow, so the node was stopped"
+                % (self.rundir, exc.strerror)
+            )
+            self._unreserve()
+
+    def _reserve(self):
+        try:
+            with open(self.path("reserve"), "wb") as fh:
+                fh.write(b"\0" * RESERVE_BYTES)
+        except OSError:
+            self._unreserve()  # no room even for that: exit.json will try its luck
+
+    def _unreserve(self):
+        try:
+            os.unlink(self.path("reserve"))
+        except OSError:
+            pass
 
     def drain(self):
         """After the last process of the node is gone: copy every remaining byte."""
@@ -151,7 +185,7 @@ class Supervisor(object):
             rc = self.proc.poll()
             if rc is not None:
                 return rc
-            if self.stop_signal is not None or self.peers.abort is not None:
+            if self.stop_signal is not None or self.peers.abort is not None or self.log_full:
                 return None
             if not self.pump(0.02):
                 time.sleep(0.02)
@@ -178,12 +212,16 @@ class Supervisor(object):
             self.drain()
             default = "stopped: " + self.peers.abort if self.peers.abort else "stopped on request"
             state, reason = "stopped", self.stop_reason(default)
+            if self.log_full and not self.peers.abort and self.stop_signal is None:
+                state, reason = "failed", self.log_full
         else:
             # torchrun is gone; children that escaped into their own session must not outlive it.
             kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
             self.drain()
             state = "succeeded" if rc == 0 else "failed"
             reason = "" if rc == 0 else _describe(rc)
+            if self.log_full:  # a node whose output was cut short never passes as complete
+                state, reason = "failed", self.log_full
         self.finish(state, rc, reason)
         self.peers.report(state, reason)
         self.peers.wait_others()
@@ -192,6 +230,7 @@ class Supervisor(object):
         return self.stop_signal == signal.SIGUSR1
 
     def finish(self, state, rc, reason):
+        self._unreserve()
         result = {
             "state": state,
             "returncode": rc,
@@ -202,7 +241,10 @@ class Supervisor(object):
         }
         if rc is not None and rc < 0:
             result["signal"] = _signame(-rc)
-        atomic_write_json(self.path("exit.json"), result)
+        try:
+            atomic_write_json(self.path("exit.json"), result)
+        except OSError:
+            pass  # a full disk even after the reserve went: the peers still hear the reason
 
 
 def _signame(num):

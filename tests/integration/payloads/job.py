@@ -8,6 +8,8 @@ raise R       rank R raises RuntimeError after the first all-reduce; the others 
 sigkill R     rank R SIGKILLs itself; the others keep going
 hang H R      rank H ignores SIGTERM and sleeps forever; rank R raises
 stream N      print N numbered lines, 10 ms apart
+flood MB [exit]  print MB megabytes of numbered 1 KB lines at once, then FLOODED and wait
+                (or end, with `exit`)
 wait          print READY and sleep forever (to be stopped)
 setsid        fork a grandchild that calls setsid and sleeps forever, then wait
 """
@@ -104,6 +106,15 @@ def mode_stream(rank: int, value: torch.Tensor) -> None:
         time.sleep(0.01)
 
 
+def mode_flood(rank: int, value: torch.Tensor) -> None:
+    pad = "x" * 1000
+    for i in range(int(ARGS[0]) * 1024):
+        print(f"rank {rank} flood {i:07d} {pad}", flush=True)
+    print(f"FLOODED {rank}", flush=True)
+    if ARGS[1:] != ["exit"]:
+        forever()
+
+
 def mode_wait(rank: int, value: torch.Tensor) -> None:
     print(f"READY {rank}", flush=True)
     forever()
@@ -122,7 +133,7 @@ def mode_setsid(rank: int, value: torch.Tensor) -> None:
 MODES = {
     "ok": mode_ok, "env": mode_env, "secret": mode_secret, "raise": mode_raise,
     "sigkill": mode_sigkill, "hang": mode_hang, "wait": mode_wait, "setsid": mode_setsid,
-    "stream": mode_stream, "argv": lambda rank, value: None,
+    "stream": mode_stream, "flood": mode_flood, "argv": lambda rank, value: None,
 }  # fmt: skip
 
 
