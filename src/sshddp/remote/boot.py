@@ -122,7 +122,8 @@ def main(args):
         atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
         atomic_write_json(os.path.join(rundir, "spec.json"), spec)
         state = _start_supervisor(rundir, spec, args["supervisor"])
-        _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)))
+        # The retention count includes this run: once it ends the host holds keep_runs.
+        _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)) - 1)
         emit({"ok": True, "state": state, "rundir": rundir})
     except (BootError, OSError, tarfile.TarError) as exc:
         emit({"ok": False, "error": str(exc), "rundir": rundir})
