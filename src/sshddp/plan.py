@@ -247,11 +247,18 @@ def torchrun_argv(
         "--max-restarts", str(options.max_restarts),
         "--no-python", python, f"{rundir}/{RANK_SHIM}",
     ]  # fmt: skip
-    if options.module:
-        argv += ["-m", code.target]
-    else:
-        argv.append(code.target)
-    return (*argv, *options.script_args)
+    program = ["-m", code.target] if options.module else [code.target]
+    return (*argv, *(torchrun_literal(a) for a in (*program, *options.script_args)))
+
+
+def torchrun_literal(arg: str) -> str:
+    """``arg`` as torchrun must receive it for the script to get exactly ``arg``.
+
+    torchrun passes every argument after the program through ``string.Template``
+    (``safe_substitute(local_rank=...)``), so ``$$`` would arrive as ``$`` and
+    ``${local_rank}`` as ``0``; with every ``$`` doubled it gives back the text unchanged.
+    """
+    return arg.replace("$", "$$")
 
 
 def describe(plan: LaunchPlan) -> str:

@@ -6,6 +6,7 @@ import hashlib
 import io
 import tarfile
 from pathlib import Path
+from string import Template
 from typing import Optional
 
 import pytest
@@ -148,7 +149,11 @@ def test_script_args_follow_the_script_verbatim() -> None:
     assert plan.script_args == WEIRD_ARGS
     for node in plan.nodes:
         i = node.argv.index("train.py")
-        assert node.argv[i + 1 :] == WEIRD_ARGS
+        # torchrun expands `$` templates in the script's arguments: each `$` goes doubled.
+        assert node.argv[i + 1 :] == tuple(a.replace("$", "$$") for a in WEIRD_ARGS)
+        assert [Template(a).safe_substitute(local_rank=0) for a in node.argv[i + 1 :]] == list(
+            WEIRD_ARGS
+        )
         assert "--node-rank" in node.argv[:i]
 
 
@@ -264,7 +269,7 @@ def test_describe_quotes_values_and_args_for_the_shell() -> None:
     text = "hosts:\n  - {host: a, env: {MSG: 'two words'}}\n"
     out = describe(plan_of(LaunchOptions(script="t.py", script_args=("a b", "$(x)")), text=text))
     assert "MSG='two words'" in out
-    assert "train.py 'a b' '$(x)'" in out
+    assert "train.py 'a b' '$$(x)'" in out  # exactly what torchrun gets (it halves `$$`)
 
 
 def test_describe_without_env() -> None:

@@ -119,7 +119,8 @@ def boot(args, stream):
         atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
         atomic_write_json(os.path.join(rundir, "spec.json"), spec)
         state = _start_supervisor(rundir, spec, args["supervisor"])
-        _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)))
+        # The retention count includes this run: once it ends the host holds keep_runs.
+        _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)) - 1)
         return {"ok": True, "state": state, "rundir": rundir}
     except (BootError, OSError, tarfile.TarError) as exc:
         return {"ok": False, "error": str(exc), "rundir": rundir}

@@ -2,6 +2,8 @@
 
 ok            all-reduce the ranks, print a JSON summary and 50 numbered lines per rank
 argv ...      print the JSON summary (it carries sys.argv[2:])
+echo ...      print only {"rank", "argv": sys.argv[2:], "env": every HOSTILE_* variable}, as
+              ASCII-only JSON, so any value (non-UTF-8 bytes too) survives the terminal
 env NAME...   print the values of the named environment variables
 secret NAME   look for the value of $NAME in every process's /proc/*/cmdline
 raise R       rank R raises RuntimeError after the first all-reduce; the others keep going
@@ -50,6 +52,11 @@ def summary(rank: int, world: int, value: float) -> None:
 def forever() -> None:
     while True:
         time.sleep(1)
+
+
+def echo(rank: int) -> None:
+    env = {k: v for k, v in os.environ.items() if k.startswith("HOSTILE_")}
+    print(json.dumps({"rank": rank, "argv": ARGS, "env": env}), flush=True)
 
 
 def mode_ok(rank: int, value: torch.Tensor) -> None:
@@ -142,8 +149,11 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     value = torch.tensor([float(rank)])
     dist.all_reduce(value)
-    summary(rank, world, value.item())
-    MODES[MODE](rank, value)
+    if MODE == "echo":  # hostile values: no other output, which might not survive them
+        echo(rank)
+    else:
+        summary(rank, world, value.item())
+        MODES[MODE](rank, value)
     dist.destroy_process_group()
 
 
