@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sshd_cluster import SSHD, SshdCluster, SshHost, _parent_death_signal
+from sshd_cluster import SshdCluster, SshHost
 
 INNER_IFNAME = "eth0"  # every host's interface, so one GLOO_SOCKET_IFNAME fits all
 SSH_PORT = 2222
@@ -143,18 +143,8 @@ class NetnsCluster(SshdCluster):
         self.net = net
         self.hosts = [SshHost(i, f"h{i}", net.addr(i), SSH_PORT) for i in range(1, n + 1)]
 
-    def _spawn(self, i: int) -> None:
-        cmd = ["ip", "netns", "exec", self.net.netns(i)]
-        cmd += [SSHD, "-D", "-e", "-f", str(self.host_dir(i) / "sshd_config")]
-        with open(self.log(i), "ab") as log:
-            self._procs[i] = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_parent_death_signal(),
-            )
+    def _command(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.net.netns(i), *super()._command(i)]
 
     def close(self) -> None:
         super().close()

@@ -309,8 +309,12 @@ class SshdCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _command(self, i: int) -> list[str]:
+        """The argv that runs host ``i``'s sshd in the foreground."""
+        return [SSHD, "-D", "-e", "-f", str(self.host_dir(i) / "sshd_config")]
+
     def _spawn(self, i: int) -> None:
-        cmd = [SSHD, "-D", "-e", "-f", str(self.host_dir(i) / "sshd_config")]
+        cmd = self._command(i)
         with open(self.log(i), "ab") as log:
             self._procs[i] = subprocess.Popen(
                 cmd,

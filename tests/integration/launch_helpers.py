@@ -7,9 +7,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sshd_cluster import SshdCluster
 
@@ -75,3 +76,13 @@ def run_id_of(stderr: str) -> str:
     m = re.search(r"sshddp: run (\S+):", stderr)
     assert m, f"no run id in:\n{stderr}"
     return m.group(1)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``pred`` until it holds; the seconds that took, or fail naming ``what``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if pred():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -15,14 +15,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
-from launch_helpers import JOB, SSHDDP, cli_env
+from launch_helpers import JOB, SSHDDP, cli_env, wait_until
 
 from netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
 from sshd_cluster import SshdCluster, processes_with_env
@@ -31,15 +30,6 @@ BOUND = 60.0  # generous upper bound for anything that should take seconds
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if pred():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def exit_record(workdir: Path, run: str, node: int) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launch_helpers import JOB, SSHDDP, cli_env, write_inventory
+from launch_helpers import JOB, SSHDDP, cli_env, wait_until, write_inventory
 
 from sshd_cluster import SshdCluster
 
@@ -28,15 +28,6 @@ def detach(cluster: SshdCluster, tmp: Path, port: int, name: str, *job: str,
     assert r.returncode == 0, r.stderr
     assert f"sshddp attach {name}" in r.stderr
     return workdir
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if pred():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def remote_states(workdir: Path, run: str, n: int = 3) -> list[str]:
