@@ -120,7 +120,8 @@ class Executor:
         self, payload: Payload, sessions: dict[int, HostSession],
         unreachable: Optional[dict[int, BaseException]] = None,
     ) -> bool:  # fmt: skip
-        """Tell every node's session to go; on any failure stop the nodes that started.
+        """Stage the code on every node, then start them all; nothing starts anywhere unless
+        every node staged. On a failure to start, stop the nodes that started.
 
         Node 0 goes first: its probe must let go of the rendezvous port before any node's
         torchrun could reach that listener instead of node 0's store.
@@ -143,37 +144,58 @@ class Executor:
             session.answer("release")
             return session
 
-        def boot_node(node: NodePlan) -> Optional[str]:
+        def stage(node: NodePlan) -> Optional[str]:
             session = session_of(node) if node is first else go(node)
-            return self._booted(node, session.answer("boot"))
+            answer = session.answer("stage")
+            return None if answer.get("ok") else str(answer.get("error"))
+
+        def start(node: NodePlan) -> Optional[str]:
+            session = session_of(node)
+            session.start(True)
+            return self._booted(node, session.answer("start"))
 
         first = self.plan.nodes[0]
         opened = self.cluster.map(go, [first])[0]
+        staged: list[Outcome[Optional[str]]] = [Outcome(error=opened.error)]
         if opened.ok:
-            outcomes = self.cluster.map(boot_node, self.plan.nodes)
+            staged = self.cluster.map(stage, self.plan.nodes)
+        if all(o.ok and o.value is None for o in staged):
+            self._settle(self.cluster.map(start, self.plan.nodes))
         else:
-            outcomes = [Outcome[Optional[str]](error=opened.error)]
-            outcomes += [Outcome(value="not started: node 0 could not start")
-                         for _ in self.plan.nodes[1:]]  # fmt: skip
-        for node, outcome in zip(self.plan.nodes, outcomes):
-            result = self.results[node.node_rank]
-            if outcome.ok and outcome.value is None:
-                result.state = NodeState.RUNNING
-                continue
-            if outcome.ok and opened.error is not None:
-                result.state, result.reason = NodeState.STOPPED, str(outcome.value)
-                continue
-            result.state = NodeState.FAILED
-            result.reason = outcome.value or _message(outcome.error)
-            if self._root_cause is None:
-                self._root_cause = node.node_rank
+            self._settle(staged, not_started=True)
+            staged_ok = [self._sessions[n.host.index] for n, o in zip(self.plan.nodes, staged)
+                         if o.ok and o.value is None]  # fmt: skip
+            self.cluster.map(HostSession.discard, staged_ok)
         if self._root_cause is None:
             return True
-        self.close_sessions()
+        self.close_sessions()  # a staged node that was not started removes what it staged
         failed = self.results[self._root_cause]
         self.stop_all(False, f"node {failed.node_rank} ({failed.host}) failed to start")
         self.wait_stopped()
         return False
+
+    def _settle(
+        self, outcomes: Sequence[Outcome[Optional[str]]], not_started: bool = False
+    ) -> None:
+        """Each node's state after staging (``not_started``) or starting: running, failed
+        with why, or not started because another node failed. ``outcomes`` is in node order
+        and shorter when later nodes were never asked."""
+        nodes = self.plan.nodes
+        failed = [n for n, o in zip(nodes, outcomes) if not o.ok or o.value]
+        for i, node in enumerate(nodes):
+            outcome = outcomes[i] if i < len(outcomes) else None
+            result = self.results[node.node_rank]
+            if outcome is not None and (not outcome.ok or outcome.value):
+                result.state = NodeState.FAILED
+                result.reason = outcome.value or _message(outcome.error)
+                if self._root_cause is None:
+                    self._root_cause = node.node_rank
+            elif not_started and failed:
+                result.state = NodeState.STOPPED
+                result.reason = (f"not started: node {failed[0].node_rank} "
+                                 f"({failed[0].host.host}) could not be staged")  # fmt: skip
+            else:
+                result.state = NodeState.RUNNING
 
     def close_sessions(self) -> None:
         """End the launch sessions that no follower took over (the run goes on)."""

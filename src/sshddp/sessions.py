@@ -1,7 +1,8 @@
 """One SSH channel and one remote interpreter per host for a whole launch.
 
 The host's session (``remote/session.py``) answers the preflight probe, waits for the go,
-boots the node and then streams its log. Without it a launch cost every host three channels
+stages the node's code, waits for the start (given once every node staged) and then streams
+the node's log. Without it a launch cost every host three channels
 and three interpreters (probe, boot, follow) on top of the supervisor, and on busy hosts
 those starts were most of sshddp's launch latency.
 """
@@ -41,6 +42,23 @@ class HostSession:
         """Tell the host to boot: its probe lets go of the rendezvous port first."""
         order = {"go": True, "boot": boot_args}
         self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n" + code)
+
+    def start(self, start: bool) -> None:
+        """Every node staged its code: start the node (True), or remove what it staged."""
+        self.proc.write(json.dumps({"start": start}).encode() + b"\n")
+
+    def discard(self) -> None:
+        """Have the host remove what it staged, and wait until it has."""
+        if self.closed:
+            return
+        try:
+            self.start(False)
+            self.proc.close_stdin()
+            while self.proc.read(65536):
+                pass
+            self.proc.wait()
+        finally:
+            self.close()
 
     def take_stream(self) -> tuple[RemoteProcess, bytes]:
         """The process, now streaming the node's log, and log bytes already read."""

@@ -357,8 +357,8 @@ def test_remote_disk_too_small_for_the_code_is_refused_before_anything_starts(
 ) -> None:
     """h2's run directories live on a 4 MB disk; the script is 6 MB. The preflight's disk
     check names h2 and stops the launch with exit 3 before any node starts. With --no-check
-    the boot itself fails on h2 with "No space left on device", and the node already started
-    on h1 is stopped: exit 1, nothing left behind."""
+    staging the code fails on h2 with "No space left on device": no node starts anywhere
+    (every node stages before any starts), h1 removes what it staged, exit 1."""
     h2_workdir = tmp_path / "remote-h2"
     small_disk(h2_workdir / "runs")
     inv, workdir = loopback_inv(tmp_path, free_port(), 2, h2={"workdir": str(h2_workdir)})
@@ -380,8 +380,9 @@ def test_remote_disk_too_small_for_the_code_is_refused_before_anything_starts(
     assert r.returncode == 1, out
     assert "Traceback" not in out, out
     assert "root cause: node 1 on h2:" in out and "No space left on device" in out, out
-    rec0 = exit_record(workdir, "full2", 0)
-    assert rec0 is not None and rec0["state"] == "stopped", rec0
+    assert "not started: node 1 (h2) could not be staged" in out, out
+    assert not (workdir / "runs" / "full2").exists(), "h1 kept a staged node"
+    assert os.listdir(h2_workdir / "runs") == [], "h2 kept a half-written node"
     run_no_leak("full2")
 
 

@@ -180,8 +180,8 @@ class _InProcessCommand:
     """A host command whose shipped bootstrap runs in this process once it is read from.
 
     By then the coordinator has sent the launch session its header, the go line and the
-    code, so the session runs start to end: boot, then (replaced here, as there is no run to
-    follow) the log follower."""
+    code; with the start line it sends next, the session runs start to end: stage, start,
+    then (replaced here, as there is no run to follow) the log follower."""
 
     def __init__(self, command: str) -> None:
         self.command = command
@@ -189,7 +189,8 @@ class _InProcessCommand:
         self.stdout: bytes | None = None
 
     def write(self, data: bytes) -> None:
-        self.stdin += data
+        if self.stdout is None:  # the start line, once run, is already in
+            self.stdin += data
 
     def close_stdin(self) -> None:
         pass
@@ -203,7 +204,9 @@ class _InProcessCommand:
         body["src"] = body["src"].replace(
             "\nsession_main(ARGS)\n", "\nfollow_main = lambda args: None\nsession_main(ARGS)\n"
         )
-        fake_stdin = mock.Mock(buffer=io.BytesIO(json.dumps(body).encode() + b"\n" + rest))
+        # The start line the coordinator sends once every node staged comes at the end.
+        stdin = json.dumps(body).encode() + b"\n" + rest + b'{"start": true}\n'
+        fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))
         out = io.StringIO()
         with mock.patch.object(sys, "stdin", fake_stdin), mock.patch.object(sys, "stdout", out), \
                 mock.patch("subprocess.Popen", _SupervisorStarted):  # fmt: skip

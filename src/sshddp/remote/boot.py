@@ -1,9 +1,9 @@
-# boot: prepare one node's run directory and start its supervisor, detached from SSH.
+# boot: stage one node's run directory, then start its supervisor, detached from SSH.
+# Used by session.py, which runs stage() and, once every node staged, start().
 # ARGS: {"rundir", "spec": {...}, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
 #        "name", "size", "sha256"}, "supervisor": source, "remote_script": path|None,
 #        "keep_runs": int, "rank": source of rank.py}
-# stdin after the header line: exactly payload.size bytes of code.
-# Prints one JSON line: {"ok": true, "state": {...}} or {"ok": false, "error": "..."}.
+# The code stream holds exactly payload.size bytes.
 import hashlib
 import io
 import shutil
@@ -96,14 +96,19 @@ def _start_supervisor(rundir, spec, source):
     raise BootError("the supervisor did not start within 20 s; see %s/supervisor.log" % rundir)
 
 
-def boot(args, stream):
-    """Prepare the run directory from ``args`` and the code on ``stream``; start the
-    supervisor. The answer: {"ok": true, "state", "rundir"} or {"ok": false, "error", ...}."""
+def stage(args, stream):
+    """Put the run directory in place: the code from ``stream`` (its SHA-256 checked), the
+    rank shim, env.json and spec.json. Nothing runs yet, and a failed stage leaves nothing.
+    The answer: {"ok": true, "rundir"} or {"ok": false, "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
+    if os.path.exists(os.path.join(rundir, "spec.json")):
+        return {
+            "ok": False,
+            "rundir": rundir,
+            "error": "run directory %s already exists on this host" % rundir,
+        }
     try:
-        if os.path.exists(os.path.join(rundir, "spec.json")):
-            raise BootError("run directory %s already exists on this host" % rundir)
         os.makedirs(rundir, 0o700, exist_ok=True)
         spec = args["spec"]
         payload = args["payload"]
@@ -118,13 +123,32 @@ def boot(args, stream):
             fh.write(args["rank"])
         atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
         atomic_write_json(os.path.join(rundir, "spec.json"), spec)
+        return {"ok": True, "rundir": rundir}
+    except (BootError, OSError, tarfile.TarError) as exc:
+        discard(rundir)
+        return {"ok": False, "error": str(exc), "rundir": rundir}
+
+
+def discard(rundir):
+    """Remove a staged node that will not start (and its run's directory, once empty)."""
+    shutil.rmtree(rundir, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(rundir))
+    except OSError:
+        pass
+
+
+def start(args):
+    """Start the staged node's supervisor. The answer: {"ok": true, "state", "rundir"} or
+    {"ok": false, "error", "rundir"}."""
+    rundir = os.path.expanduser(args["rundir"])
+    try:
+        spec = read_json(os.path.join(rundir, "spec.json"))
+        if spec is None:
+            raise BootError("run directory %s is not staged" % rundir)
         state = _start_supervisor(rundir, spec, args["supervisor"])
         # The retention count includes this run: once it ends the host holds keep_runs.
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)) - 1)
         return {"ok": True, "state": state, "rundir": rundir}
-    except (BootError, OSError, tarfile.TarError) as exc:
+    except (BootError, OSError) as exc:
         return {"ok": False, "error": str(exc), "rundir": rundir}
-
-
-def boot_main(args):
-    emit(boot(args, sys.stdin.buffer))
