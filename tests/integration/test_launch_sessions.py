@@ -126,3 +126,45 @@ def test_workdir_module_runs_like_python_dash_m(
         assert out["value"] == "helper ok" and out["ignored_shipped"] is False
         assert out["rank"] == str(node)
     run_no_leak(run.run_id)
+
+
+def test_a_script_that_lives_on_the_hosts_is_checked_there_and_run(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """`~/remote_job.py` does not exist here, so it is taken as a path on the hosts: run
+    from each host's home when there, refused by the preflight (exit 3) or by staging with
+    --no-check (exit 1, nothing started anywhere) when one host lacks it."""
+    name = f"remote_job_{tmp_path.name}.py"
+    assert not (Path.home() / name).exists()
+    for i in (1, 2):
+        (ssh_env.home(i) / name).write_bytes(JOB.read_bytes())
+    try:
+        inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
+
+        def launch_remote(*opts: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*SSHDDP, "launch", *opts, str(inv), f"~/{name}", "argv", "x y"],
+                cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+
+        ok = launch_remote()
+        assert ok.returncode == 0, ok.stderr
+        run = Run(0, ok.stdout, ok.stderr, run_id_of(ok.stderr), tmp_path, workdir)
+        for node in range(2):
+            (summary,) = [j for j in run.json_lines(node) if "argv" in j]
+            assert summary["argv"] == ["x y"] and summary["world"] == 2
+        run_no_leak(run.run_id)
+
+        (ssh_env.home(2) / name).unlink()
+        refused = launch_remote()
+        assert refused.returncode == 3, refused.stderr
+        assert "h2" in refused.stderr and name in refused.stderr, refused.stderr
+        unchecked = launch_remote("--no-check")
+        assert unchecked.returncode == 1, unchecked.stderr
+        assert f"the script {name} does not exist on this host" in unchecked.stderr
+        assert "root cause: node 1 on h2" in unchecked.stderr, unchecked.stderr
+        run_no_leak(run_id_of(unchecked.stderr))
+        assert not (workdir / "runs" / run_id_of(unchecked.stderr)).exists()
+    finally:
+        for i in (1, 2):
+            (ssh_env.home(i) / name).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ lines, and without any buffering change the live test never sees its line.)
 
 from __future__ import annotations
 
+import random
 import re
 import signal
 import subprocess
@@ -77,4 +78,57 @@ def test_a_line_printed_without_flush_shows_up_live(
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
+    run_no_leak(run_id_of(err.decode()))
+
+
+def test_a_burst_of_binary_junk_and_a_last_line_without_newline_lose_nothing(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """50 MB of binary junk in one burst, then a last line with no newline: the node's log
+    and the local copy hold every byte, in order; the console shows the unterminated line."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=1)
+    proc = subprocess.run(
+        [*SSHDDP, "launch", str(inv), str(STDIO), "junk", "50"],
+        cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, timeout=300,
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    run = Run(0, "", err, run_id_of(err), tmp_path, workdir)
+    data = run.local_log(0).read_bytes()
+    assert data == run.remote_log(0).read_bytes()
+    expected = _junk(50)
+    assert len(data) >= len(expected) and expected in data
+    assert proc.stdout.rstrip(b"\n").endswith(b"tail without a newline")
+    run_no_leak(run.run_id)
+
+
+def _junk(mb: int) -> bytes:
+    """What the payload's `junk MB` writes (the same generator, not imported: the payload
+    runs its mode at import)."""
+    return random.Random(mb).randbytes(mb << 20) + b"tail without a newline"
+
+
+def test_second_ctrl_c_skips_the_grace_period(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Ranks ignore SIGTERM and --grace is 300 s: the first Ctrl-C asks them to stop, the
+    second kills every process of the run at once (exit 130, nothing left)."""
+    inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
+    proc = subprocess.Popen(
+        [*SSHDDP, "launch", "--grace", "300", str(inv), str(STDIO), "stubborn"],
+        cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = b""
+    while seen.count(b"STUBBORN") < 2:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None  # still inside the 300 s grace period
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)  # far below the grace period
+    assert proc.returncode == 130, err.decode()
+    assert b"killing every process of the run now" in out + err
     run_no_leak(run_id_of(err.decode()))

@@ -115,7 +115,7 @@ def stage(args, stream):
         if payload["kind"] != "none":
             _receive_code(rundir, payload, stream)
         remote = args.get("remote_script")
-        if remote and not os.path.isfile(os.path.expanduser(remote)):
+        if remote and not os.path.isfile(home_path(remote)):
             raise BootError("the script %s does not exist on this host" % remote)
         if spec.get("cwd"):
             spec["cwd"] = os.path.expanduser(spec["cwd"])

@@ -28,6 +28,12 @@ def read_json(path):
         return None
 
 
+def home_path(path):
+    """A path on this host as torchrun will see it: ``~`` expanded, relative to $HOME (the
+    run's cwd for a script that lives on the host), whatever this process's cwd is."""
+    return os.path.join(os.path.expanduser("~"), os.path.expanduser(path))
+
+
 def listdir(path):
     try:
         return os.listdir(path)

@@ -199,7 +199,7 @@ def probe(args):
     if args.get("script"):
         facts["script"] = {
             "path": args["script"],
-            "exists": os.path.isfile(os.path.expanduser(args["script"])),
+            "exists": os.path.isfile(home_path(args["script"])),
         }
     return facts, held
 

@@ -4,11 +4,22 @@ lines N SIZE   print "tty <isatty>" then N lines of SIZE bytes each, with no flu
                as it can, every rank of the node at once (a file barrier in the working
                directory lines them up) so that their lines would collide
 live           print LIVE with no flush, then sleep until stopped
+stubborn       ignore SIGTERM, print STUBBORN, sleep forever (only SIGKILL ends it)
+junk MB        write MB megabytes of deterministic binary junk (NULs, CRs, invalid UTF-8,
+               newlines at random) in one burst, then a last line without a newline
 """
 
 import os
+import random
+import signal
 import sys
 import time
+
+
+def junk(mb: int) -> bytes:
+    """The bytes `junk MB` writes (the test computes them the same way)."""
+    return random.Random(mb).randbytes(mb << 20) + b"tail without a newline"
+
 
 rank = int(os.environ["RANK"])
 if sys.argv[1] == "lines":
@@ -23,5 +34,13 @@ if sys.argv[1] == "lines":
         print(head + chr(ord("a") + rank % 26) * (size - len(head) - 1))
 elif sys.argv[1] == "live":
     print(f"LIVE {rank}")
+    while True:
+        time.sleep(1)
+elif sys.argv[1] == "junk":
+    sys.stdout.buffer.write(junk(int(sys.argv[2])))
+    sys.stdout.buffer.flush()
+elif sys.argv[1] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"STUBBORN {rank}")
     while True:
         time.sleep(1)
