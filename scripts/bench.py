@@ -1251,7 +1251,8 @@ def launch_table(rows: Sequence[LaunchRow]) -> list[str]:
             f"Overhead over pdsh grows by {slope * 1000:+.0f} ms per host "
             f"({a.hosts}→{z.hosts} hosts); flat (≤ 50 ms/host): {flat}. The coordinator's "
             f"own CPU grows by {cpu * 1000:.0f} ms per host; every host's remote processes "
-            "(probe, boot, supervisor, log follower) share this machine's cores, so on this "
+            "(its sshd session, the launch session's interpreter, the supervisor, torchrun) "
+            "share this machine's cores, so on this "
             "box their per-host cost adds up where on a cluster it would run in parallel.",
         ]
     return out
