@@ -86,3 +86,12 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
             return time.monotonic() - start
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def has_node_mark(pid: int, mark: str) -> bool:
+    """Whether process ``pid`` carries the run marker of node ``mark`` ("RUN/nK")."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"SSHDDP_NODE_MARK={mark}".encode() in env

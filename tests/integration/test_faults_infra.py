@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from launch_helpers import JOB, SSHDDP, cli_env, wait_until
+from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, wait_until
 
 from netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
 from sshd_cluster import SshdCluster, processes_with_env
@@ -283,7 +283,7 @@ def test_rendezvous_host_lost_every_other_node_stops_itself(
                                for n in range(3)), 90, "every rank to stream")  # fmt: skip
         rundir0 = f"runs/{run}/n0"
         victims = [pid for pid, cmd in processes_with_env("SSHDDP_RUN_ID", run)
-                   if rundir0 in cmd or _has_mark(pid, f"{run}/n0")]  # fmt: skip
+                   if rundir0 in cmd or has_node_mark(pid, f"{run}/n0")]  # fmt: skip
         supervisor = [pid for pid in victims if "supervisor.py" in _cmdline(pid)]
         assert len(supervisor) == 1 and len(victims) >= 3, victims  # supervisor, torchrun, rank
         for pid in victims:
@@ -309,14 +309,6 @@ def test_rendezvous_host_lost_every_other_node_stops_itself(
         local = local_log(tmp_path, run, node)
         assert local.read_bytes() == remote_log(workdir, run, node).read_bytes()
         assert_whole_ticks(local.read_text(), node, at_least=21)
-
-
-def _has_mark(pid: int, mark: str) -> bool:
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"SSHDDP_NODE_MARK={mark}".encode() in env
 
 
 def _cmdline(pid: int) -> str:

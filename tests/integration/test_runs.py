@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launch_helpers import JOB, SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, wait_until, write_inventory
 
 from sshd_cluster import SshdCluster
 
@@ -65,7 +65,7 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
     from sshd_cluster import processes_with_env
 
     victims = [pid for pid, cmd in processes_with_env("SSHDDP_RUN_ID", "dlost")
-               if "runs/dlost/n1" in cmd or _has_mark(pid, "dlost/n1")]  # fmt: skip
+               if "runs/dlost/n1" in cmd or has_node_mark(pid, "dlost/n1")]  # fmt: skip
     assert victims
     t0 = time.monotonic()
     for pid in victims:
@@ -79,14 +79,6 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
     run_no_leak("dlost", timeout=3.0)
     ps = sshddp(ssh_env, tmp_path, "ps", "--all")
     assert "1:lost" in ps.stdout, ps.stdout
-
-
-def _has_mark(pid: int, mark: str) -> bool:
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"SSHDDP_NODE_MARK={mark}".encode() in env
 
 
 def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
