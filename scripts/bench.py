@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO, Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -892,29 +892,29 @@ class LogSample:
     cpu: float  #: sshddp's user+sys seconds
 
 
-@dataclass(frozen=True)
-class LogRow:
-    mb: int
-    samples: tuple[LogSample, ...]
+class _Stages:
+    """Medians of a log case's samples, stage by stage."""
+
+    samples: Sequence[Any]
 
     def stage(self, name: str) -> Stat:
         return stat([getattr(x, name) for x in self.samples])
 
     @property
     def lag(self) -> Stat:
-        """END written at the host to the local copy complete."""
+        """END written at the host(s) to the local copies complete."""
         return stat([x.total - x.writer for x in self.samples])
+
+
+@dataclass(frozen=True)
+class LogRow(_Stages):
+    mb: int
+    samples: tuple[LogSample, ...]
 
 
 def size_when_complete(path: Path, proc: Watched) -> list[tuple[float, int]]:
     """(time.time(), size) of the local log every 10 ms until the command exits."""
-    samples = []
-    while not proc.done.is_set():
-        with contextlib.suppress(OSError):
-            samples.append((time.time(), path.stat().st_size))
-        time.sleep(POLL_S)
-    samples.append((time.time(), path.stat().st_size))
-    return samples
+    return [(t, sizes[0]) for t, sizes in sizes_until_exit([path], proc)]
 
 
 def stamp(text: str, word: str) -> float:
@@ -999,17 +999,10 @@ class Log8Sample:
 
 
 @dataclass(frozen=True)
-class Log8Row:
+class Log8Row(_Stages):
     hosts: int
     mb: int  #: per host
     samples: tuple[Log8Sample, ...]
-
-    def stage(self, name: str) -> Stat:
-        return stat([getattr(x, name) for x in self.samples])
-
-    @property
-    def lag(self) -> Stat:
-        return stat([x.total - x.writer for x in self.samples])
 
 
 def sizes_until_exit(paths: Sequence[Path], proc: Watched) -> list[tuple[float, list[int]]]:

@@ -84,8 +84,7 @@ def launch(
             with _detach_on(executor):
                 return _finish(executor.follow())
         finally:
-            executor.close_sessions()
-            for session in sessions.values():
+            for session in sessions.values():  # those no follower took over
                 session.close()
             logs.close()
 

@@ -152,30 +152,17 @@ def make_plan(
     starts = [sum(nprocs[:i]) for i in range(len(hosts))]
     extra_env = dict(options.env)
     secret = secret_names | {k for h in hosts for k in h.env if SECRET_NAME_RE.search(k)}
+    rundirs = [run_dir(h.workdir, run_id, i) for i, h in enumerate(hosts)]
     nodes = tuple(
         NodePlan(
-            host=h,
-            node_rank=i,
-            nproc=nprocs[i],
-            first_rank=starts[i],
-            rundir=run_dir(h.workdir, run_id, i),
+            host=h, node_rank=i, nproc=nprocs[i], first_rank=starts[i], rundir=rundirs[i],
             env=MappingProxyType({**h.env, **extra_env}),
-            argv=torchrun_argv(
-                h.python,
-                i,
-                len(hosts),
-                nprocs[i],
-                rdzv_addr,
-                rdzv_port,
-                run_id,
-                options,
-                code,
-                run_dir(h.workdir, run_id, i),
-            ),
-            cwd=_cwd(code, run_dir(h.workdir, run_id, i)),
+            argv=torchrun_argv(h.python, i, len(hosts), nprocs[i], rdzv_addr, rdzv_port,
+                               run_id, options, code, rundirs[i]),
+            cwd=_cwd(code, rundirs[i]),
         )
         for i, h in enumerate(hosts)
-    )
+    )  # fmt: skip
     return LaunchPlan(
         run_id=run_id, nodes=nodes, rdzv_addr=rdzv_addr, rdzv_port=rdzv_port,
         world_size=sum(nprocs), code=code, script_args=options.script_args,

@@ -61,8 +61,10 @@ class HostSession:
             self.close()
 
     def take_stream(self) -> tuple[RemoteProcess, bytes]:
-        """The process, now streaming the node's log, and log bytes already read."""
+        """The process, now streaming the node's log, and log bytes already read. The
+        caller owns the process from here: closing the session leaves it alone."""
         data, self._buffer = self._buffer, b""
+        self.closed = True
         return self.proc, data
 
     def close(self) -> None:

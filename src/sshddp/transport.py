@@ -10,6 +10,7 @@ opens one channel per command. ``LocalTransport`` runs the same command lines wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -212,6 +213,7 @@ class _SshProcess:
         self._chan.close()  # type: ignore[attr-defined]
 
 
+@functools.cache
 def _prefer_fast_ciphers() -> None:
     """Offer AES-GCM first (process-wide: SSHClient takes no per-connection cipher order)."""
     import paramiko
