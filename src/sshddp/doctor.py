@@ -7,7 +7,7 @@ host, itself included, opens a real TCP connection to the rendezvous address and
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -93,7 +93,7 @@ def gather(cluster: Cluster, ctx: Context, deep: bool) -> list[HostFacts]:
 
 
 def gather_sessions(
-    cluster: Cluster, ctx: Context
+    cluster: Cluster, ctx: Context, open_session: Callable[[Host, dict[str, Any]], HostSession]
 ) -> tuple[list[HostFacts], dict[int, HostSession]]:
     """The launch preflight: ``gather`` through each host's launch session, which stays
     open (host 0 holding the rendezvous port) to boot the node once the checks pass."""
@@ -105,7 +105,7 @@ def gather_sessions(
 
     def open_one(host: Host) -> tuple[HostSession, Any]:
         args = probe_args(host, ctx, False, host is first, rdzv_ok)
-        session = HostSession(cluster.transports[host.index], args)
+        session = open_session(host, args)
         try:
             return session, session.answer("probe")
         except BaseException:

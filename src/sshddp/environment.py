@@ -10,9 +10,10 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
 
-from rich.console import Console
+if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
+    from rich.console import Console
 
 
 def _wants_color(stream: TextIO, environ: Mapping[str, str]) -> bool:

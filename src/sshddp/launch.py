@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Optional
+from typing import Any, Optional
 
 from sshddp import registry
 from sshddp.bundle import build_payload, code_spec
@@ -17,7 +18,7 @@ from sshddp.doctor import gather_sessions, reports_ok
 from sshddp.environment import Environment
 from sshddp.errors import CheckFailed, UsageError
 from sshddp.executor import Executor, RunResult
-from sshddp.inventory import Inventory
+from sshddp.inventory import Host, Inventory
 from sshddp.plan import LaunchOptions, LaunchPlan, describe, make_plan, new_run_id
 from sshddp.report import doctor_table
 from sshddp.sessions import HostSession
@@ -71,7 +72,7 @@ def launch(
         if mode.check:
             sessions = _preflight(cluster, plan, options, env, payload.disk_bytes)
         else:
-            sessions, unreachable = _open_sessions(cluster)
+            sessions, unreachable = _open_sessions(cluster, _session_opener(cluster, plan))
         executor = Executor(plan, cluster, logs, console)
         try:
             registry.save(registry.record(plan, inventory.source, ssh.ssh_config))
@@ -121,7 +122,7 @@ def _preflight(
     script = options.script if plan.code.kind == "remote" else None
     ctx = Context(plan.rdzv_addr, plan.rdzv_port, script=script,
                   nproc_override=options.nproc_per_node, code_bytes=code_bytes)  # fmt: skip
-    facts, sessions = gather_sessions(cluster, ctx)
+    facts, sessions = gather_sessions(cluster, ctx, _session_opener(cluster, plan))
     reports = evaluate(facts, ctx)
     if not reports_ok(reports):
         for session in sessions.values():
@@ -134,13 +135,28 @@ def _preflight(
     return sessions
 
 
-def _open_sessions(cluster: Cluster) -> tuple[dict[int, HostSession], dict[int, BaseException]]:
+def _session_opener(
+    cluster: Cluster, plan: LaunchPlan
+) -> Callable[[Host, Optional[dict[str, Any]]], HostSession]:
+    """Opens a host's launch session; the probe's arguments, or None for no preflight."""
+    rundirs = {n.host.index: n.rundir for n in plan.nodes}
+
+    def open_session(host: Host, probe: Optional[dict[str, Any]]) -> HostSession:
+        transport = cluster.transports[host.index]
+        return HostSession(transport, plan.run_id, rundirs[host.index], probe)
+
+    return open_session
+
+
+def _open_sessions(
+    cluster: Cluster, open_session: Callable[[Host, Optional[dict[str, Any]]], HostSession]
+) -> tuple[dict[int, HostSession], dict[int, BaseException]]:
     """``--no-check``: every reachable host's launch session, without the probe."""
     errors: dict[int, BaseException] = {
         i: e for i, e in cluster.connect_all().items() if e is not None
     }
     reachable = [h for h in cluster.hosts if h.index not in errors]
-    outcomes = cluster.map(lambda h: HostSession(cluster.transports[h.index], None), reachable)
+    outcomes = cluster.map(lambda h: open_session(h, None), reachable)
     sessions: dict[int, HostSession] = {}
     for host, outcome in zip(reachable, outcomes):
         if outcome.value is not None:

@@ -10,9 +10,16 @@ from sshddp.errors import InterpreterMissing, RemoteError
 from sshddp.transport import RemoteProcess, Transport, run
 
 
-def start_script(transport: Transport, name: str, args: dict[str, Any]) -> RemoteProcess:
-    """Start script ``name`` with the host's interpreter; its stdin stays open."""
-    proc = transport.start(scripts.python_command(transport.host.python))
+def start_script(
+    transport: Transport,
+    name: str,
+    args: dict[str, Any],
+    env: Optional[dict[str, str]] = None,
+    label: Optional[str] = None,
+) -> RemoteProcess:
+    """Start script ``name`` with the host's interpreter; its stdin stays open. ``env`` and
+    ``label``: see ``scripts.python_command``."""
+    proc = transport.start(scripts.python_command(transport.host.python, env, label))
     proc.write(scripts.header(name, args))
     return proc
 

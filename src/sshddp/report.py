@@ -6,25 +6,29 @@ import json
 import re
 import signal
 from collections.abc import Sequence
-from typing import IO, Any, Optional
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import IO, TYPE_CHECKING, Any, Optional
 
 from sshddp.checks import CHECKS, HostFacts, HostReport, Status
+
+if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
+    from rich.console import Console
 
 _SYMBOL = {Status.OK: "ok", Status.WARN: "warn", Status.FAIL: "FAIL", Status.SKIP: "-"}
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
 
 
 def console(stream: IO[str], color: bool) -> Console:
+    from rich.console import Console
+
     return Console(file=stream, no_color=not color, highlight=False, width=200, soft_wrap=True,
                    force_terminal=color)  # fmt: skip
 
 
 def doctor_table(reports: Sequence[HostReport], out: Console) -> None:
     """One row per host, one column per check, then every problem with its fix."""
+    from rich.markup import escape
+    from rich.table import Table
+
     used = [c for c in CHECKS if any(r.get(c) for r in reports)]
     table = Table(show_lines=False, header_style="bold")
     table.add_column("node")

@@ -12,7 +12,7 @@ import json
 import shlex
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Optional
 
 # Kept free of quotes and backslashes so it survives any POSIX-ish login shell (fish too).
 # An interpreter older than 3.8 answers with its version instead of failing on the scripts.
@@ -64,9 +64,16 @@ def quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def python_command(python: str) -> str:
-    """The remote command line that runs a shipped script with ``python``."""
-    return f"exec {quote_path(python)} -c {shlex.quote(BOOTSTRAP)}"
+def python_command(
+    python: str, env: Optional[dict[str, str]] = None, label: Optional[str] = None
+) -> str:
+    """The remote command line that runs a shipped script with ``python``. ``env`` is added
+    to its environment and ``label`` (a path) to its argv, where the host's process list
+    shows it: neither may hold a secret."""
+    with_env = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in (env or {}).items())
+    prefix = f"env {with_env}" if with_env else ""
+    suffix = f" {quote_path(label)}" if label else ""
+    return f"exec {prefix}{quote_path(python)} -c {shlex.quote(BOOTSTRAP)}{suffix}"
 
 
 def header(name: str, args: dict[str, Any]) -> bytes:

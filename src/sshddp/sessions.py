@@ -19,9 +19,15 @@ from sshddp.transport import RemoteProcess, Transport
 class HostSession:
     """The coordinator's end of one host's session."""
 
-    def __init__(self, transport: Transport, probe: Optional[dict[str, Any]]) -> None:
+    def __init__(
+        self, transport: Transport, run_id: str, rundir: str, probe: Optional[dict[str, Any]]
+    ) -> None:
         self.transport = transport
-        self.proc: RemoteProcess = ops.start_script(transport, "session", {"probe": probe})
+        # The session forks the node's supervisor, so both show what the host's process list
+        # should tell of them: the run id in their environment, the node's run dir in argv.
+        self.proc: RemoteProcess = ops.start_script(
+            transport, "session", {"probe": probe}, {"SSHDDP_RUN_ID": run_id}, label=rundir
+        )
         self._buffer = b""
         self.closed = False
 

@@ -19,7 +19,7 @@ import shlex
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -168,12 +168,15 @@ def saved_process_state() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-class _SupervisorStarted:
-    """Stands in for the detached supervisor ``boot.py`` starts: records it as running."""
+def _fork_started(rundir: str) -> Callable[[], int]:
+    """Stands in for the fork of the detached supervisor ``boot.py`` starts: the parent's
+    side of it, with the node recorded as running."""
 
-    def __init__(self, argv: list[str], **kwargs: Any) -> None:
-        rundir = argv[-1]
+    def fork() -> int:
         Path(rundir, "state.json").write_text(json.dumps({"state": "running", "started": 0}))
+        return 2**22 + 1  # a child pid the parent never waits for
+
+    return fork
 
 
 class _InProcessCommand:
@@ -196,9 +199,11 @@ class _InProcessCommand:
         pass
 
     def _run(self) -> bytes:
-        exec_, python, dash_c, bootstrap = shlex.split(self.command)  # how the host shell reads it
-        assert (exec_, python, dash_c) == ("exec", sys.executable, "-c")
+        exec_, env, run_id, python, dash_c, bootstrap, label = shlex.split(self.command)  # as sh
+        assert (exec_, env, python, dash_c) == ("exec", "env", sys.executable, "-c")
+        assert run_id.startswith("SSHDDP_RUN_ID=") and "/runs/" in label
         header, _, rest = self.stdin.partition(b"\n")
+        rundir = os.path.expanduser(json.loads(rest.partition(b"\n")[0])["boot"]["rundir"])
         body = json.loads(header)
         assert body["name"] == "session" and body["src"].endswith("\nsession_main(ARGS)\n")
         body["src"] = body["src"].replace(
@@ -209,7 +214,7 @@ class _InProcessCommand:
         fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))
         out = io.StringIO()
         with mock.patch.object(sys, "stdin", fake_stdin), mock.patch.object(sys, "stdout", out), \
-                mock.patch("subprocess.Popen", _SupervisorStarted):  # fmt: skip
+                mock.patch("os.fork", _fork_started(rundir)):  # fmt: skip
             exec(bootstrap, {"__name__": "__main__"})
         return out.getvalue().encode()
 
@@ -246,8 +251,10 @@ def boot_in_process(plan: LaunchPlan, script: Path, logs: Path) -> None:
     cluster = Cluster([], SshOptions(), fanout=1)
     cluster.transports = {n.host.index: _InProcessHost(n.host) for n in plan.nodes}  # type: ignore[misc]
     executor = Executor(plan, cluster, NodeLogs(logs), Console(io.BytesIO(), False))
-    sessions = {n.host.index: HostSession(cluster.transports[n.host.index], None)
-                for n in plan.nodes}  # fmt: skip
+    sessions = {
+        n.host.index: HostSession(cluster.transports[n.host.index], plan.run_id, n.rundir, None)
+        for n in plan.nodes
+    }
     with saved_process_state():
         assert executor.boot(build_payload(plan.code), sessions)
     assert all(r.state.value == "running" for r in executor.results.values())

@@ -5,10 +5,7 @@
 #        "keep_runs": int, "rank": source of rank.py}
 # The code stream holds exactly payload.size bytes.
 import hashlib
-import io
 import shutil
-import subprocess
-import tarfile
 
 
 class BootError(Exception):
@@ -36,6 +33,18 @@ def _receive_code(rundir, payload, stream):
         with open(os.path.join(code, payload["name"]), "wb") as fh:
             fh.write(data)
     else:
+        _unpack(data, code)
+    with open(os.path.join(code, ".sha256"), "w") as fh:
+        fh.write(digest + "\n")
+
+
+def _unpack(data, code):
+    """Extract a --workdir archive: plain files and directories, all inside ``code``."""
+    import io
+    import tarfile  # only a --workdir needs it: a launch session skips the import otherwise
+    import zlib
+
+    try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             for member in tar.getmembers():
                 parts = member.name.split("/")
@@ -46,8 +55,8 @@ def _receive_code(rundir, payload, stream):
                 ):
                     raise BootError("refusing archive member %r" % member.name)
             tar.extractall(code)
-    with open(os.path.join(code, ".sha256"), "w") as fh:
-        fh.write(digest + "\n")
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise BootError("the shipped archive is damaged: %s" % exc)
 
 
 def _prune(runs_root, keep):
@@ -68,22 +77,19 @@ def _prune(runs_root, keep):
 
 
 def _start_supervisor(rundir, spec, source):
+    """Fork the node's supervisor off this process, detached from the SSH channel: its own
+    session, no tie to our stdin/stdout/stderr. A fork, not a new interpreter: on a host
+    starting many nodes at once a fresh Python's start-up was most of the time to torchrun.
+    The code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``)."""
     path = os.path.join(rundir, "supervisor.py")
     with open(path, "w") as fh:
         fh.write(source)
+    code = compile(source, path, "exec")
     log = os.open(os.path.join(rundir, "supervisor.log"), os.O_WRONLY | os.O_CREAT, 0o600)
-    env = dict(os.environ)
-    env["SSHDDP_RUN_ID"] = spec["run_id"]
-    subprocess.Popen(
-        [sys.executable, "-S", path, rundir],  # stdlib only: skip site-packages' .pth files
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-        close_fds=True,
-        env=env,
-        cwd=rundir,
-    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:
+        _supervise(rundir, spec, code, log)  # never returns
     os.close(log)
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -92,8 +98,42 @@ def _start_supervisor(rundir, spec, source):
         )
         if state:
             return state
-        time.sleep(0.01)
+        time.sleep(0.005)
     raise BootError("the supervisor did not start within 20 s; see %s/supervisor.log" % rundir)
+
+
+def _supervise(rundir, spec, code, log):
+    """The forked child: become the supervisor, then exit without running anything of the
+    session's again."""
+    status = 1
+    try:
+        os.setsid()
+        os.chdir(rundir)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        for name in listdir("/proc/self/fd"):  # the channel's pipes, the probe's sockets
+            if name.isdigit() and int(name) > 2:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass
+        os.environ["SSHDDP_RUN_ID"] = spec["run_id"]
+        namespace = {"__name__": "__sshddp_supervisor__"}
+        exec(code, namespace)
+        namespace["run_supervisor"](rundir)
+        status = 0
+    except BaseException:  # noqa: BLE001 - it goes to supervisor.log, never to the session
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
 
 
 def stage(args, stream):
@@ -124,7 +164,7 @@ def stage(args, stream):
         atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
         atomic_write_json(os.path.join(rundir, "spec.json"), spec)
         return {"ok": True, "rundir": rundir}
-    except (BootError, OSError, tarfile.TarError) as exc:
+    except (BootError, OSError) as exc:
         discard(rundir)
         return {"ok": False, "error": str(exc), "rundir": rundir}
 

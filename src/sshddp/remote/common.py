@@ -57,6 +57,16 @@ def _stat(pid):
         return None
 
 
+def start_time(pid):
+    """When the process started (clock ticks since boot): with its pid this names one
+    process for good, whatever process later reuses the pid. None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _pgid(pid):
     st = _stat(pid)
     return st[1] if st else None
@@ -103,14 +113,6 @@ def pid_alive(pid):
     except PermissionError:
         return True
     return not _is_zombie(pid)
-
-
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def signal_all(pids, sig):

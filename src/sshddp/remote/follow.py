@@ -7,10 +7,11 @@
 import select
 
 CHUNK = 1 << 20
+POLL_MIN, POLL_MAX = 0.01, 0.1  # seconds between looks at an idle log: short after output
 
 
-def _coordinator_gone():
-    ready, _, _ = select.select([0], [], [], 0.02)
+def _coordinator_gone(wait=0.02):
+    ready, _, _ = select.select([0], [], [], wait)
     return bool(ready) and not os.read(0, 4096)
 
 
@@ -64,11 +65,13 @@ def follow_main(args):
         return
     out = sys.stdout.buffer
     last_check = 0.0
+    wait = POLL_MIN
     while True:
         data = fh.read(CHUNK)
         if data:
             out.write(data)
             out.flush()
+            wait = POLL_MIN
             continue
         if mode == "fetch":
             out.flush()
@@ -95,5 +98,6 @@ def follow_main(args):
                     sys.stderr,
                 )
                 return
-        if _coordinator_gone():
+        if _coordinator_gone(wait):
             return
+        wait = min(POLL_MAX, wait * 1.5)  # a quiet node costs its host ~10 wakeups a second

@@ -21,6 +21,7 @@ class Peers(object):
         self.interval = min(1.0, self.timeout / 5.0)
         self.names = conf.get("hosts") or []
         self.abort = None  # set once: why this node must stop
+        self.on_abort = None  # called once abort is set (wakes the supervisor's loop)
         self.done = {}  # hub: rank -> (state, reason)
         self.lock = threading.Lock()
         self.conns = {}  # hub: rank -> socket
@@ -72,6 +73,8 @@ class Peers(object):
         with self.lock:
             if self.abort is None:
                 self.abort = reason
+        if self.on_abort is not None:
+            self.on_abort()
 
     # -------------------------------------------------------------- hub (node 0)
 

@@ -4,7 +4,6 @@
 # With listen_port it also holds a listener on that port (proving it free) until stdin closes,
 # so the other hosts can make a real TCP connection to the rendezvous endpoint. session.py
 # uses probe() and release() the same way within a launch.
-import platform  # python_version() only: platform.platform() reads the libc binary
 import shutil
 import socket
 import subprocess
@@ -176,7 +175,7 @@ def probe(args):
     facts = {
         "hostname": socket.gethostname(),
         "os": "%s %s %s" % (os.uname().sysname, os.uname().release, os.uname().machine),
-        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
     }

@@ -4,8 +4,10 @@
 # Prints one JSON line: the node's exit.json plus {"already": bool}.
 
 
-def _is_our_supervisor(pid, rundir):
-    return pid_alive(pid) and rundir in cmdline(pid) and "supervisor.py" in cmdline(pid)
+def _is_our_supervisor(state):
+    """The pid in state.json is still this node's supervisor (not a process that reused it)."""
+    pid = state.get("supervisor_pid")
+    return pid_alive(pid) and start_time(pid) == state.get("supervisor_start")
 
 
 def stop_main(args):
@@ -27,7 +29,7 @@ def stop_main(args):
     state = read_json(os.path.join(rundir, "state.json")) or {}
     pid = state.get("supervisor_pid")
     grace = 0 if args.get("force") else float(spec.get("grace", 10))
-    if _is_our_supervisor(pid, rundir):
+    if _is_our_supervisor(state):
         os.kill(pid, signal.SIGUSR1 if args.get("force") else signal.SIGTERM)
         deadline = time.time() + grace + 15
         while time.time() < deadline and pid_alive(pid):

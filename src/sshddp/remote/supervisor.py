@@ -1,5 +1,5 @@
 # supervisor: owns one node's torchrun for the whole run, independent of any SSH channel.
-# Started detached by boot.py as `python supervisor.py RUNDIR`. It starts torchrun in its own
+# Forked off the launch session by boot.py, detached (or run as `python supervisor.py RUNDIR`). It starts torchrun in its own
 # session with one pipe as stdout and stderr (or a raw pty with spec "tty": ranks then see a
 # terminal), copies what arrives byte for byte to RUNDIR/node.log, records state.json, and on
 # SIGTERM (graceful) or SIGUSR1 (immediate) stops exactly this node's processes: torchrun's
@@ -19,6 +19,7 @@ PUMP_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
 RESERVE_BYTES = 64 * 1024
+IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -31,6 +32,7 @@ class Supervisor(object):
         self.master = None
         self.log = None
         self.log_full = None  # why node.log cannot grow (disk full), once it cannot
+        self.wake = None  # read end of the pipe that signals and the peers' aborts write to
         self.peers = Peers(self.spec)
         self.started = time.time()
 
@@ -59,6 +61,7 @@ class Supervisor(object):
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self._wake_on_events()
         self.log = os.open(self.path("node.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._reserve()
         self.master, slave = self._output()
@@ -89,12 +92,37 @@ class Supervisor(object):
             {
                 "state": "running",
                 "supervisor_pid": os.getpid(),
+                "supervisor_start": start_time(os.getpid()),
                 "pid": self.proc.pid,
                 "pgid": self.proc.pid,
                 "started": self.started,
             },
         )
         return True
+
+    def _wake_on_events(self):
+        """Let the loop sleep until something happens: a signal (SIGCHLD included: torchrun
+        exited) or a peer's abort writes a byte to a pipe it waits on with the output. An
+        idle node then costs its host one wakeup a second, not fifty."""
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        try:
+            signal.signal(signal.SIGCHLD, _ignore)
+            signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread (in-process tests): poll as before
+            os.close(read)
+            os.close(write)
+            return
+
+        def wake():
+            try:
+                os.write(write, b"!")
+            except OSError:
+                pass
+
+        self.wake = read
+        self.peers.on_abort = wake
 
     def _output(self):
         """(read end, write end) of the node's output: a pipe, or a raw pty."""
@@ -122,8 +150,14 @@ class Supervisor(object):
         """
         if self.master is None:
             return False
-        ready, _, _ = select.select([self.master], [], [], timeout)
-        if not ready:
+        watched = [self.master] if self.wake is None else [self.master, self.wake]
+        ready, _, _ = select.select(watched, [], [], timeout)
+        if self.wake in ready:
+            try:
+                os.read(self.wake, 4096)
+            except OSError:
+                pass
+        if self.master not in ready:
             return True
         chunks, size, alive = [], 0, True
         while size < PUMP_BYTES:
@@ -181,13 +215,14 @@ class Supervisor(object):
             pass
 
     def loop(self):
+        wait = 0.02 if self.wake is None else IDLE_WAIT
         while True:
             rc = self.proc.poll()
             if rc is not None:
                 return rc
             if self.stop_signal is not None or self.peers.abort is not None or self.log_full:
                 return None
-            if not self.pump(0.02):
+            if not self.pump(wait):
                 time.sleep(0.02)
 
     def stop_reason(self, default):
@@ -245,6 +280,10 @@ class Supervisor(object):
             atomic_write_json(self.path("exit.json"), result)
         except OSError:
             pass  # a full disk even after the reserve went: the peers still hear the reason
+
+
+def _ignore(signum, frame):
+    pass
 
 
 def _signame(num):

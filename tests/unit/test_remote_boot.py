@@ -1,0 +1,86 @@
+"""Staging a node's code (remote/boot.py), run here: archives that could write outside the
+run directory, or are damaged, are refused and leave nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sshddp import scripts
+
+
+def boot_namespace() -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "boot_under_test"}
+    exec(scripts._read("common") + "\n" + scripts._read("boot"), namespace)
+    return namespace
+
+
+def archive(*members: tuple[str, bytes | None, bytes]) -> bytes:
+    """A gzip tar of (name, file bytes or None for a symlink, link target)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data, target in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.linkname = tarfile.SYMTYPE, target.decode()
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def stage(tmp_path: Path, data: bytes) -> dict[str, Any]:
+    args = {
+        "rundir": str(tmp_path / "runs" / "r1" / "n0"),
+        "spec": {"run_id": "r1", "node_rank": 0, "cwd": None},
+        "env": {},
+        "payload": {
+            "kind": "tar",
+            "name": "train.py",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        },  # fmt: skip
+        "rank": "# rank shim\n",
+        "remote_script": None,
+    }
+    answer: dict[str, Any] = boot_namespace()["stage"](args, io.BytesIO(data))
+    return answer
+
+
+def test_a_plain_archive_is_unpacked(tmp_path: Path) -> None:
+    answer = stage(tmp_path, archive(("train.py", b"print(1)\n", b""), ("pkg/m.py", b"x", b"")))
+    assert answer["ok"], answer
+    code = tmp_path / "runs" / "r1" / "n0" / "code"
+    assert (code / "train.py").read_bytes() == b"print(1)\n"
+    assert (code / "pkg" / "m.py").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [
+        (("../escape.py", b"x", b""), "refusing archive member '../escape.py'"),
+        (("/abs.py", b"x", b""), "refusing archive member '/abs.py'"),
+        (("link", None, b"/etc/passwd"), "refusing archive member 'link'"),
+    ],
+)
+def test_members_that_reach_outside_are_refused(
+    tmp_path: Path, member: tuple[str, bytes | None, bytes], why: str
+) -> None:
+    answer = stage(tmp_path, archive(("train.py", b"ok", b""), member))
+    assert not answer["ok"] and answer["error"] == why, answer
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))
+    assert not (tmp_path / "escape.py").exists()
+
+
+def test_a_damaged_archive_is_refused(tmp_path: Path) -> None:
+    data = archive(("train.py", b"print(1)\n" * 1000, b""))
+    damaged = data[:40] + bytes(len(data) - 40)
+    answer = stage(tmp_path, damaged)
+    assert not answer["ok"] and "the shipped archive is damaged" in answer["error"], answer
+    assert not (tmp_path / "runs" / "r1").exists()
