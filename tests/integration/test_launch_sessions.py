@@ -3,12 +3,23 @@ and hosts that cannot be reached or cannot run the session at all."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Callable
 
 import yaml
-from launch_helpers import JOB, SSHDDP, Run, cli_env, launch, run_id_of, write_inventory
+from launch_helpers import (
+    JOB,
+    SSHDDP,
+    Run,
+    cli_env,
+    launch,
+    run_id_of,
+    wait_until,
+    write_inventory,
+)
 
 from sshd_cluster import SshdCluster
 
@@ -168,3 +179,61 @@ def test_a_script_that_lives_on_the_hosts_is_checked_there_and_run(
     finally:
         for i in (1, 2):
             (ssh_env.home(i) / name).unlink(missing_ok=True)
+
+
+def _fds(pid: int) -> dict[int, str]:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    out = {}
+    for entry in fd_dir.iterdir():
+        try:
+            out[int(entry.name)] = os.readlink(entry)
+        except OSError:
+            pass
+    return out
+
+
+def test_supervisor_is_forked_detached_from_the_channel(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """The supervisor, forked off the launch session, keeps none of the session's SSH pipes,
+    runs in its own session, and shows its run: its run id in its environment, its run dir
+    in its command line. Its launch session (its parent) still follows the node's log."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
+    proc = subprocess.Popen([*SSHDDP, "launch", "--name", "forked", str(inv), str(JOB), "wait"],
+                            cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        rundir = workdir / "runs" / "forked" / "n1"
+        wait_until(lambda: "READY" in _text(rundir / "node.log"), 90, "node 1 to be ready")
+        state = json.loads((rundir / "state.json").read_text())
+        supervisor = state["supervisor_pid"]
+        session = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert str(rundir) in _cmdline(session) and str(rundir) in _cmdline(supervisor)
+        assert os.getsid(supervisor) == supervisor  # its own session, no controlling tty
+        assert os.getsid(session) != supervisor
+        fds = _fds(supervisor)
+        assert fds[0] == "/dev/null"
+        assert fds[1] == fds[2] == str(rundir / "supervisor.log")
+        channel = {t for fd, t in _fds(session).items() if fd <= 2}  # the session's SSH pipes
+        assert channel and all(t.startswith(("pipe:", "socket:")) for t in channel), channel
+        assert not channel & set(fds.values()), (channel, fds)
+        assert b"SSHDDP_RUN_ID=forked" in Path(f"/proc/{supervisor}/environ").read_bytes()
+        stop = subprocess.run([*SSHDDP, "stop", "forked"], cwd=tmp_path, env=cli_env(ssh_env),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert stop.returncode == 0, stop.stderr
+        assert proc.wait(60) == 1, proc.returncode  # the run was stopped: it did not succeed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_no_leak("forked")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -1,0 +1,71 @@
+"""The supervisor (remote/supervisor.py), run here as on a host, with its idle sleep made an
+hour long: a signal, or torchrun exiting while a child of it still holds the output pipe,
+must wake it at once, or these runs would hang."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sshddp import scripts
+
+
+def start_supervisor(rundir: Path, code: str, grace: float = 10) -> subprocess.Popen[bytes]:
+    rundir.mkdir(parents=True)
+    mark = "r1/n0-" + rundir.parent.name  # unique: what the supervisor stops carries it
+    spec = {"run_id": "r1", "node_rank": 0, "argv": ["python", "-c", code], "cwd": None,
+            "grace": grace, "mark": mark, "peers": {}, "tty": False}  # fmt: skip
+    (rundir / "spec.json").write_text(json.dumps(spec))
+    source = scripts.supervisor_source().replace("IDLE_WAIT = 1.0", "IDLE_WAIT = 3600.0")
+    assert "IDLE_WAIT = 3600.0" in source
+    (rundir / "supervisor.py").write_text(source)
+    return subprocess.Popen([sys.executable, "-S", str(rundir / "supervisor.py"), str(rundir)])
+
+
+def wait_json(path: Path, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    raise AssertionError(f"no {path.name} after {timeout} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_wakes_an_idle_supervisor(tmp_path: Path, sig: signal.Signals) -> None:
+    rundir = tmp_path / "n0"
+    sup = start_supervisor(rundir, "import time; print('up', flush=True); time.sleep(600)")
+    try:
+        wait_json(rundir / "state.json")
+        while b"up" not in (rundir / "node.log").read_bytes():
+            time.sleep(0.02)
+        sup.send_signal(sig)
+        record = wait_json(rundir / "exit.json")
+        assert record["state"] == "stopped" and record["reason"] == "stopped on request", record
+        assert sup.wait(30) == 0
+    finally:
+        sup.kill()
+
+
+def test_torchrun_exiting_wakes_it_though_a_child_holds_the_pipe(tmp_path: Path) -> None:
+    """No EOF comes on the output pipe (a grandchild keeps it open): SIGCHLD does the waking,
+    then the grandchild, which carries the node's marker, is stopped with the node."""
+    rundir = tmp_path / "n0"
+    code = ("import subprocess, time; subprocess.Popen(['sleep', '600']); "
+            "print('spawned', flush=True); time.sleep(0.5)")  # fmt: skip
+    sup = start_supervisor(rundir, code)
+    try:
+        record = wait_json(rundir / "exit.json")
+        assert record["state"] == "succeeded" and record["returncode"] == 0, record
+        assert b"spawned\n" in (rundir / "node.log").read_bytes()
+        assert sup.wait(30) == 0
+    finally:
+        sup.kill()
