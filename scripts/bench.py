@@ -1245,7 +1245,8 @@ def launch_table(rows: Sequence[LaunchRow]) -> list[str]:
             f"Overhead over pdsh grows by {slope * 1000:+.0f} ms per host "
             f"({a.hosts}→{z.hosts} hosts); flat (≤ 50 ms/host): {flat}. The coordinator's "
             f"own CPU grows by {cpu * 1000:.0f} ms per host; every host's remote processes "
-            "(its sshd session, the launch session's interpreter, the supervisor, torchrun) "
+            "(its sshd session, the launch session's interpreter and the supervisor it "
+            "forks, torchrun) "
             "share this machine's cores, so on this "
             "box their per-host cost adds up where on a cluster it would run in parallel.",
         ]
@@ -1430,7 +1431,8 @@ METHOD = """\
   line on its stdout. sshddp's includes preflight, code copy and supervisor start. pdsh
   (`-R exec ... sh node-%h.sh`) and the `for h ...; do ssh -F cfg $h sh node-$h.sh & done;
   wait` loop run the torchrun commands and environment printed by `sshddp launch
-  --dry-run`, with the script already in place on the hosts.
+  --dry-run`, with the script already in place on the hosts. sshddp runs with its modules'
+  bytecode compiled first, as `pip install` leaves them (the suite compiles them at start).
 * **teardown**: {td_hosts} hosts × {td_nproc} processes; the last rank prints
   `FAIL <time.time()>` 1 s after READY and raises, the others sleep. Latency is from that
   timestamp until no process whose `/proc/<pid>/environ` holds `SSHDDP_RUN_ID=<run id>` is
