@@ -1,10 +1,11 @@
 # supervisor: owns one node's torchrun for the whole run, independent of any SSH channel.
-# Forked off the launch session by boot.py, detached (or run as `python supervisor.py RUNDIR`). It starts torchrun in its own
-# session with one pipe as stdout and stderr (or a raw pty with spec "tty": ranks then see a
-# terminal), copies what arrives byte for byte to RUNDIR/node.log, records state.json, and on
-# SIGTERM (graceful) or SIGUSR1 (immediate) stops exactly this node's processes: torchrun's
-# process group plus every process carrying this node's run marker. Its last act is
-# exit.json. Ranks start through rank.py, which line-buffers them: one write per line.
+# Forked off the launch session by boot.py and detached (or run as `python supervisor.py
+# RUNDIR`). It starts torchrun in its own session with one pipe as stdout and stderr (or a
+# raw pty with spec "tty": ranks then see a terminal), copies what arrives byte for byte to
+# RUNDIR/node.log, records state.json, and on SIGTERM (graceful) or SIGUSR1 (immediate)
+# stops exactly this node's processes: torchrun's process group plus every process carrying
+# this node's run marker. Its last act is exit.json. Ranks start through rank.py, which
+# line-buffers them: one write per line.
 # When node.log cannot grow (its disk is full), the node is stopped and fails with that reason:
 # output that cannot be kept would otherwise vanish silently. A small reserve file, deleted
 # then, leaves room for exit.json on the full disk.
