@@ -59,10 +59,12 @@ def _python_minor(path: Path) -> int | None:
 
 
 def _python_candidates() -> list[Path]:
-    """Interpreters to try, pyenv's 3.10 / 3.12 first, then any python3.N on PATH."""
+    """Interpreters to try, pyenv's 3.10 / 3.12 first, then pyenv's others, then any
+    python3.N on PATH."""
     roots = {os.environ.get("PYENV_ROOT", ""), "/root/.pyenv", os.path.expanduser("~/.pyenv")}
     pyenv = [p for r in sorted(roots) if r for p in Path(r).glob("versions/*/bin/python3.*")]
     preferred = [p for minor in (10, 12) for p in pyenv if _python_minor(p) == minor]
+    preferred += [p for p in pyenv if p not in preferred]
     on_path = [
         p
         for d in os.environ.get("PATH", "").split(os.pathsep)
@@ -101,6 +103,18 @@ def other_python() -> Path:
             "the cluster's host 4 needs one to test interpreter mismatches"
         )
     return path
+
+
+@pytest.fixture(scope="session")
+def oldest_python() -> Path:
+    """Python 3.8, the oldest interpreter sshddp's remote scripts support on a host."""
+    for path in _python_candidates() + sorted(Path("/usr/bin").glob("python3.8")):
+        if _python_minor(path) == 8 and os.access(path, os.X_OK):
+            return path
+    pytest.fail(
+        "no python3.8 found (looked in $PYENV_ROOT and /root/.pyenv versions, then on PATH); "
+        "the remote scripts' support of Python 3.8 is tested with it"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,16 +17,16 @@ import pytest
 from sshddp import scripts
 
 
-def start_supervisor(rundir: Path, code: str, grace: float = 10) -> subprocess.Popen[bytes]:
+def start_supervisor(rundir: Path, code: str, python: str) -> subprocess.Popen[bytes]:
     rundir.mkdir(parents=True)
     mark = "r1/n0-" + rundir.parent.name  # unique: what the supervisor stops carries it
     spec = {"run_id": "r1", "node_rank": 0, "argv": ["python", "-c", code], "cwd": None,
-            "grace": grace, "mark": mark, "peers": {}, "tty": False}  # fmt: skip
+            "grace": 10, "mark": mark, "peers": {}, "tty": False}  # fmt: skip
     (rundir / "spec.json").write_text(json.dumps(spec))
     source = scripts.supervisor_source().replace("IDLE_WAIT = 1.0", "IDLE_WAIT = 3600.0")
     assert "IDLE_WAIT = 3600.0" in source
     (rundir / "supervisor.py").write_text(source)
-    return subprocess.Popen([sys.executable, "-S", str(rundir / "supervisor.py"), str(rundir)])
+    return subprocess.Popen([python, "-S", str(rundir / "supervisor.py"), str(rundir)])
 
 
 def wait_json(path: Path, timeout: float = 30) -> dict[str, Any]:
@@ -39,10 +39,19 @@ def wait_json(path: Path, timeout: float = 30) -> dict[str, Any]:
     raise AssertionError(f"no {path.name} after {timeout} s")
 
 
+@pytest.fixture(params=["this", "3.8"])
+def python(request: pytest.FixtureRequest, oldest_python: Path) -> str:
+    """This interpreter, and the oldest a host may have."""
+    return sys.executable if request.param == "this" else str(oldest_python)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_a_signal_wakes_an_idle_supervisor(tmp_path: Path, sig: signal.Signals) -> None:
+def test_a_signal_wakes_an_idle_supervisor(
+    tmp_path: Path, sig: signal.Signals, python: str
+) -> None:
     rundir = tmp_path / "n0"
-    sup = start_supervisor(rundir, "import time; print('up', flush=True); time.sleep(600)")
+    code = "import time; print('up', flush=True); time.sleep(600)"
+    sup = start_supervisor(rundir, code, python)
     try:
         wait_json(rundir / "state.json")
         while b"up" not in (rundir / "node.log").read_bytes():
@@ -55,13 +64,15 @@ def test_a_signal_wakes_an_idle_supervisor(tmp_path: Path, sig: signal.Signals) 
         sup.kill()
 
 
-def test_torchrun_exiting_wakes_it_though_a_child_holds_the_pipe(tmp_path: Path) -> None:
+def test_torchrun_exiting_wakes_it_though_a_child_holds_the_pipe(
+    tmp_path: Path, python: str
+) -> None:
     """No EOF comes on the output pipe (a grandchild keeps it open): SIGCHLD does the waking,
     then the grandchild, which carries the node's marker, is stopped with the node."""
     rundir = tmp_path / "n0"
     code = ("import subprocess, time; subprocess.Popen(['sleep', '600']); "
             "print('spawned', flush=True); time.sleep(0.5)")  # fmt: skip
-    sup = start_supervisor(rundir, code)
+    sup = start_supervisor(rundir, code, python)
     try:
         record = wait_json(rundir / "exit.json")
         assert record["state"] == "succeeded" and record["returncode"] == 0, record

@@ -1,0 +1,97 @@
+"""A node's whole life through the launch session (remote/session.py), run here as the
+host's shell would run it, on this Python and on Python 3.8, the oldest a host may have:
+probe, go, stage, start (the supervisor forked off the session), then the node's log and
+its exit record, exactly as the coordinator reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from sshddp import scripts
+
+SCRIPT = b"import sys\nprint('hello from', sys.version_info[:2])\nprint('no newline', end='')\n"
+
+
+def answer(stream: IO[bytes]) -> dict[str, Any]:
+    line = stream.readline()
+    assert line.endswith(b"\n"), line
+    return dict(json.loads(line))
+
+
+def boot_args(rundir: Path) -> dict[str, Any]:
+    return {
+        "rundir": str(rundir),
+        "spec": {
+            "run_id": "r1",
+            "node_rank": 0,
+            "argv": ["python", "train.py"],
+            "cwd": str(rundir / "code"),
+            "grace": 5,
+            "mark": f"r1/n0-{rundir.parent.name}",
+            "peers": {},
+            "tty": False,
+        },  # fmt: skip
+        "env": {"SECRET_TOKEN": "s3cr3t"},
+        "payload": {
+            "kind": "file",
+            "name": "train.py",
+            "size": len(SCRIPT),
+            "sha256": hashlib.sha256(SCRIPT).hexdigest(),
+        },  # fmt: skip
+        "supervisor": scripts.supervisor_source(),
+        "rank": scripts.rank_source(),
+        "remote_script": None,
+    }
+
+
+@pytest.mark.parametrize("which", ["this", "3.8"])
+def test_a_node_lives_and_ends_through_its_session(
+    tmp_path: Path, oldest_python: Path, which: str
+) -> None:
+    python = sys.executable if which == "this" else str(oldest_python)
+    rundir = tmp_path / "runs" / "r1" / "n0"
+    probe = {"workdir": str(tmp_path), "deep": False, "listen_port": None, "connect": None,
+             "script": None}  # fmt: skip
+    proc = subprocess.Popen([python, "-c", scripts.BOOTSTRAP], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(scripts.header("session", {"probe": probe}))
+        proc.stdin.flush()
+        facts = answer(proc.stdout)
+        expected = subprocess.check_output([python, "--version"], text=True).split()[1]
+        assert facts["python"]["version"] == expected, facts
+
+        go = {"go": True, "boot": boot_args(rundir)}
+        proc.stdin.write(json.dumps(go).encode() + b"\n" + SCRIPT)
+        proc.stdin.flush()
+        assert answer(proc.stdout) == {"released": True}
+        assert answer(proc.stdout) == {"ok": True, "rundir": str(rundir)}
+        assert (rundir / "code" / "train.py").read_bytes() == SCRIPT
+
+        proc.stdin.write(b'{"start": true}\n')
+        proc.stdin.flush()
+        started = answer(proc.stdout)
+        assert started["ok"] and started["state"]["state"] in ("running", "succeeded"), started
+
+        log = proc.stdout.read()  # the node's log, streamed until the node has ended
+        record = json.loads(proc.stderr.read().decode().strip().splitlines()[-1])
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    version = "(3, 8)" if which == "3.8" else str(tuple(sys.version_info[:2]))
+    assert log == f"hello from {version}\nno newline".encode()
+    assert log == (rundir / "node.log").read_bytes()
+    assert record["state"] == "succeeded" and record["returncode"] == 0, record
+    state = json.loads((rundir / "state.json").read_text())
+    assert isinstance(state["supervisor_start"], int) and state["supervisor_pid"] != proc.pid
+    assert not (rundir / "env.json").exists()  # the secret lived only in the processes
+    assert b"s3cr3t" not in (rundir / "supervisor.log").read_bytes() + log
