@@ -1,9 +1,9 @@
 """One SSH channel and one remote interpreter per host for a whole launch.
 
 The host's session (``remote/session.py``) answers the preflight probe, waits for the go,
-stages the node's code, waits for the start (given once every node staged) and then streams
-the node's log. Without it a launch cost every host three channels
-and three interpreters (probe, boot, follow) on top of the supervisor, and on busy hosts
+stages the node's code, waits for the start (given once every node staged), forks the
+node's supervisor and then streams the node's log. Without it a launch cost every host three
+channels and four interpreters (probe, boot, follow and the supervisor), and on busy hosts
 those starts were most of sshddp's launch latency.
 """
 

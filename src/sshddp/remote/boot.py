@@ -1,4 +1,4 @@
-# boot: stage one node's run directory, then start its supervisor, detached from SSH.
+# boot: stage one node's run directory, then fork its supervisor, detached from SSH.
 # Used by session.py, which runs stage() and, once every node staged, start().
 # ARGS: {"rundir", "spec": {...}, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
 #        "name", "size", "sha256"}, "supervisor": source, "remote_script": path|None,
