@@ -48,11 +48,11 @@ def emit(obj, stream=None):
 
 
 def _stat(pid):
-    """(state, pgid) of a process, or None when it is gone."""
+    """(state, pgid, start time) of a process from /proc/PID/stat, or None when it is gone."""
     try:
         with open("/proc/%d/stat" % pid) as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[2])
+        return fields[0], int(fields[2]), int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -60,11 +60,8 @@ def _stat(pid):
 def start_time(pid):
     """When the process started (clock ticks since boot): with its pid this names one
     process for good, whatever process later reuses the pid. None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    st = _stat(pid)
+    return st[2] if st else None
 
 
 def _pgid(pid):
