@@ -1,6 +1,6 @@
 """Benchmarks of sshddp against pdsh and plain OpenSSH, on real sshd servers on loopback.
 
-Starts its own ``SshdCluster`` (tests/sshd_cluster.py) in a temporary directory, runs every
+Starts its own ``SshdCluster`` (scripts/sshddp_lab/sshd.py) in a temporary directory, runs every
 benchmark and its baselines in the same run, interleaving the methods repetition by
 repetition, and prints a markdown report (medians with min-max). ``--out`` also writes it
 to a file (BENCHMARKS.md). Every "host" is this machine, so remote work competes with the
@@ -38,16 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import sshddp
+from sshddp import scripts
+from sshddp.checks import Context
+from sshddp.doctor import probe_args
+from sshddp.inventory import load_inventory
+from sshddp.transport import SshOptions, ssh_hostname
+from sshddp_lab.sshd import SshdCluster
 
-import sshddp  # noqa: E402
-from sshd_cluster import SshdCluster  # noqa: E402
-from sshddp import scripts  # noqa: E402
-from sshddp.checks import Context  # noqa: E402
-from sshddp.doctor import probe_args  # noqa: E402
-from sshddp.inventory import load_inventory  # noqa: E402
-from sshddp.transport import SshOptions, ssh_hostname  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # Hosts on 127.0.0.201.., clear of the test suite's .41.. and .101..; another run of this
 # suite going on at the same time moves this one to the next free range.
@@ -1414,7 +1413,7 @@ METHOD = """\
 ## Method
 
 * Hosts are real `sshd` servers on loopback addresses (see *hosts* above) started by
-  `tests/sshd_cluster.py`, all on this machine: the hosts' work competes with the coordinator
+  `scripts/sshddp_lab/sshd.py`, all on this machine: the hosts' work competes with the coordinator
   for the same cores. Each remote run has its own `workdir` under a temporary directory and a
   fresh rendezvous port. Methods alternate from repetition to repetition. Values are
   median (min–max) of {reps} repetitions.

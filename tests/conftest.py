@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-from sshd_cluster import SshdCluster, processes_with_env
+from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 SESSION_HOSTS = 4
 OTHER_PYTHON_HOST = 4  # host whose python3 is another minor version than ours

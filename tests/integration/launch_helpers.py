@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 JOB = Path(__file__).parent / "payloads" / "job.py"
 SSHDDP = [sys.executable, "-m", "sshddp"]

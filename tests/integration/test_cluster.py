@@ -18,7 +18,7 @@ import paramiko
 import pytest
 import yaml
 
-from sshd_cluster import SshdCluster, SshdClusterError, render_sshd_config
+from sshddp_lab.sshd import SshdCluster, SshdClusterError, render_sshd_config
 
 MakeCluster = Callable[..., SshdCluster]
 

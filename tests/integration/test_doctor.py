@@ -18,8 +18,8 @@ from typing import Any, Callable
 import pytest
 
 from cli_helpers import Result, assert_clean_failure, sshddp
-from sshd_cluster import SshdCluster
 from sshddp.errors import ExitCode
+from sshddp_lab.sshd import SshdCluster
 
 Port = Callable[[], int]
 

@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 from launch_helpers import JOB, SSHDDP, cli_env
 
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 
 @pytest.fixture

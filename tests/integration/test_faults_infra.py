@@ -23,8 +23,8 @@ import pytest
 import yaml
 from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, wait_until
 
-from netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
-from sshd_cluster import SshdCluster, processes_with_env
+from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
+from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 BOUND = 60.0  # generous upper bound for anything that should take seconds
 

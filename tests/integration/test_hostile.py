@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from launch_helpers import JOB, SSHDDP, cli_env, launch, run_id_of
 
 from hostile_values import NASTY, argv_values, env_names, has_surrogate, yaml_values
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 PREFIX = "HOSTILE_"  # the payload reports every variable with this prefix
 FEW = settings(

@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 from launch_helpers import JOB, SSHDDP, cli_env, launch, run_id_of, write_inventory
 
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 
 def test_allreduce_ranks_and_logs(

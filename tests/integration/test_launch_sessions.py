@@ -21,7 +21,7 @@ from launch_helpers import (
     write_inventory,
 )
 
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 MakeCluster = Callable[..., SshdCluster]
 

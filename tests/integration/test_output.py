@@ -19,7 +19,7 @@ from typing import Callable
 import pytest
 from launch_helpers import SSHDDP, Run, cli_env, run_id_of, write_inventory
 
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 STDIO = Path(__file__).parent / "payloads" / "stdio.py"
 NPROC = 4

@@ -11,7 +11,7 @@ from typing import Callable
 
 from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, wait_until, write_inventory
 
-from sshd_cluster import SshdCluster
+from sshddp_lab.sshd import SshdCluster
 
 
 def sshddp(

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from cli_helpers import sshddp
-from sshd_cluster import SshdCluster, processes_with_env
+from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 LAUNCHES = 100
 WARM_UP = 5

@@ -10,7 +10,7 @@ cable. ``NetnsCluster`` is an ``SshdCluster`` whose sshd ``i`` runs inside names
 Only addresses of the test's own bridge are used: a free ``10.A.B.0/24`` is picked so no
 route of the machine changes meaning. Needs root (CAP_NET_ADMIN) and iproute2.
 
-This module imports only the standard library and ``sshd_cluster``, never pytest.
+This module imports only the standard library and ``sshddp_lab.sshd``, never pytest.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sshd_cluster import SshdCluster, SshHost
+from sshddp_lab.sshd import SshdCluster, SshHost
 
 INNER_IFNAME = "eth0"  # every host's interface, so one GLOO_SOCKET_IFNAME fits all
 SSH_PORT = 2222

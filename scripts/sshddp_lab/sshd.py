@@ -591,7 +591,7 @@ def _close_all() -> None:
         cluster.close()
 
 
-if __name__ == "__main__":  # manual debugging: python tests/sshd_cluster.py DIR N
+if __name__ == "__main__":  # manual debugging: python -m sshddp_lab.sshd DIR N
     base_dir, count = Path(sys.argv[1]), int(sys.argv[2])
     with SshdCluster(base_dir, count) as c:
         print(f"{count} sshd running; try: ssh -F {c.ssh_config} h1 true  (Ctrl-C stops)")
