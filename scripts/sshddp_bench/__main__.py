@@ -1,0 +1,121 @@
+"""The command line: ``python -m sshddp_bench``. Parses the flags into ``Sizes``, runs the
+selected cases on one sshd cluster, prints the report and writes it to ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+from sshddp_bench import internals
+from sshddp_bench.case import Sizes
+from sshddp_bench.harness import reap_leftovers, running_bench
+from sshddp_bench.logs import L8_MB
+from sshddp_bench.registry import NAMES, hosts_needed, run_cases
+from sshddp_bench.report import Results, load_average, machine, render
+
+DESCRIPTION = (
+    "Benchmarks of sshddp against pdsh and plain OpenSSH, on real sshd servers on loopback."
+)
+MAX_HOSTS = 64  # sshddp_lab's limit on one cluster
+
+
+def host_list(text: str) -> list[int]:
+    sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_HOSTS:
+        raise argparse.ArgumentTypeError(f"host counts between 1 and 64, got {text!r}")
+    return sizes
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sshddp_bench", description=DESCRIPTION)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="Smaller sizes: doctor to 16 hosts, launch to 8, 100 MB of logs from one rank, "
+        "10 MB per host from 8, the scale case at 16 hosts.",
+    )
+    p.add_argument("--reps", type=int, default=5, help="Repetitions per case (default 5).")
+    p.add_argument("--out", metavar="FILE", help="Also write the report there.")
+    p.add_argument(
+        "--only",
+        default=",".join(NAMES),
+        help=f"Comma-separated subset of {','.join(NAMES)}.",
+    )
+    p.add_argument(
+        "--sizes",
+        type=host_list,
+        metavar="N,N,..",
+        help="Host counts of the doctor and launch cases (default 1,4,16,32 and 1,4,8,16).",
+    )
+    p.add_argument(
+        "--logs-mb",
+        type=int,
+        metavar="N",
+        help="MB from the one rank of the logs case (default 200, 100 with --quick).",
+    )
+    p.add_argument(
+        "--logs-hosts", type=int, metavar="N", help="Hosts of the logs8 case (default 8)."
+    )
+    p.add_argument(
+        "--scale-hosts", type=int, metavar="N", help="Hosts of the scale32 case (default 32)."
+    )
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    unknown = set(args.only.split(",")) - set(NAMES)
+    if unknown:
+        p.error(f"--only: unknown case(s) {', '.join(sorted(unknown))}")
+    if args.logs_mb is not None and args.logs_mb < 1:
+        p.error("--logs-mb must be at least 1")
+    for opt in ("logs_hosts", "scale_hosts"):
+        value = getattr(args, opt)
+        if value is not None and not 1 <= value <= MAX_HOSTS:
+            p.error(f"--{opt.replace('_', '-')} must be between 1 and 64")
+    return args
+
+
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    return Sizes(
+        only=frozenset(args.only.split(",")),
+        doctor=tuple(args.sizes or ([1, 4, 16] if args.quick else [1, 4, 16, 32])),
+        launch=tuple(args.sizes or ([1, 4, 8] if args.quick else [1, 4, 8, 16])),
+        mb=args.logs_mb or (100 if args.quick else 200),
+        logs8_hosts=args.logs_hosts or 8,
+        logs8_mb=L8_MB // 2 if args.quick else L8_MB,
+        scale=args.scale_hosts or (16 if args.quick else 32),
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    compileall.compile_dir(internals.package_dir(), quiet=1)  # as pip install leaves it
+    sizes = sizes_of(args)
+    info = machine()
+    started = time.monotonic()
+    with running_bench(hosts_needed(sizes)) as bench:
+        res = Results(run_cases(bench, sizes, args.reps))
+        res.leftovers = reap_leftovers()
+        info.append(("hosts", bench.describe_hosts()))
+    info.append(("load average at end", load_average()))
+    info.append(("suite duration", f"{time.monotonic() - started:.0f} s"))
+    cmd = shlex.join([".venv/bin/python", "-m", "sshddp_bench", *(argv or sys.argv[1:])])
+    report = render(res, args.reps, sizes, info, cmd)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

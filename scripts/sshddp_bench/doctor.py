@@ -1,0 +1,162 @@
+"""Case ``doctor``: ``sshddp doctor``'s deep probe against pdsh sending the same probe.
+
+The baseline sends every host exactly the stdin header doctor sends it (from
+``internals.probe_headers``), read from a file on the host, so both methods run the same
+probe: pdsh measures what the same work costs without sshddp's coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sshddp_bench import internals
+from sshddp_bench.case import Case
+from sshddp_bench.harness import (
+    Bench,
+    BenchError,
+    Finished,
+    Stat,
+    expect_rc,
+    progress,
+    stat,
+    verdict,
+)
+
+
+@dataclass(frozen=True)
+class DoctorRow:
+    hosts: int
+    sshddp: Stat
+    pdsh: Stat
+    cpu: Stat  #: sshddp process user+sys seconds
+    pdsh_cpu: Stat  #: pdsh + its ssh clients
+    rss: Stat
+
+
+def probe_headers(b: Bench, inv: Path, port: int) -> Path:
+    """One stdin header file per host, exactly what doctor sends it (host 1 also listens)."""
+    out = b.tmp / "probe" / inv.stem
+    out.mkdir(parents=True, exist_ok=True)
+    for host, header in internals.probe_headers(inv, b.ssh_config, port).items():
+        (out / f"probe-{host}.hdr").write_bytes(header)
+    return out
+
+
+def doctor_sshddp(b: Bench, n: int) -> Finished:
+    port = b.port()
+    inv = b.inventory(b.name("doctor"), n, 1, port)
+    argv = [*b.sshddp, "doctor", "--ssh-config", b.ssh_config, "--port", str(port), str(inv)]
+    return expect_rc(b.start(argv).finish(), 0, f"sshddp doctor ({n} hosts)")
+
+
+def doctor_pdsh(b: Bench, n: int) -> Finished:
+    """pdsh running the probe on every host; every host must answer, torch imported and
+    the rendezvous port reached, or the comparison would flatter pdsh."""
+    port = b.port()
+    inv = b.inventory(b.name("doctor-pdsh"), n, 1, port)
+    headers = probe_headers(b, inv, port)
+    python = internals.python_command(sys.executable)
+    remote = f"{python} < {shlex.quote(str(headers))}/probe-%h.hdr"
+    done = expect_rc(b.start(b.pdsh(n, remote)).finish(), 0, f"pdsh probe ({n} hosts)")
+    answers = [json.loads(t.split(": ", 1)[1]) for _, t in done.lines if re.match(r"h\d+: \{", t)]
+    good = [a for a in answers if a["rendezvous"]["ok"] and "error" not in a["torch"]]
+    if len(good) != n:
+        raise BenchError(f"pdsh probe: {len(good)} of {n} hosts answered well: {done.lines}")
+    return done
+
+
+def doctor_row(b: Bench, n: int, reps: int) -> DoctorRow:
+    """``reps`` runs of each method at ``n`` hosts, which one goes first alternating."""
+    runs: dict[str, list[Finished]] = {"sshddp": [], "pdsh": []}
+    for rep in range(reps):
+        for method in ("sshddp", "pdsh") if rep % 2 == 0 else ("pdsh", "sshddp"):
+            fn = doctor_sshddp if method == "sshddp" else doctor_pdsh
+            runs[method].append(fn(b, n))
+    s, p = runs["sshddp"], runs["pdsh"]
+    return DoctorRow(
+        n,
+        stat([r.wall for r in s]),
+        stat([r.wall for r in p]),
+        stat([r.cpu for r in s]),
+        stat([r.cpu for r in p]),
+        stat([r.maxrss_mb for r in s]),
+    )
+
+
+def bench_doctor(b: Bench, sizes: Sequence[int], reps: int) -> list[DoctorRow]:
+    rows = []
+    for n in sizes:
+        rows.append(doctor_row(b, n, reps))
+        progress(
+            f"doctor {n} hosts: sshddp {rows[-1].sshddp.fmt()} s, pdsh {rows[-1].pdsh.fmt()} s"
+        )
+    return rows
+
+
+def doctor_line(r: DoctorRow) -> str:
+    """One host count's row; the targets apply from 16 hosts on."""
+    ratio = r.sshddp.median / r.pdsh.median
+    per_host = r.cpu.median / r.hosts * 1000
+    gate = r.hosts >= 16
+    limit = 1.1 if r.hosts >= 32 else 1.2
+    miss = f"{ratio:.2f}x, {(ratio - limit) / limit:.0%} over {limit}x"
+    t1 = verdict(ratio <= limit, miss) if gate else "-"
+    t2 = verdict(per_host < 50, f"{per_host - 50:.0f} ms over") if gate else "-"
+    return (
+        f"| {r.hosts} | {r.sshddp.fmt()} | {r.pdsh.fmt()} | {ratio:.2f}x | {t1} "
+        f"| {r.cpu.fmt(1000, 0)} | {per_host:.0f} | {t2} | {r.pdsh_cpu.fmt(1000, 0)} "
+        f"| {r.rss.median:.0f} |"
+    )
+
+
+def doctor_table(rows: Sequence[DoctorRow]) -> list[str]:
+    out = [
+        "| hosts | sshddp doctor (s) | pdsh, same probe (s) | ratio "
+        "| target ≤ 1.2x at 16, ≤ 1.1x at 32 "
+        "| sshddp CPU (ms) | CPU/host (ms) | target < 50 ms/host | pdsh+ssh CPU (ms) "
+        "| sshddp peak RSS (MB) |",
+        "|---:|---|---|---:|---|---|---:|---|---|---:|",
+    ]
+    out += [doctor_line(r) for r in rows]
+    if len(rows) >= 2:
+        a, z = rows[0], rows[-1]
+        marginal = (z.cpu.median - a.cpu.median) / (z.hosts - a.hosts) * 1000
+        out.append("")
+        out.append(
+            f"Marginal coordinator CPU per extra host ({a.hosts}→{z.hosts} hosts): "
+            f"{marginal:.0f} ms; fixed cost (1 host, mostly interpreter start and "
+            f"imports): {a.cpu.median * 1000:.0f} ms."
+        )
+    return out
+
+
+def doctor_noisy(rows: Sequence[DoctorRow]) -> list[str]:
+    return [f"doctor/{d.hosts}" for d in rows if d.sshddp.noisy or d.pdsh.noisy]
+
+
+METHOD = """\
+* **doctor**: `sshddp doctor --ssh-config cfg --port P inv.yaml` (deep probe: every host imports
+  torch). Baseline: `pdsh -R exec -f 32 -w h1,..,hN ssh -F cfg %h 'exec PY -c BOOTSTRAP <
+  DIR/probe-%h.hdr'`, where each header file holds exactly the bytes doctor sends that host
+  (`scripts.header("probe", doctor.probe_args(...))`, so host 1 also listens on the
+  rendezvous port and every host connects to it) and BOOTSTRAP is `scripts.python_command`.
+  The probe source is read from a file on the host instead of over the SSH channel. CPU is
+  user+sys of the command and the children it reaped (`os.wait4`): sshddp has none, pdsh's
+  include its `ssh` clients.
+"""
+
+CASE: Case[list[DoctorRow]] = Case(
+    name="doctor",
+    hosts=lambda sizes: max(sizes.doctor),
+    run=lambda b, sizes, reps: bench_doctor(b, sizes.doctor, reps),
+    title=lambda rows: "doctor (deep probe)",
+    table=doctor_table,
+    noisy=doctor_noisy,
+    method=lambda sizes: METHOD,
+)

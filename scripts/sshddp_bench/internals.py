@@ -1,0 +1,57 @@
+"""The only module of the benchmarks that imports sshddp itself.
+
+The cases drive sshddp as a user does, through its command line. A few places need more
+than the command line: the doctor baseline sends each host exactly the probe header doctor
+sends it, the launch baselines put sshddp's rank shim where the dry-run plan expects it,
+and the report names the version measured and compiles the package's bytecode. Those reach
+into sshddp's internal modules, whose layout is being reorganised (flat modules into
+model / hosts / run / cli layers). Every such import is here, behind functions shaped for
+the benchmarks, so a new layout changes this one file and nothing that calls it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sshddp
+from sshddp import scripts
+from sshddp.checks import Context
+from sshddp.doctor import probe_args
+from sshddp.inventory import load_inventory
+from sshddp.transport import SshOptions, ssh_hostname
+
+
+def version() -> str:
+    """sshddp's version string."""
+    return sshddp.__version__
+
+
+def package_dir() -> Path:
+    """The directory of the sshddp package measured (its sources, in this checkout)."""
+    return Path(sshddp.__file__).parent
+
+
+def python_command(python: str) -> str:
+    """The remote command line with which sshddp runs a shipped script under ``python``."""
+    return scripts.python_command(python)
+
+
+def rank_source() -> str:
+    """The rank shim every rank's interpreter runs from the node's run directory."""
+    return scripts.rank_source()
+
+
+def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, bytes]:
+    """The stdin header ``sshddp doctor`` sends each host of ``inventory`` for a deep probe
+    with the rendezvous on ``port``, keyed by the host's ``host`` name. The first host
+    also listens on the port, and every host connects to it, as in doctor."""
+    inv = load_inventory(str(inventory))
+    first = inv.hosts[0]
+    rdzv_addr = ssh_hostname(first, SshOptions(ssh_config=ssh_config))
+    ctx = Context(rdzv_addr=rdzv_addr, rdzv_port=port)
+    return {
+        host.host: scripts.header(
+            "probe", probe_args(host, ctx, deep=True, listen=host is first, rdzv_ok=True)
+        )
+        for host in inv.hosts
+    }

@@ -1,0 +1,47 @@
+"""The rank program every case runs, written into the suite's temporary directory.
+
+It prints ``READY <rank> <time>`` at import, before torch or any process group, so launch
+latency measures the launcher and not the training script; then it does what its first
+argument says:
+
+* ``latency``: sleeps 1 s and exits 0;
+* ``teardown``: the last rank prints ``FAIL <time>`` after 1 s and raises, the others sleep;
+* ``sleep``: sleeps 300 s (the node-loss runs signal it first);
+* ``flood MB [all]``: rank 0 (every rank with ``all``) writes MB MiB of 64-byte lines
+  between a ``START <time>`` and an ``END <time>`` line.
+"""
+
+from __future__ import annotations
+
+# 64 bytes a line, so 1 MiB is exactly 16384 lines.
+LINE = b"sshddp benchmark log line ".ljust(63, b".") + b"\n"
+
+RANK_SCRIPT = f'''\
+"""sshddp benchmark rank: READY at import, then latency / teardown / sleep / flood MB [all]."""
+import os
+import sys
+import time
+
+rank = int(os.environ.get("RANK", "0"))
+world = int(os.environ.get("WORLD_SIZE", "1"))
+print("READY %d %.6f" % (rank, time.time()), flush=True)
+mode = sys.argv[1]
+if mode == "latency":
+    time.sleep(1.0)
+elif mode == "teardown":
+    if rank == world - 1:
+        time.sleep(1.0)
+        print("FAIL %.6f" % time.time(), flush=True)
+        raise RuntimeError("injected failure (benchmark)")
+    time.sleep(300)
+elif mode == "sleep":
+    time.sleep(300)
+elif mode == "flood" and (rank == 0 or sys.argv[3:] == ["all"]):
+    chunk = {LINE!r} * (1 << 20 >> 6)
+    out = sys.stdout.buffer
+    print("START %.6f" % time.time(), flush=True)
+    for _ in range(int(sys.argv[2])):
+        out.write(chunk)
+    out.flush()
+    print("END %.6f" % time.time(), flush=True)
+'''

@@ -1,0 +1,40 @@
+"""The suite's cases by name, in the order they run and are numbered in the report.
+
+A new case is a module that defines a ``Case`` (see ``case.py``) and one line in ``CASES``;
+``--only``, the cluster's size, the report's sections, its noisy rows and its *Method*
+section all follow from this list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sshddp_bench import doctor, launch, logs, nodeloss, scale, teardown
+from sshddp_bench.case import Case, Sizes
+from sshddp_bench.harness import Bench
+
+CASES: tuple[Case[Any], ...] = (
+    doctor.CASE,
+    launch.CASE,
+    teardown.CASE,
+    nodeloss.CASE,
+    logs.LOGS,
+    logs.LOGS8,
+    scale.CASE,
+)
+NAMES = tuple(case.name for case in CASES)
+
+
+def selected(sizes: Sizes) -> list[Case[Any]]:
+    """The cases ``--only`` asked for, in suite order."""
+    return [case for case in CASES if case.name in sizes.only]
+
+
+def hosts_needed(sizes: Sizes) -> int:
+    """sshd servers the cluster needs: as many as the largest selected case."""
+    return max(case.hosts(sizes) for case in selected(sizes))
+
+
+def run_cases(b: Bench, sizes: Sizes, reps: int) -> dict[str, Any]:
+    """Every selected case's results, by case name, in suite order."""
+    return {case.name: case.run(b, sizes, reps) for case in selected(sizes)}
