@@ -476,7 +476,7 @@ class SlurmCluster:
         """Let slurmctld end jobs first, so clients such as ``srun`` are told and exit."""
         if not any(d.name == "slurmctld" and d.proc.poll() is None for d in self._daemons):
             return
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
             jobs = self.job_ids()
             if jobs:
                 self.run(["scancel", *jobs], timeout=10)
@@ -664,3 +664,15 @@ def _close_all() -> None:
         clusters = list(_LIVE)
     for cluster in clusters:
         cluster.close()
+
+
+if __name__ == "__main__":  # manual debugging: python -m sshddp_lab.slurm DIR [N]
+    import sys
+
+    with SlurmCluster(
+        Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 3, ssh=True
+    ) as c:
+        print(f"{c.n} nodes idle; try: SLURM_CONF={c.conf} srun -N{c.n} hostname -I")
+        print(f"                  ssh -F {c.ssh_config} node1 hostname -I  (Ctrl-C stops)")
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()

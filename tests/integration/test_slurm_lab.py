@@ -194,16 +194,22 @@ def test_sbatch_wait_runs_the_batch_script_on_the_first_node(
 # --------------------------------------------------------------------------- scancel
 
 
+def sleeping(cluster: SlurmCluster, arg: str) -> int:
+    """How many job processes on the nodes are ``sleep ARG`` (tasks, not their srun)."""
+    return sum(
+        1
+        for _, cmd in cluster.job_processes()
+        if cmd.split()[:1] in (["sleep"], ["/usr/bin/sleep"]) and cmd.split()[1:] == [arg]
+    )
+
+
 def running_job(cluster: SlurmCluster, steps: int) -> str:
-    """Wait until exactly one job runs with ``steps`` of its steps started; its id."""
+    """Wait until exactly one job runs with ``steps`` steps and 3 sleeping tasks; its id."""
 
     def started() -> bool:
         jobs = cluster.run(["squeue", "-h", "-t", "R", "-o", "%A"]).stdout.split()
         step_ids = cluster.run(["squeue", "-h", "-s", "-o", "%i"]).stdout.split()
-        sleepers = [
-            cmd for _, cmd in cluster.job_processes() if cmd.split()[:1] == ["/usr/bin/sleep"]
-        ]
-        return len(jobs) == 1 and len(step_ids) >= steps and len(sleepers) == 3
+        return len(jobs) == 1 and len(step_ids) >= steps and sleeping(cluster, "3171") == 3
 
     wait_until(started, BOUND, "the job and its steps to run")
     return cluster.job_ids()[0]
@@ -235,31 +241,38 @@ def test_scancel_ends_a_running_job_and_its_steps(
 # ------------------------------------------------------------------------- lifecycle
 
 
+def stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name: state first, start time at [19]."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
 def live_pids_of(inodes: set[int], marker: bytes, pids: dict[int, str]) -> list[str]:
-    """Every process in one of ``inodes``' namespaces, naming ``marker`` or in ``pids``
-    (pid -> start time), found by a fresh scan of /proc."""
+    """Every live process in one of ``inodes``' namespaces, naming ``marker`` on its
+    command line, or in ``pids`` (pid -> start time): a fresh scan of /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            netns = os.readlink(entry / "ns" / "net")
+            inode = int(os.readlink(entry / "ns" / "net").partition("[")[2].rstrip("]"))
             cmdline = (entry / "cmdline").read_bytes()
-            start = (entry / "stat").read_text().rpartition(")")[2].split()[19]
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             continue
-        pid = int(entry.name)
-        inode = int(netns.partition("[")[2].rstrip("]"))
-        ours = inode in inodes or marker in cmdline or pids.get(pid) == start
-        if ours and state != "Z":
-            found.append(f"{pid}: {cmdline.decode(errors='replace')}")
+        fields = stat_fields(entry.name)
+        if fields is None or fields[0] == "Z":
+            continue
+        if inode in inodes or marker in cmdline or pids.get(int(entry.name)) == fields[19]:
+            found.append(f"{entry.name}: {cmdline.decode(errors='replace')}")
     return found
 
 
 def test_close_with_running_jobs_leaves_nothing(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A private cluster closed while a batch job and an interactive step run: no process,
-    namespace or bridge of it survives, and closing twice is harmless."""
+    """A private cluster (beside the session's) closed while a batch job and an
+    interactive step run: no process, namespace or bridge of it survives, its srun client
+    is told and exits, and closing twice is harmless."""
     base = tmp_path_factory.mktemp("slurm-close")
     cluster = SlurmCluster(base, 3, ssh=True)
     try:
@@ -271,16 +284,27 @@ def test_close_with_running_jobs_leaves_nothing(tmp_path_factory: pytest.TempPat
         batch = cluster.run(["sbatch", "-N1", "-o", "/dev/null", "--wrap", "sleep 3172"], cwd=base)
         assert batch.returncode == 0, batch.stderr
         client = popen(cluster, ["srun", "-N2", "sleep", "3173"], base)
-        wait_until(lambda: len(cluster.job_processes()) >= 5, BOUND, "both jobs to run")
+        wait_until(
+            lambda: sleeping(cluster, "3172") == 1 and sleeping(cluster, "3173") == 2,
+            BOUND,
+            "both jobs to run",
+        )
         inodes = {cluster.netns_inode(i) for i in (1, 2, 3)}
         netns_names = [node.netns for node in cluster.nodes]
         bridge = cluster.net.bridge if cluster.net else ""
-        before = {pid: _start(pid) for pid, _ in cluster.processes()}
-        assert len(before) >= 3 + 2 + 3  # slurmds, munged+slurmctld, sshds
+        before = {pid: fields[19] for pid, _ in cluster.processes() if (fields := stat_fields(pid))}
+        assert len(before) >= 3 + 2 + 3  # slurmds, munged and slurmctld, sshds
     finally:
         started = time.monotonic()
         cluster.close()
         took = time.monotonic() - started
+        if client is not None:
+            try:
+                client.communicate(timeout=BOUND)  # srun is told its job ended
+            finally:
+                if client.poll() is None:
+                    client.kill()
+                    client.communicate()
     cluster.close()
     assert took < 30, f"close() took {took:.1f} s"
     assert cluster.processes() == []
@@ -288,12 +312,6 @@ def test_close_with_running_jobs_leaves_nothing(tmp_path_factory: pytest.TempPat
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [name for name in netns_names if name in listed]
     assert not Path(f"/sys/class/net/{bridge}").exists()
-    assert client is not None
-    client.communicate(timeout=BOUND)  # srun is told its job ended and exits
-
-
-def _start(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
 
 
 class BrokenController(SlurmCluster):
