@@ -4,7 +4,8 @@
 
 * ``munged`` with a generated key and its own socket under the base directory, so it never
   touches a system munge (``AuthInfo=socket=...`` points Slurm at it);
-* ``slurmctld`` in the root namespace, listening on the bridge address of a ``Netns``;
+* ``slurmctld`` in the root namespace, reached at the bridge address of a ``Netns`` on a
+  port picked free on every address (it binds them all), so clusters can run side by side;
 * ``slurmd -N nodeI`` inside namespace ``I``, reached at ``10.A.B.I``, each with its own
   spool directory, pid file and log (``%n`` in ``slurm.conf`` expands to the node name);
 * optionally an sshd inside every node's namespace, whose ``ssh_config`` names each host
