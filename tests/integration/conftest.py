@@ -1,0 +1,34 @@
+"""Fixtures shared by the integration tests that need a real Slurm cluster.
+
+``slurm_cluster`` is one cluster for the whole session (see ``sshddp_lab.slurm``): a test
+may run jobs on it but must leave it as it found it (no job left, every node idle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sshddp_lab.slurm import SlurmCluster, SlurmClusterError
+
+SLURM_NODES = 3
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Three idle Slurm nodes ``node1..node3`` (4 CPUs each, partition ``debug``), each in
+    its own network namespace with slurmd and sshd; ``cluster.ssh_config`` names them.
+
+    Needs root, like the other namespace tests: without it the test fails, never skips.
+    Client commands need ``cluster.client_env()`` (or ``cluster.run``).
+    """
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES, ssh=True)
+    try:
+        cluster.start()
+    except SlurmClusterError as exc:
+        pytest.fail(f"cannot start the Slurm test cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -1,0 +1,242 @@
+"""Slurm hostlists and per-node counts, expanded as Slurm itself expands them.
+
+The oracle is the real ``scontrol show hostnames LIST`` (slurm-client), which expands
+locally from a two-line slurm.conf: no controller is contacted. Every corpus entry and
+every generated list must give the same names in the same order as scontrol.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Callable, Optional
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sshddp.errors import ExitCode, InventoryError
+from sshddp.model.slurm import MAX_NAMES, expand_hostlist, expand_tasks_per_node
+
+Scontrol = Callable[[str], Optional[list[str]]]
+
+CORPUS = [
+    "node1",
+    "007",
+    "login-01.cluster.example",
+    "node_a[1-2]",
+    "gpu[01-04,07]",
+    "a1,b[2-3],c",
+    "cn[001-003],gpu[1-2]b[3-4],login",
+    "a[1-2]b[3-4]",
+    "a[1-2]b[1-2]c[1-2]",
+    "r[1-2]c[1-3]n[1-2]s[0-1]",
+    "n[1-3]b[01-02]",
+    "a[1-2][3-4]",
+    "a[1-2]-b[3-4]",
+    "x.y-z[1-2]",
+    "a-[1-2]",
+    "[1-2]",
+    "n1[0-2]",
+    "n[8-010]",
+    "n[08-10]",
+    "n[008-10]",
+    "n[099-101]",
+    "n[9-11]",
+    "n[0-2]",
+    "n[00-2]",
+    "a[01-1]",
+    "a[5]",
+    "a[1,1]",
+    "a1,a1",
+    "n[3,1-2]",
+    "n[1-2],n[3-4]",
+    "a[1-2,3-4]",
+]
+
+# Slurm refuses these too (scontrol prints "Invalid hostlist").
+REJECTED_BY_SLURM = ["a[3-1]", "a[10-1]", "a[]", "a[-1]", "a[1--2]", "a[b]", "n[0-70000]",
+                     "n[1-65537]", "a[1-2]x", "n[1-3]7", "x.y[1-2].z", "n[1-2]]",
+                     "a[[1-2]]", "a[1-2]b,c"]  # fmt: skip
+
+# Slurm accepts these with a guess (skips empty elements, closes a bracket for you, reads
+# "1-" as "1", splits on spaces, pads " 1" to width 2); sshddp refuses to guess.
+STRICTER_THAN_SLURM = ["", "   ", "a,,b", "a,", ",a", "a[1-2", "a]", "a[1-]", "a b",
+                       "n[ 1-2]", "a[1-1000]b[1-1000]", "a/b", "a[1-2]\tb"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def scontrol(tmp_path_factory: pytest.TempPathFactory) -> Scontrol:
+    """``scontrol show hostnames`` as a function: the names, or None if Slurm rejects."""
+    if shutil.which("scontrol") is None:
+        pytest.fail("scontrol is not installed: `apt-get install slurm-client` (.ci/run does)")
+    conf = tmp_path_factory.mktemp("slurm-conf") / "slurm.conf"
+    # scontrol reads a config before any subcommand; this one names no reachable host.
+    conf.write_text("ClusterName=hostlist\nSlurmctldHost=localhost\n")
+
+    def show(text: str) -> list[str] | None:
+        proc = subprocess.run(
+            ["scontrol", "show", "hostnames", "--", text],
+            env={"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if "Invalid hostlist" in proc.stdout + proc.stderr:
+            return None
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    return show
+
+
+# ------------------------------------------------------------------ agreement with Slurm
+
+
+@pytest.mark.parametrize("text", CORPUS)
+def test_corpus_matches_scontrol(text: str, scontrol: Scontrol) -> None:
+    assert expand_hostlist(text) == scontrol(text)
+
+
+def test_examples_expand_as_documented() -> None:
+    assert expand_hostlist("gpu[01-04,07]") == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]
+    assert expand_hostlist("a[1-2]b[3-4]") == ["a1b3", "a1b4", "a2b3", "a2b4"]
+    assert expand_hostlist("a1,b[2-3],c") == ["a1", "b2", "b3", "c"]
+    # Slurm's own order for three brackets: middle outermost, last innermost.
+    assert expand_hostlist("a[1-2]b[1-2]c[1-2]")[:4] == ["a1b1c1", "a1b1c2", "a2b1c1", "a2b1c2"]
+
+
+def test_surrounding_whitespace_is_ignored() -> None:
+    """A list read from a file or ``$(...)`` ends in a newline; Slurm would refuse it
+    after a bracket, sshddp drops it (it changes no name)."""
+    assert expand_hostlist(" node[1-3]\n") == ["node1", "node2", "node3"]
+    assert expand_tasks_per_node("2(x3)\n") == [2, 2, 2]
+
+
+def test_largest_range_matches_scontrol(scontrol: Scontrol) -> None:
+    text = f"n[1-{MAX_NAMES}]"
+    names = expand_hostlist(text)
+    assert len(names) == MAX_NAMES
+    assert names == scontrol(text)
+
+
+@pytest.mark.parametrize("text", REJECTED_BY_SLURM)
+def test_invalid_for_slurm_is_invalid_here(text: str, scontrol: Scontrol) -> None:
+    assert scontrol(text) is None
+    with pytest.raises(InventoryError):
+        expand_hostlist(text)
+
+
+@pytest.mark.parametrize("text", STRICTER_THAN_SLURM)
+def test_refuses_what_slurm_would_guess(text: str) -> None:
+    with pytest.raises(InventoryError) as info:
+        expand_hostlist(text)
+    assert info.value.exit_code == ExitCode.BAD_INPUT
+
+
+# ----------------------------------------------------------------------- generated lists
+
+_NAME = st.text("abcxyz.-_", min_size=1, max_size=4)
+_GLUE = st.text("abz.-_0123", max_size=3)
+
+
+@st.composite
+def _range(draw: st.DrawFn) -> str:
+    low = draw(st.integers(0, 120))
+    high = low + draw(st.integers(0, 12))
+    pad_low = draw(st.integers(0, 3))
+    text = str(low).zfill(len(str(low)) + pad_low)
+    if draw(st.booleans()) and high == low:
+        return text
+    return f"{text}-{str(high).zfill(len(str(high)) + draw(st.integers(0, 1)))}"
+
+
+@st.composite
+def _group(draw: st.DrawFn) -> str:
+    brackets = draw(st.integers(0, 3))
+    if not brackets:
+        return draw(_NAME) + draw(_GLUE)
+    parts = [draw(st.one_of(_NAME, st.just("")))]
+    for i in range(brackets):
+        ranges = draw(st.lists(_range(), min_size=1, max_size=3))
+        parts.append(f"[{','.join(ranges)}]")
+        if i < brackets - 1:
+            parts.append(draw(_GLUE))
+    return "".join(parts)
+
+
+_HOSTLISTS = st.lists(_group(), min_size=1, max_size=4).map(",".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_HOSTLISTS)
+def test_generated_lists_match_scontrol(text: str, scontrol: Scontrol) -> None:
+    assert expand_hostlist(text) == scontrol(text)
+
+
+# -------------------------------------------------------------------------- error text
+
+
+@pytest.mark.parametrize(
+    ("text", "position", "expected"),
+    [
+        ("gpu[01-04", "character 4", "a matching ']'"),
+        ("gpu01-04]", "character 9", "'[' first"),
+        ("gpu[4-1]", "character 5", "LOW <= HIGH"),
+        ("gpu[1-2]x", "character 9", "',' or the end"),
+        ("", "character 1", "at least one host name"),
+        ("n[1-99999]", "character 3", "a smaller range"),
+        ("a,,b", "character 3", "a host name between commas"),
+    ],
+)
+def test_error_names_text_position_and_expected_form(
+    text: str, position: str, expected: str
+) -> None:
+    with pytest.raises(InventoryError) as info:
+        expand_hostlist(text)
+    message = str(info.value)
+    assert repr(text) in message
+    assert position in message
+    assert f"expected {expected}" in message
+    assert "\n" not in message
+
+
+def test_error_quotes_only_the_bad_part_of_a_long_list() -> None:
+    text = ",".join(f"node{i}" for i in range(500)) + ",n[5-2]"
+    with pytest.raises(InventoryError) as info:
+        expand_hostlist(text)
+    message = str(info.value)
+    assert "'5-2' goes down" in message
+    assert f"character {len(text) - 3}" in message  # the 5 of 5-2
+    assert len(message) < 500
+
+
+# ---------------------------------------------------------------------- per-node counts
+
+
+@pytest.mark.parametrize(
+    ("text", "counts"),
+    [
+        ("2(x3),1", [2, 2, 2, 1]),
+        ("4", [4]),
+        ("1,2,3", [1, 2, 3]),
+        ("8(x2)", [8, 8]),
+        ("1(x1),16(x4),2", [1, 16, 16, 16, 16, 2]),
+    ],
+)
+def test_tasks_per_node(text: str, counts: list[int]) -> None:
+    assert expand_tasks_per_node(text) == counts
+
+
+@pytest.mark.parametrize(
+    "text", ["", "2(x0)", "(x3)", "2(3)", "2(x3", "1,,2", "2,", "-1", "2x3", "a", "2(x3)1"]
+)
+def test_tasks_per_node_rejects(text: str) -> None:
+    with pytest.raises(InventoryError) as info:
+        expand_tasks_per_node(text)
+    assert repr(text) in str(info.value)
+
+
+def test_tasks_per_node_bounded() -> None:
+    with pytest.raises(InventoryError, match="over 65536 nodes"):
+        expand_tasks_per_node("1(x70000)")
