@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sshddp.cli import run
-from sshddp.environment import Environment
+from sshddp.cli.terminal import Terminal
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Result:
 def sshddp(args: Sequence[str], environ: Mapping[str, str] | None = None) -> Result:
     """``sshddp ARGS`` in this process; ``environ`` is what the command sees as its env."""
     out, err = io.StringIO(), io.StringIO()
-    env = Environment(
+    env = Terminal(
         stdout=out,
         stderr=err,
         stdout_bytes=io.BytesIO(),

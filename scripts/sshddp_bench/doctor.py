@@ -144,9 +144,10 @@ METHOD = """\
 * **doctor**: `sshddp doctor --ssh-config cfg --port P inv.yaml` (deep probe: every host imports
   torch). Baseline: `pdsh -R exec -f 32 -w h1,..,hN ssh -F cfg %h 'exec PY -c BOOTSTRAP <
   DIR/probe-%h.hdr'`, where each header file holds exactly the bytes doctor sends that host
-  (`scripts.header("probe", doctor.probe_args(...))`, so host 1 also listens on the
-  rendezvous port and every host connects to it) and BOOTSTRAP is `scripts.python_command`.
-  The probe source is read from a file on the host instead of over the SSH channel. CPU is
+  (`shipped.header("session", {"probe": preflight.probe_args(...)})`, so host 1 also listens
+  on the rendezvous port and every host connects to it) and BOOTSTRAP is
+  `commands.python_command`. The header is read from a file on the host instead of over the
+  SSH channel. CPU is
   user+sys of the command and the children it reaped (`os.wait4`): sshddp has none, pdsh's
   include its `ssh` clients.
 """

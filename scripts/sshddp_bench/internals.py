@@ -4,9 +4,8 @@ The cases drive sshddp as a user does, through its command line. A few places ne
 than the command line: the doctor baseline sends each host exactly the probe header doctor
 sends it, the launch baselines put sshddp's rank shim where the dry-run plan expects it,
 and the report names the version measured and compiles the package's bytecode. Those reach
-into sshddp's internal modules, whose layout is being reorganised (flat modules into
-model / hosts / run / cli layers). Every such import is here, behind functions shaped for
-the benchmarks, so a new layout changes this one file and nothing that calls it.
+into sshddp's internal modules. Every such import is here, behind functions shaped for the
+benchmarks, so a new layout changes this one file and nothing that calls it.
 """
 
 from __future__ import annotations
@@ -14,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import sshddp
-from sshddp import scripts
-from sshddp.checks import Context
-from sshddp.doctor import probe_args
-from sshddp.inventory import load_inventory
-from sshddp.transport import SshOptions, ssh_hostname
+from sshddp.hosts import shipped
+from sshddp.hosts.transport import SshOptions, ssh_hostname
+from sshddp.model import commands
+from sshddp.model.checks import Context
+from sshddp.run.inputs import load_inventory
+from sshddp.run.preflight import probe_args
 
 
 def version() -> str:
@@ -32,13 +32,13 @@ def package_dir() -> Path:
 
 
 def python_command(python: str) -> str:
-    """The remote command line with which sshddp runs a shipped script under ``python``."""
-    return scripts.python_command(python)
+    """The remote command line with which sshddp runs shipped code under ``python``."""
+    return commands.python_command(python)
 
 
 def rank_source() -> str:
     """The rank shim every rank's interpreter runs from the node's run directory."""
-    return scripts.rank_source()
+    return shipped.source("sshddp.remote.rank")
 
 
 def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, bytes]:
@@ -50,8 +50,9 @@ def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, byte
     rdzv_addr = ssh_hostname(first, SshOptions(ssh_config=ssh_config))
     ctx = Context(rdzv_addr=rdzv_addr, rdzv_port=port)
     return {
-        host.host: scripts.header(
-            "probe", probe_args(host, ctx, deep=True, listen=host is first, rdzv_ok=True)
+        host.host: shipped.header(
+            "session",
+            {"probe": probe_args(host, ctx, deep=True, listen=host is first, rdzv_ok=True)},
         )
         for host in inv.hosts
     }

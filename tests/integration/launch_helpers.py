@@ -42,14 +42,21 @@ class Run:
 
 
 def write_inventory(
-    cluster: SshdCluster, tmp: Path, port: int, hosts: list[int] | None = None, nproc: int = 2,
+    cluster: SshdCluster,
+    tmp: Path,
+    port: int,
+    hosts: list[int] | None = None,
+    nproc: int = 2,
     env: dict[str, str] | None = None,
-) -> tuple[Path, Path]:  # fmt: skip
+) -> tuple[Path, Path]:
     workdir = tmp / "remote"
     text = cluster.inventory_yaml(
-        hosts or [1, 2, 3], nproc=nproc, rdzv_port=port, workdir=str(workdir),
+        hosts or [1, 2, 3],
+        nproc=nproc,
+        rdzv_port=port,
+        workdir=str(workdir),
         env={"GLOO_SOCKET_IFNAME": "lo", **(env or {})},
-    )  # fmt: skip
+    )
     inv = tmp / "inv.yaml"
     inv.write_text(text)
     return inv, workdir
@@ -60,15 +67,26 @@ def cli_env(cluster: SshdCluster) -> dict[str, str]:
 
 
 def launch(
-    cluster: SshdCluster, tmp: Path, port: int, job_args: list[str], *, opts: list[str] = (),  # type: ignore[assignment]
-    hosts: list[int] | None = None, nproc: int = 2, env: dict[str, str] | None = None,
+    cluster: SshdCluster,
+    tmp: Path,
+    port: int,
+    job_args: list[str],
+    *,
+    opts: list[str] = (),  # type: ignore[assignment]
+    hosts: list[int] | None = None,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
     timeout: float = 180,
-) -> Run:  # fmt: skip
+) -> Run:
     inv, workdir = write_inventory(cluster, tmp, port, hosts, nproc, env)
     proc = subprocess.run(
         [*SSHDDP, "launch", *opts, str(inv), str(JOB), *job_args],
-        cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=tmp,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
 
 

@@ -50,8 +50,9 @@ def healthy(cluster: SshdCluster, tmp_path: Path, port: int, hosts: list[int]) -
 
 def doctor(cluster: SshdCluster, inv: Path, *options: str, config: Path | None = None) -> Result:
     config = config or cluster.ssh_config
-    return sshddp(["doctor", "--ssh-config", str(config), "--connect-timeout", "5", *options,
-                   str(inv)])  # fmt: skip
+    return sshddp(
+        ["doctor", "--ssh-config", str(config), "--connect-timeout", "5", *options, str(inv)]
+    )
 
 
 def table(out: str) -> dict[str, dict[str, str]]:

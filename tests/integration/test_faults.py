@@ -66,17 +66,22 @@ def _inventory(tmp_path: Path, port: int) -> Path:
 
 @pytest.mark.parametrize("command", ["doctor", "launch"])
 def test_stalled_ssh_listener_is_a_finding_not_a_hang(
-    ssh_env: SshdCluster, tmp_path: Path, stalled_host: tuple[Path, int],
-    free_port: Callable[[], int], command: str, run_no_leak,
-) -> None:  # fmt: skip
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    stalled_host: tuple[Path, int],
+    free_port: Callable[[], int],
+    command: str,
+    run_no_leak,
+) -> None:
     config, _ = stalled_host
     inv = _inventory(tmp_path, free_port())
     args = [*SSHDDP, command, "--ssh-config", str(config), "--connect-timeout", "2", str(inv)]
     if command == "launch":
         args += [str(JOB), "ok"]
     t0 = time.monotonic()
-    proc = subprocess.run(args, cwd=tmp_path, env=cli_env(ssh_env), capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        args, cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=60
+    )
     took = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
@@ -97,15 +102,20 @@ def test_changed_and_unknown_host_keys_are_refused_by_every_command(
     env = cli_env(ssh_env)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*SSHDDP, *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [*SSHDDP, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
 
     started = run("launch", "--detach", "--name", "hk", str(inv), str(JOB), "wait")
     assert started.returncode == 0, started.stderr
     ssh_env.change_host_key(2)
     try:
-        for args, code in ((("launch", str(inv), str(JOB), "ok"), 3), (("attach", "hk"), 4),
-                           (("logs", "hk"), 0), (("stop", "hk"), 4)):  # fmt: skip
+        for args, code in (
+            (("launch", str(inv), str(JOB), "ok"), 3),
+            (("attach", "hk"), 4),
+            (("logs", "hk"), 0),
+            (("stop", "hk"), 4),
+        ):
             r = run(*args)
             out = r.stdout + r.stderr
             assert r.returncode == code, (args, out)
@@ -126,8 +136,10 @@ def test_changed_and_unknown_host_keys_are_refused_by_every_command(
     finally:
         ssh_env.restore_host_key(2)
     config, _ = ssh_env.config_without_known_host(2)
-    for args, code in ((("attach", "--ssh-config", str(config), "hk"), 4),
-                       (("stop", "--ssh-config", str(config), "hk"), 4)):  # fmt: skip
+    for args, code in (
+        (("attach", "--ssh-config", str(config), "hk"), 4),
+        (("stop", "--ssh-config", str(config), "hk"), 4),
+    ):
         r = run(*args)
         out = r.stdout + r.stderr
         assert r.returncode == code and "unknown host key" in out, (args, out)

@@ -76,14 +76,27 @@ def loopback_inv(tmp: Path, port: int, n: int, **host_extra: dict[str, Any]) -> 
 
 
 def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*SSHDDP, *args], cwd=cwd, env=cli_env(cluster), text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [*SSHDDP, *args],
+        cwd=cwd,
+        env=cli_env(cluster),
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
-def sshddp(cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 180
-           ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run([*SSHDDP, *args], cwd=cwd, env=cli_env(cluster), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+def sshddp(
+    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SSHDDP, *args],
+        cwd=cwd,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
@@ -104,8 +117,9 @@ def run_pids_in(net: Netns, host: int, run: str) -> list[tuple[int, str]]:
     return [(pid, cmd) for pid, cmd in processes_with_env("SSHDDP_RUN_ID", run) if pid in inside]
 
 
-def assert_same_log(cwd: Path, workdir: Path, run: str, node: int, log_dir: str = "sshddp-logs"
-                    ) -> None:  # fmt: skip
+def assert_same_log(
+    cwd: Path, workdir: Path, run: str, node: int, log_dir: str = "sshddp-logs"
+) -> None:
     """The local copy of a node's log is byte for byte what the node wrote."""
     local = local_log(cwd, run, node, log_dir).read_bytes()
     assert local == remote_log(workdir, run, node).read_bytes(), f"node {node}: logs differ"
@@ -153,22 +167,47 @@ def test_partitioned_node_stops_everywhere_and_is_reported(
     workdir = tmp_path / "remote"
     inv = write_inv(tmp_path, free_port(), hosts, workdir, {"GLOO_SOCKET_IFNAME": INNER_IFNAME})
     run = "part"
-    proc = start(cluster, tmp_path, "launch", "--name", run, "--heartbeat-timeout", "5",
-                 "--grace", "2", "--connect-timeout", "3", str(inv), str(JOB), "stream",
-                 "100000")  # fmt: skip
+    proc = start(
+        cluster,
+        tmp_path,
+        "launch",
+        "--name",
+        run,
+        "--heartbeat-timeout",
+        "5",
+        "--grace",
+        "2",
+        "--connect-timeout",
+        "3",
+        str(inv),
+        str(JOB),
+        "stream",
+        "100000",
+    )
     try:
-        wait_until(lambda: all(contains(remote_log(workdir, run, n), f"rank {n} tick 20\n")
-                               for n in range(3)), 90, "every rank to stream")  # fmt: skip
+        wait_until(
+            lambda: all(
+                contains(remote_log(workdir, run, n), f"rank {n} tick 20\n") for n in range(3)
+            ),
+            90,
+            "every rank to stream",
+        )
         net.cut(3)
         # The reachable nodes stop within the heartbeat timeout plus the grace, give or take.
-        wait_until(lambda: all(exit_record(workdir, run, n) for n in (0, 1)), BOUND,
-                   "nodes 0 and 1 to stop")  # fmt: skip
+        wait_until(
+            lambda: all(exit_record(workdir, run, n) for n in (0, 1)),
+            BOUND,
+            "nodes 0 and 1 to stop",
+        )
         for node in (0, 1):
             rec = exit_record(workdir, run, node)
             assert rec is not None and rec["state"] == "stopped", rec
             assert "node 2 (h3) lost" in rec["reason"], rec
-        wait_until(lambda: not run_pids_in(net, 1, run) and not run_pids_in(net, 2, run), 10,
-                   "no process of the run on h1 and h2")  # fmt: skip
+        wait_until(
+            lambda: not run_pids_in(net, 1, run) and not run_pids_in(net, 2, run),
+            10,
+            "no process of the run on h1 and h2",
+        )
         rc, err = finish(proc, 150)  # h3's connection: dead-link detection, then reconnects
     finally:
         if proc.poll() is None:
@@ -202,7 +241,7 @@ def test_partitioned_node_stops_everywhere_and_is_reported(
 
 def _kill_sshd_and_sessions(cluster: SshdCluster, i: int) -> int:
     """Stop host ``i``'s listening sshd and SIGKILL its per-connection handlers."""
-    from sshd_cluster import _connection_handlers
+    from sshddp_lab.sshd import _connection_handlers
 
     h = cluster.host(i)
     cluster.stop_host(i)
@@ -229,12 +268,20 @@ def test_sshd_killed_mid_run_the_run_goes_on_and_the_coordinator_resumes(
     inv, workdir = loopback_inv(tmp_path, free_port(), 2)
     run, out = "sshdk", tmp_path / "coordinator.out"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen([*SSHDDP, "launch", "--no-check", "--name", run, str(inv),
-                                 str(JOB), "stream", "1500"], cwd=tmp_path, env=cli_env(ssh_env),
-                                text=True, stdout=stdout, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [*SSHDDP, "launch", "--no-check", "--name", run, str(inv), str(JOB), "stream", "1500"],
+            cwd=tmp_path,
+            env=cli_env(ssh_env),
+            text=True,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
     try:
-        wait_until(lambda: contains(local_log(tmp_path, run, 1), "rank 1 tick 100\n"), 90,
-                   "node 1 to stream")  # fmt: skip
+        wait_until(
+            lambda: contains(local_log(tmp_path, run, 1), "rank 1 tick 100\n"),
+            90,
+            "node 1 to stream",
+        )
         try:
             assert _kill_sshd_and_sessions(ssh_env, 2) >= 1, "no connection to h2 to cut"
 
@@ -243,10 +290,14 @@ def test_sshd_killed_mid_run_the_run_goes_on_and_the_coordinator_resumes(
 
             before = node1_ticks()
             # The run goes on without sshd: node 1 keeps writing its log.
-            wait_until(lambda: node1_ticks() > before + 100, BOUND,
-                       "node 1 to go on while sshd is down")  # fmt: skip
-            wait_until(lambda: "lost the connection to node 1 (h2)" in out.read_text(), BOUND,
-                       "the coordinator to notice")  # fmt: skip
+            wait_until(
+                lambda: node1_ticks() > before + 100, BOUND, "node 1 to go on while sshd is down"
+            )
+            wait_until(
+                lambda: "lost the connection to node 1 (h2)" in out.read_text(),
+                BOUND,
+                "the coordinator to notice",
+            )
             assert proc.poll() is None, "the coordinator gave up while retrying"
         finally:
             ssh_env.start_host(2)
@@ -276,22 +327,47 @@ def test_rendezvous_host_lost_every_other_node_stops_itself(
     the hub and stop their nodes on their own; the coordinator reports node 0 lost."""
     inv, workdir = loopback_inv(tmp_path, free_port(), 3)
     run = "lost0"
-    proc = start(ssh_env, tmp_path, "launch", "--no-check", "--name", run, "--grace", "2",
-                 "--heartbeat-timeout", "5", str(inv), str(JOB), "stream", "100000")  # fmt: skip
+    proc = start(
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--no-check",
+        "--name",
+        run,
+        "--grace",
+        "2",
+        "--heartbeat-timeout",
+        "5",
+        str(inv),
+        str(JOB),
+        "stream",
+        "100000",
+    )
     try:
-        wait_until(lambda: all(contains(remote_log(workdir, run, n), f"rank {n} tick 20\n")
-                               for n in range(3)), 90, "every rank to stream")  # fmt: skip
+        wait_until(
+            lambda: all(
+                contains(remote_log(workdir, run, n), f"rank {n} tick 20\n") for n in range(3)
+            ),
+            90,
+            "every rank to stream",
+        )
         supervisor = json.loads((workdir / "runs" / run / "n0" / "state.json").read_text())[
             "supervisor_pid"
         ]
-        victims = [pid for pid, cmd in processes_with_env("SSHDDP_RUN_ID", run)
-                   if pid == supervisor or has_node_mark(pid, f"{run}/n0")]  # fmt: skip
+        victims = [
+            pid
+            for pid, cmd in processes_with_env("SSHDDP_RUN_ID", run)
+            if pid == supervisor or has_node_mark(pid, f"{run}/n0")
+        ]
         assert supervisor in victims and len(victims) >= 3, victims  # and torchrun, the rank
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: all(exit_record(workdir, run, n) for n in (1, 2)), BOUND,
-                   "nodes 1 and 2 to stop")  # fmt: skip
+        wait_until(
+            lambda: all(exit_record(workdir, run, n) for n in (1, 2)),
+            BOUND,
+            "nodes 1 and 2 to stop",
+        )
         rc, err = finish(proc, 120)
     finally:
         if proc.poll() is None:
@@ -323,11 +399,15 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     def mount(path: Path, size: str = "4m", *opts: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         options = ",".join((f"size={size}", "mode=0700", *opts))
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "sshddp-test", str(path)],
-                           capture_output=True, text=True)  # fmt: skip
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "sshddp-test", str(path)],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
-            pytest.fail(f"cannot mount a tmpfs at {path} (needs root; CI runs as root): "
-                        f"{r.stderr.strip()}")  # fmt: skip
+            pytest.fail(
+                f"cannot mount a tmpfs at {path} (needs root; CI runs as root): {r.stderr.strip()}"
+            )
         mounted.append(path)
         return path
 
@@ -360,8 +440,19 @@ def test_remote_disk_too_small_for_the_code_is_refused_before_anything_starts(
     assert not (workdir / "runs").exists() and os.listdir(h2_workdir / "runs") == []
     run_no_leak("full1", timeout=1.0)
 
-    r = sshddp(ssh_env, tmp_path, "launch", "--no-check", "--name", "full2", "--grace", "2",
-               str(inv), str(big), "ok")  # fmt: skip
+    r = sshddp(
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--no-check",
+        "--name",
+        "full2",
+        "--grace",
+        "2",
+        str(inv),
+        str(big),
+        "ok",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "Traceback" not in out, out
@@ -383,8 +474,20 @@ def test_remote_log_disk_full_fails_the_node_with_a_clear_reason(
     small_disk(h2_workdir / "runs")
     inv, workdir = loopback_inv(tmp_path, free_port(), 2, h2={"workdir": str(h2_workdir)})
     run = "logfull"
-    r = sshddp(ssh_env, tmp_path, "launch", "--no-check", "--name", run, "--grace", "2",
-               str(inv), str(JOB), "flood", "8")  # fmt: skip
+    r = sshddp(
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--no-check",
+        "--name",
+        run,
+        "--grace",
+        "2",
+        str(inv),
+        str(JOB),
+        "flood",
+        "8",
+    )
     err = r.stderr[-3000:]  # the report's tail holds 20 lines of 1 KB
     assert r.returncode == 1, err
     assert "Traceback" not in r.stderr, err  # the ranks' own (stdout) may show one: SIGTERM
@@ -419,8 +522,18 @@ def test_unwritable_log_dir_is_bad_input_before_anything_starts(
     cases = ((readonly / "logs", "Read-only file system"), (afile / "x", "Not a directory"))
     for n, (log_dir, why) in enumerate(cases):
         name = f"ro{n}"
-        r = sshddp(ssh_env, tmp_path, "launch", "--log-dir", str(log_dir), "--name", name,
-                   str(inv), str(JOB), "ok")  # fmt: skip
+        r = sshddp(
+            ssh_env,
+            tmp_path,
+            "launch",
+            "--log-dir",
+            str(log_dir),
+            "--name",
+            name,
+            str(inv),
+            str(JOB),
+            "ok",
+        )
         assert r.returncode == 2, r.stderr
         assert r.stdout == "" and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.startswith(f"sshddp: error: log directory {log_dir}/{name}: "), r.stderr
@@ -442,16 +555,32 @@ def test_local_log_disk_full_detaches_and_attach_completes_the_logs(
     inv, workdir = loopback_inv(tmp_path, free_port(), 2)
     logs = small_disk(tmp_path / "small-logs", "2m")
     run = "lfull"
-    r = sshddp(ssh_env, tmp_path, "launch", "--no-check", "--name", run, "--log-dir",
-               str(logs), str(inv), str(JOB), "flood", "4", "exit")  # fmt: skip
+    r = sshddp(
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--no-check",
+        "--name",
+        run,
+        "--log-dir",
+        str(logs),
+        str(inv),
+        str(JOB),
+        "flood",
+        "4",
+        "exit",
+    )
     assert r.returncode == 74, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     full = re.search(r"cannot write the local log (\S+): No space left on device\. ", r.stderr)
     assert full and full.group(1) in {str(logs / run / f"node{n}-h{n + 1}.log") for n in (0, 1)}
     assert f"free space, then `sshddp attach {run}`" in r.stderr, r.stderr
     assert "node 0   h1                   running" in r.stderr, r.stderr
-    wait_until(lambda: all(exit_record(workdir, run, n) for n in range(2)), BOUND,
-               "the run to finish on the hosts")  # fmt: skip
+    wait_until(
+        lambda: all(exit_record(workdir, run, n) for n in range(2)),
+        BOUND,
+        "the run to finish on the hosts",
+    )
     for n in range(2):  # it went on after we left, to the end
         assert (exit_record(workdir, run, n) or {}).get("state") == "succeeded"
     local = [(logs / run / f"node{n}-h{n + 1}.log").read_bytes() for n in range(2)]

@@ -72,16 +72,28 @@ def assert_untouched(tmp: Path) -> None:
 @given(args=args_lists, inv_env=inv_envs, opt_env=opt_envs)
 @example(args=list(NASTY), inv_env=NASTY_INV, opt_env=NASTY_OPT)
 def test_attached_launch_over_ssh(
-    ssh_env: SshdCluster, tmp_path_factory: pytest.TempPathFactory,
-    free_port: Callable[[], int], run_no_leak: Callable[..., None],
-    args: list[str], inv_env: dict[str, str], opt_env: dict[str, str],
-) -> None:  # fmt: skip
+    ssh_env: SshdCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+    args: list[str],
+    inv_env: dict[str, str],
+    opt_env: dict[str, str],
+) -> None:
     tmp = tmp_path_factory.mktemp("attached")
     args = with_traps(args, tmp)
     opts, local = env_options(opt_env)
     with mock.patch.dict(os.environ, local):
-        run = launch(ssh_env, tmp, free_port(), ["echo", *args], opts=opts, hosts=[1, 2],
-                     nproc=1, env=inv_env)  # fmt: skip
+        run = launch(
+            ssh_env,
+            tmp,
+            free_port(),
+            ["echo", *args],
+            opts=opts,
+            hosts=[1, 2],
+            nproc=1,
+            env=inv_env,
+        )
     assert run.rc == 0, run.stderr
     want = {"argv": args, "env": {**inv_env, **opt_env}}
     for node in range(2):
@@ -92,32 +104,46 @@ def test_attached_launch_over_ssh(
 
 
 def sshddp_cli(cluster: SshdCluster, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SSHDDP, *args], cwd=tmp, env=cli_env(cluster), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [*SSHDDP, *args], cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=120
+    )
 
 
 @FEW
 @given(args=args_lists, opt_env=opt_envs)
 @example(args=list(NASTY), opt_env=NASTY_OPT)
 def test_detached_launch_then_attach_and_logs(
-    ssh_env: SshdCluster, tmp_path_factory: pytest.TempPathFactory,
-    free_port: Callable[[], int], run_no_leak: Callable[..., None],
-    args: list[str], opt_env: dict[str, str],
-) -> None:  # fmt: skip
+    ssh_env: SshdCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+    args: list[str],
+    opt_env: dict[str, str],
+) -> None:
     tmp = tmp_path_factory.mktemp("detached")
     args = with_traps(args, tmp)
     opts, local = env_options(opt_env)
     with mock.patch.dict(os.environ, local):
-        run = launch(ssh_env, tmp, free_port(), ["echo", *args], opts=["--detach", *opts],
-                     hosts=[1, 2], nproc=1)  # fmt: skip
+        run = launch(
+            ssh_env,
+            tmp,
+            free_port(),
+            ["echo", *args],
+            opts=["--detach", *opts],
+            hosts=[1, 2],
+            nproc=1,
+        )
     assert run.rc == 0, run.stderr
     want = {"argv": args, "env": opt_env}
     attached = sshddp_cli(ssh_env, tmp, "attach", run.run_id)
     assert attached.returncode == 0, attached.stderr
     for node in range(2):
         # attach prints each line after a `[rank host] ` prefix
-        lines = [ln.split("] ", 1)[1] for ln in attached.stdout.splitlines()
-                 if ln.startswith(f"[{node} h{node + 1}]")]  # fmt: skip
+        lines = [
+            ln.split("] ", 1)[1]
+            for ln in attached.stdout.splitlines()
+            if ln.startswith(f"[{node} h{node + 1}]")
+        ]
         (got,) = echoed("\n".join(lines))
         assert {"argv": got["argv"], "env": got["env"]} == want
     # Drop the local copy: `logs` fetches the whole log from the hosts again.
@@ -134,11 +160,14 @@ def test_detached_launch_then_attach_and_logs(
 
 def localhost_inventory(tmp: Path, port: int, env: dict[str, str]) -> Path:
     doc = {
-        "defaults": {"python": sys.executable, "workdir": str(tmp / "remote"),
-                     "env": {"GLOO_SOCKET_IFNAME": "lo", **env}},
+        "defaults": {
+            "python": sys.executable,
+            "workdir": str(tmp / "remote"),
+            "env": {"GLOO_SOCKET_IFNAME": "lo", **env},
+        },
         "rendezvous": {"port": port},
         "hosts": [{"host": "localhost", "nproc": 2}],
-    }  # fmt: skip
+    }
     inv = tmp / "localhost.yaml"
     inv.write_text(yaml.safe_dump(doc))
     return inv
@@ -148,17 +177,25 @@ def localhost_inventory(tmp: Path, port: int, env: dict[str, str]) -> Path:
 @given(args=args_lists, inv_env=inv_envs, opt_env=opt_envs)
 @example(args=list(NASTY), inv_env=NASTY_INV, opt_env=NASTY_OPT)
 def test_localhost_transport(
-    tmp_path_factory: pytest.TempPathFactory, free_port: Callable[[], int],
+    tmp_path_factory: pytest.TempPathFactory,
+    free_port: Callable[[], int],
     run_no_leak: Callable[..., None],
-    args: list[str], inv_env: dict[str, str], opt_env: dict[str, str],
-) -> None:  # fmt: skip
+    args: list[str],
+    inv_env: dict[str, str],
+    opt_env: dict[str, str],
+) -> None:
     tmp = tmp_path_factory.mktemp("localhost")
     args = with_traps(args, tmp)
     opts, local = env_options(opt_env)
     inv = localhost_inventory(tmp, free_port(), inv_env)
-    proc = subprocess.run([*SSHDDP, "launch", *opts, str(inv), str(JOB), "echo", *args],
-                          cwd=tmp, env={**os.environ, **local}, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [*SSHDDP, "launch", *opts, str(inv), str(JOB), "echo", *args],
+        cwd=tmp,
+        env={**os.environ, **local},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     run_id = run_id_of(proc.stderr)
     log = tmp / "sshddp-logs" / run_id / "node0-localhost.log"

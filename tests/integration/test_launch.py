@@ -38,8 +38,22 @@ def test_allreduce_ranks_and_logs(
 def test_argv_arrives_verbatim(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
-    nasty = ["a b", "it's", '"dq"', "$(touch /tmp/pwned)", "`id`", "x; rm -rf ~", "l1\nl2",
-             "ünïcødé ✓", "--lr", "0.1", "", "*", "~", "$HOME"]  # fmt: skip
+    nasty = [
+        "a b",
+        "it's",
+        '"dq"',
+        "$(touch /tmp/pwned)",
+        "`id`",
+        "x; rm -rf ~",
+        "l1\nl2",
+        "ünïcødé ✓",
+        "--lr",
+        "0.1",
+        "",
+        "*",
+        "~",
+        "$HOME",
+    ]
     run = launch(ssh_env, tmp_path, free_port(), ["argv", *nasty], hosts=[1, 2], nproc=1)
     assert run.rc == 0, run.stderr
     for node in range(2):
@@ -50,15 +64,26 @@ def test_argv_arrives_verbatim(
 
 
 def test_env_arrives_and_secret_stays_out_of_argv_and_logs(
-    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak,
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     secret = "s3cr3t-" + os.urandom(6).hex()
     monkeypatch.setenv("API_TOKEN", secret)  # `--env API_TOKEN` copies it: in no argv at all
     opts = ["--env", "API_TOKEN", "--env", "PLAIN=value with spaces"]
     inv_env = {"FROM_INV": "inv"}
-    run = launch(ssh_env, tmp_path, free_port(), ["secret", "API_TOKEN"], opts=opts,
-                 hosts=[1, 2], nproc=1, env=inv_env)  # fmt: skip
+    run = launch(
+        ssh_env,
+        tmp_path,
+        free_port(),
+        ["secret", "API_TOKEN"],
+        opts=opts,
+        hosts=[1, 2],
+        nproc=1,
+        env=inv_env,
+    )
     assert run.rc == 0, run.stderr
     for node in range(2):
         (found,) = [j for j in run.json_lines(node) if "secret_in_cmdline" in j]
@@ -66,13 +91,18 @@ def test_env_arrives_and_secret_stays_out_of_argv_and_logs(
     names = ["API_TOKEN", "PLAIN", "FROM_INV", "GLOO_SOCKET_IFNAME"]
     other = tmp_path / "second"
     other.mkdir()
-    run2 = launch(ssh_env, other, free_port(), ["env", *names], opts=opts, hosts=[1, 2],
-                  nproc=1, env=inv_env)  # fmt: skip
+    run2 = launch(
+        ssh_env, other, free_port(), ["env", *names], opts=opts, hosts=[1, 2], nproc=1, env=inv_env
+    )
     assert run2.rc == 0, run2.stderr
     for node in range(2):
         (got,) = [j for j in run2.json_lines(node) if "env" in j]
-        assert got["env"] == {"API_TOKEN": secret, "PLAIN": "value with spaces",
-                              "FROM_INV": "inv", "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
+        assert got["env"] == {
+            "API_TOKEN": secret,
+            "PLAIN": "value with spaces",
+            "FROM_INV": "inv",
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
     assert secret not in run.stdout + run.stderr
     assert all(secret not in run.local_log(n).read_text() for n in range(2))
     state = Path(os.environ["XDG_STATE_HOME"]) / "sshddp" / "runs"
@@ -80,9 +110,13 @@ def test_env_arrives_and_secret_stays_out_of_argv_and_logs(
     assert all(secret not in entry.read_text() for entry in state.glob("*.json"))
     assert not list(tmp_path.rglob("env.json")), "the secret file outlived the supervisor start"
     inv, _ = write_inventory(ssh_env, tmp_path, free_port())
-    dry = subprocess.run([*SSHDDP, "launch", "--dry-run", *opts, str(inv), str(JOB), "ok"],
-                         cwd=tmp_path, env={**cli_env(ssh_env), "API_TOKEN": secret},
-                         capture_output=True, text=True)  # fmt: skip
+    dry = subprocess.run(
+        [*SSHDDP, "launch", "--dry-run", *opts, str(inv), str(JOB), "ok"],
+        cwd=tmp_path,
+        env={**cli_env(ssh_env), "API_TOKEN": secret},
+        capture_output=True,
+        text=True,
+    )
     assert dry.returncode == 0 and "API_TOKEN=***" in dry.stdout
     assert secret not in dry.stdout + dry.stderr
     run_no_leak(run.run_id)
@@ -147,9 +181,14 @@ def test_ctrl_c_stops_every_host(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
     inv, _ = write_inventory(ssh_env, tmp_path, free_port())
-    proc = subprocess.Popen([*SSHDDP, "launch", str(inv), str(JOB), "wait"], cwd=tmp_path,
-                            env=cli_env(ssh_env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*SSHDDP, "launch", str(inv), str(JOB), "wait"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(proc, [f"READY {r}" for r in range(6)])
         proc.send_signal(signal.SIGINT)
@@ -166,9 +205,14 @@ def test_setsid_grandchildren_are_stopped(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
     inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
-    proc = subprocess.Popen([*SSHDDP, "launch", "--grace", "1", str(inv), str(JOB), "setsid"],
-                            cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*SSHDDP, "launch", "--grace", "1", str(inv), str(JOB), "setsid"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(proc, ["READY 0", "READY 1"])
         proc.send_signal(signal.SIGINT)
@@ -190,8 +234,12 @@ def test_localhost_default_from_readme(tmp_path: Path, run_no_leak) -> None:
     example = str(root / "examples" / "allreduce.py")
     proc = subprocess.run(
         [*SSHDDP, "launch", str(inv), example],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(ln.split("] ", 1)[1]) for ln in proc.stdout.splitlines() if '"sum"' in ln]
     assert sorted(r["rank"] for r in results) == [0, 1] and all(r["ok"] for r in results)

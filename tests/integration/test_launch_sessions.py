@@ -43,8 +43,12 @@ def _launch(cluster: SshdCluster, tmp: Path, port: int, opts: list[str]) -> Run:
     inv, workdir = write_inventory(cluster, tmp, port, hosts=[1, 2, 3], nproc=1)
     proc = subprocess.run(
         [*SSHDDP, "launch", *opts, str(inv), str(JOB), "wait"],
-        cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        cwd=tmp,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
 
 
@@ -91,8 +95,12 @@ def test_failed_preflight_leaves_no_session_and_holds_no_port(
     inv.write_text(yaml.safe_dump(doc))
     bad = subprocess.run(
         [*SSHDDP, "launch", str(inv), str(JOB), "ok"],
-        cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert bad.returncode == 3, bad.stderr
     assert "/nonexistent/python3" in bad.stderr and "nothing was started" in bad.stderr
     assert not (workdir / "runs").exists() or not any((workdir / "runs").iterdir())
@@ -124,11 +132,21 @@ def test_workdir_module_runs_like_python_dash_m(
     inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
     proc = subprocess.run(
         [*SSHDDP, "launch", "--workdir", str(proj), "-m", "pkg.main", str(inv), "a b", "--x=1"],
-        cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
-    run = Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp_path,
-              tmp_path / "remote")  # fmt: skip
+    run = Run(
+        proc.returncode,
+        proc.stdout,
+        proc.stderr,
+        run_id_of(proc.stderr),
+        tmp_path,
+        tmp_path / "remote",
+    )
     for node in range(2):
         (out,) = run.json_lines(node)
         assert out["argv"] == ["a b", "--x=1"] and out["name"] == "__main__"
@@ -155,8 +173,12 @@ def test_a_script_that_lives_on_the_hosts_is_checked_there_and_run(
         def launch_remote(*opts: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [*SSHDDP, "launch", *opts, str(inv), f"~/{name}", "argv", "x y"],
-                cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, text=True, timeout=180,
-            )  # fmt: skip
+                cwd=tmp_path,
+                env=cli_env(ssh_env),
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
 
         ok = launch_remote()
         assert ok.returncode == 0, ok.stderr
@@ -199,9 +221,14 @@ def test_supervisor_is_forked_detached_from_the_channel(
     runs in its own session, and shows its run: its run id in its environment, its run dir
     in its command line. Its launch session (its parent) still follows the node's log."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
-    proc = subprocess.Popen([*SSHDDP, "launch", "--name", "forked", str(inv), str(JOB), "wait"],
-                            cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*SSHDDP, "launch", "--name", "forked", str(inv), str(JOB), "wait"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         rundir = workdir / "runs" / "forked" / "n1"
         wait_until(lambda: "READY" in _text(rundir / "node.log"), 90, "node 1 to be ready")
@@ -218,8 +245,14 @@ def test_supervisor_is_forked_detached_from_the_channel(
         assert channel and all(t.startswith(("pipe:", "socket:")) for t in channel), channel
         assert not channel & set(fds.values()), (channel, fds)
         assert b"SSHDDP_RUN_ID=forked" in Path(f"/proc/{supervisor}/environ").read_bytes()
-        stop = subprocess.run([*SSHDDP, "stop", "forked"], cwd=tmp_path, env=cli_env(ssh_env),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        stop = subprocess.run(
+            [*SSHDDP, "stop", "forked"],
+            cwd=tmp_path,
+            env=cli_env(ssh_env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert stop.returncode == 0, stop.stderr
         assert proc.wait(60) == 1, proc.returncode  # the run was stopped: it did not succeed
     finally:

@@ -29,16 +29,24 @@ def _launch(cluster: SshdCluster, tmp: Path, port: int, opts: list[str], args: l
     inv, workdir = write_inventory(cluster, tmp, port, hosts=[1], nproc=NPROC)
     proc = subprocess.run(
         [*SSHDDP, "launch", *opts, str(inv), str(STDIO), *args],
-        cwd=tmp, env=cli_env(cluster), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        cwd=tmp,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
 
 
 @pytest.mark.parametrize(("opts", "tty"), [([], False), (["--tty"], True)])
 def test_unflushed_lines_of_concurrent_ranks_never_mix(
-    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak,
-    opts: list[str], tty: bool,
-) -> None:  # fmt: skip
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak,
+    opts: list[str],
+    tty: bool,
+) -> None:
     count, size = 5000, 1000  # 5 MB per rank, each line one write below PIPE_BUF (4 KB)
     run = _launch(ssh_env, tmp_path, free_port(), opts, ["lines", str(count), str(size)])
     assert run.rc == 0, run.stderr
@@ -62,8 +70,11 @@ def test_a_line_printed_without_flush_shows_up_live(
     inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=2)
     proc = subprocess.Popen(
         [*SSHDDP, "launch", "--grace", "1", str(inv), str(STDIO), "live"],
-        cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     seen: set[str] = set()
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
@@ -89,8 +100,11 @@ def test_a_burst_of_binary_junk_and_a_last_line_without_newline_lose_nothing(
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=1)
     proc = subprocess.run(
         [*SSHDDP, "launch", str(inv), str(STDIO), "junk", "50"],
-        cwd=tmp_path, env=cli_env(ssh_env), capture_output=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        timeout=300,
+    )
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
     run = Run(0, "", err, run_id_of(err), tmp_path, workdir)
@@ -116,8 +130,11 @@ def test_second_ctrl_c_skips_the_grace_period(
     inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
     proc = subprocess.Popen(
         [*SSHDDP, "launch", "--grace", "300", str(inv), str(STDIO), "stubborn"],
-        cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     seen = b""
     while seen.count(b"STUBBORN") < 2:

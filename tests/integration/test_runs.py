@@ -17,12 +17,25 @@ from sshddp_lab.sshd import SshdCluster
 def sshddp(
     cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SSHDDP, *args], cwd=cwd, env=cli_env(cluster), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [*SSHDDP, *args],
+        cwd=cwd,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def detach(cluster: SshdCluster, tmp: Path, port: int, name: str, *job: str,
-           hosts: list[int] | None = None, opts: tuple[str, ...] = ()) -> Path:  # fmt: skip
+def detach(
+    cluster: SshdCluster,
+    tmp: Path,
+    port: int,
+    name: str,
+    *job: str,
+    hosts: list[int] | None = None,
+    opts: tuple[str, ...] = (),
+) -> Path:
     inv, workdir = write_inventory(cluster, tmp, port, hosts)
     r = sshddp(cluster, tmp, "launch", "--detach", "--name", name, *opts, str(inv), str(JOB), *job)
     assert r.returncode == 0, r.stderr
@@ -62,10 +75,13 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
     workdir = detach(ssh_env, tmp_path, free_port(), "dlost", "wait", opts=opts)
     log = workdir / "runs/dlost/n1/node.log"
     wait_until(lambda: log.exists() and "READY" in log.read_text(), 60, "node 1 ready")
-    from sshd_cluster import processes_with_env
+    from sshddp_lab.sshd import processes_with_env
 
-    victims = [pid for pid, cmd in processes_with_env("SSHDDP_RUN_ID", "dlost")
-               if "runs/dlost/n1" in cmd or has_node_mark(pid, "dlost/n1")]  # fmt: skip
+    victims = [
+        pid
+        for pid, cmd in processes_with_env("SSHDDP_RUN_ID", "dlost")
+        if "runs/dlost/n1" in cmd or has_node_mark(pid, "dlost/n1")
+    ]
     assert victims
     t0 = time.monotonic()
     for pid in victims:
@@ -73,8 +89,11 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    took = wait_until(lambda: remote_states(workdir, "dlost") == ["stopped", "running", "stopped"],
-                      30, "the other nodes to stop")  # fmt: skip
+    took = wait_until(
+        lambda: remote_states(workdir, "dlost") == ["stopped", "running", "stopped"],
+        30,
+        "the other nodes to stop",
+    )
     assert time.monotonic() - t0 < 30 and took < 30
     run_no_leak("dlost", timeout=3.0)
     ps = sshddp(ssh_env, tmp_path, "ps", "--all")
@@ -85,9 +104,13 @@ def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
-    proc = subprocess.Popen([*SSHDDP, "launch", "--name", "k9", str(inv), str(JOB), "ok"],
-                            cwd=tmp_path, env=cli_env(ssh_env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [*SSHDDP, "launch", "--name", "k9", str(inv), str(JOB), "ok"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     wait_until(lambda: (workdir / "runs/k9/n2/state.json").exists(), 60, "node 2 to start")
     proc.kill()  # kill -9: no teardown runs
     proc.wait()
@@ -125,8 +148,11 @@ def test_stop_from_another_terminal_twice_and_after_the_end(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
     workdir = detach(ssh_env, tmp_path, free_port(), "stp", "wait")
-    wait_until(lambda: all((workdir / f"runs/stp/n{i}/state.json").exists() for i in range(3)),
-               60, "all nodes to start")  # fmt: skip
+    wait_until(
+        lambda: all((workdir / f"runs/stp/n{i}/state.json").exists() for i in range(3)),
+        60,
+        "all nodes to start",
+    )
     first = sshddp(ssh_env, tmp_path, "stop", "stp")
     assert first.returncode == 0, first.stderr
     assert first.stdout.count(": stopped") == 3
@@ -147,11 +173,16 @@ def test_two_runs_on_the_same_hosts_stop_one_keeps_other(
     wa = detach(ssh_env, a, free_port(), "twoa", "wait", hosts=[1, 2])
     wb = detach(ssh_env, b, free_port(), "twob", "wait", hosts=[1, 2])
     for w, run in ((wa, "twoa"), (wb, "twob")):
-        wait_until(lambda w=w, run=run: all((w / f"runs/{run}/n{i}/state.json").exists()
-                                            for i in range(2)), 60, f"{run} to start")  # fmt: skip
+        wait_until(
+            lambda w=w, run=run: all(
+                (w / f"runs/{run}/n{i}/state.json").exists() for i in range(2)
+            ),
+            60,
+            f"{run} to start",
+        )
     assert sshddp(ssh_env, a, "stop", "twoa").returncode == 0
     run_no_leak("twoa", timeout=2.0)
-    from sshd_cluster import processes_with_env
+    from sshddp_lab.sshd import processes_with_env
 
     assert processes_with_env("SSHDDP_RUN_ID", "twob"), "stopping one run touched the other"
     assert remote_states(wb, "twob", 2) == ["running", "running"]
@@ -185,8 +216,13 @@ def test_coordinator_killed_mid_stream_reattach_has_no_gap_or_duplicate(
     argv = [*SSHDDP, "launch", "--name", "mid", str(inv), str(JOB), "stream", "600"]
     local = tmp_path / "sshddp-logs" / "mid" / "node1-h2.log"
     for tick in ("tick 50\n", "tick 250\n"):  # kill the coordinator twice mid-stream
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(ssh_env),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            cwd=tmp_path,
+            env=cli_env(ssh_env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_until(lambda t=tick: local.exists() and t in local.read_text(), 60, tick)
         proc.kill()
         proc.wait()

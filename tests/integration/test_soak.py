@@ -144,16 +144,22 @@ def check_run(run_id: str, log_dir: Path) -> None:
     for node in range(HOSTS):
         log = log_dir / run_id / f"node{node}-h{node + 1}.log"
         (line,) = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{")]
-        assert line == {"RANK": str(node), "WORLD_SIZE": str(HOSTS), "GROUP_RANK": str(node),
-                        "SSHDDP_RUN_ID": run_id}  # fmt: skip
+        assert line == {
+            "RANK": str(node),
+            "WORLD_SIZE": str(HOSTS),
+            "GROUP_RANK": str(node),
+            "SSHDDP_RUN_ID": run_id,
+        }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # about 3 s a launch on 2 idle cores; more on a busy machine
 def test_hundred_launches_in_a_row_leak_nothing(
-    make_cluster: Callable[..., SshdCluster], tmp_path: Path, free_port: Callable[[], int],
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
     run_no_leak: Callable[..., None],
-) -> None:  # fmt: skip
+) -> None:
     cluster = make_cluster(HOSTS)
     port = free_port()
     inv, workdirs = write_inventory(cluster, tmp_path, port)
@@ -182,8 +188,9 @@ def test_hundred_launches_in_a_row_leak_nothing(
     newest = sorted(run_ids[-RETENTION:])
     for workdir in workdirs:
         assert sorted(os.listdir(workdir / "runs")) == newest, workdir
-    handlers = settled(lambda: dict(enumerate(connection_handlers(cluster))),
-                       dict(enumerate(handlers_before)))  # fmt: skip
+    handlers = settled(
+        lambda: dict(enumerate(connection_handlers(cluster))), dict(enumerate(handlers_before))
+    )
     assert list(handlers.values()) == handlers_before
 
     assert sorted(os.listdir(log_dir)) == sorted(run_ids)

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import pytest
 
-from sshddp.checks import (
+from sshddp.model.checks import (
     CHECKS,
     LOW_DISK,
     Context,
@@ -16,12 +16,16 @@ from sshddp.checks import (
     HostReport,
     Status,
     evaluate,
-    failures,
 )
-from sshddp.inventory import Host
+from sshddp.model.inventory import Host
 
 PORT = 29500
 CTX = Context(rdzv_addr="10.0.0.1", rdzv_port=PORT)
+
+
+def failures(reports: list[HostReport]) -> list[tuple[Host, Finding]]:
+    """Every failing finding, host by host."""
+    return [(r.host, f) for r in reports for f in r.findings if f.status is Status.FAIL]
 
 
 def gpu_facts(
@@ -308,8 +312,13 @@ def test_port_free() -> None:
 
 def test_supervisor_port_taken_fails() -> None:
     first = gpu_facts()
-    first["port"] = {"port": PORT, "free": True, "error": None, "peer_free": False,
-                     "peer_error": "Address already in use"}  # fmt: skip
+    first["port"] = {
+        "port": PORT,
+        "free": True,
+        "error": None,
+        "peer_free": False,
+        "peer_error": "Address already in use",
+    }
     f = finding(evaluate(hosts_of(first), CTX), 0, "port")
     assert f.status is Status.FAIL
     assert f"port {PORT + 1}" in f.message and "supervisors" in f.message

@@ -78,9 +78,22 @@ def test_launch_help_says_options_go_before_the_inventory() -> None:
 
 def test_dry_run_prints_every_node_and_masks_env(inv: Path, script: Path) -> None:
     result = sshddp(
-        ["launch", "--dry-run", "--name", "dry1", "--env", "SECRET=hunter2", "--port", "4321",
-         str(inv), str(script), "--lr", "0.1", "two words"]
-    )  # fmt: skip
+        [
+            "launch",
+            "--dry-run",
+            "--name",
+            "dry1",
+            "--env",
+            "SECRET=hunter2",
+            "--port",
+            "4321",
+            str(inv),
+            str(script),
+            "--lr",
+            "0.1",
+            "two words",
+        ]
+    )
     assert result.code == ExitCode.OK, result.explain()
     assert "hunter2" not in result.text
     assert "SECRET=***" in result.out

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from sshddp.checks import LOW_DISK, START_HEADROOM, Context, HostFacts, Status, evaluate
-from sshddp.commands import report_result
-from sshddp.environment import Environment
+from sshddp.cli.launch import report_result
+from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, LogWriteFailed
-from sshddp.executor import NodeResult, NodeState, RunResult
-from sshddp.inventory import Host
-from sshddp.report import peer_cause, run_report
-from sshddp.sinks import NodeLogs
+from sshddp.model.checks import LOW_DISK, START_HEADROOM, Context, HostFacts, Status, evaluate
+from sshddp.model.inventory import Host
+from sshddp.model.report import run_report
+from sshddp.model.state import NodeResult, NodeState, RunResult, peer_cause
+from sshddp.run.sinks import NodeLogs
 
 
 def disk_finding(free: int, code: int | None) -> tuple[Status, str]:
@@ -45,8 +45,9 @@ def result(*nodes: tuple[str, str], **kw: object) -> RunResult:
 
 def exit_of(res: RunResult) -> tuple[int, str]:
     err = io.StringIO()
-    env = Environment(stdout=io.StringIO(), stderr=err, stdout_bytes=io.BytesIO(), color=False,
-                      environ={})  # fmt: skip
+    env = Terminal(
+        stdout=io.StringIO(), stderr=err, stdout_bytes=io.BytesIO(), color=False, environ={}
+    )
     return int(report_result(env, res)), err.getvalue()
 
 
@@ -71,7 +72,7 @@ def test_unreachable_without_a_verdict_still_means_unreachable() -> None:
 
 def test_a_full_local_log_detaches_with_exit_74() -> None:
     why = "cannot write the local log /l/node0-h1.log: No space left on device"
-    res = result(("running", ""), ("running", ""), detached=True, extra={"log_error": why})
+    res = result(("running", ""), ("running", ""), detached=True, log_error=why)
     code, text = exit_of(res)
     assert code == ExitCode.LOG_WRITE_FAILED == 74
     assert "goes on without us (detached): cannot write the local log /l/node0-h1.log" in text
@@ -84,7 +85,7 @@ def test_a_failed_local_write_names_the_file_and_leaves_what_was_written(tmp_pat
     logs = NodeLogs(tmp_path)
     logs.open(0, "h1")
     logs.write(0, b"kept\n")
-    full = open("/dev/full", "wb")  # noqa: SIM115 - real ENOSPC on every write
+    full = open("/dev/full", "wb")  # real ENOSPC on every write
     logs._files[0] = full  # type: ignore[assignment]
     with pytest.raises(LogWriteFailed) as err:
         logs.write(0, b"lost\n")

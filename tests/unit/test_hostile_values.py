@@ -33,15 +33,18 @@ from torch.distributed.run import config_from_args, parse_args
 
 from cli_helpers import sshddp
 from hostile_values import NASTY, argv_values, env_names, has_surrogate, yaml_values
-from sshddp import scripts
-from sshddp.bundle import build_payload, code_spec
-from sshddp.cluster import Cluster
-from sshddp.executor import Executor
-from sshddp.inventory import parse_inventory
-from sshddp.plan import MASK, SECRET_NAME_RE, LaunchOptions, LaunchPlan, make_plan, parse_env_pairs
-from sshddp.sessions import HostSession
-from sshddp.sinks import Console, NodeLogs
-from sshddp.transport import SshOptions
+from sshddp.hosts.pool import HostPool
+from sshddp.hosts.session import HostSession
+from sshddp.hosts.transport import SshOptions
+from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
+from sshddp.model.inventory import parse_inventory
+from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
+from sshddp.remote.supervisor import Supervisor
+from sshddp.run.boot import Boot
+from sshddp.run.payload import build_payload, code_spec
+from sshddp.run.runstate import RunState
+from sshddp.run.sinks import Console, NodeLogs
+from sshddp.run.teardown import Teardown
 
 SCRIPT_NAME = "train.py"
 argv_lists = st.lists(argv_values, max_size=10)
@@ -133,8 +136,11 @@ def test_dry_run_prints_what_runs_shell_quoted_with_secrets_masked(
         inv = Path(tmp) / "inv.yaml"
         inv.write_text(inventory_text(inv_env), encoding="utf-8")
         # Half the --env values come from the local environment (`--env NAME`).
-        opts = [x for i, (k, v) in enumerate(secrets.items())
-                for x in ("--env", k if i % 2 else f"{k}={v}")]  # fmt: skip
+        opts = [
+            x
+            for i, (k, v) in enumerate(secrets.items())
+            for x in ("--env", k if i % 2 else f"{k}={v}")
+        ]
         result = sshddp(["launch", "--dry-run", *opts, inv, script, *args], environ=secrets)
     assert result.code == 0, result.explain()
     shown = {**inv_env, **secrets}
@@ -158,14 +164,33 @@ def saved_process_state() -> Iterator[None]:
     """The remote scripts set the umask and signal handlers of the process they run in."""
     umask = os.umask(0o022)
     os.umask(umask)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
-                                                  signal.SIGHUP)}  # fmt: skip
+    handlers = {
+        s: signal.getsignal(s)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+    }
     try:
         yield
     finally:
         os.umask(umask)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def shipped_modules_only() -> Iterator[None]:
+    """The host-side modules as a host gets them: the shipped sources, not the ones this
+    process imported already; the import system is put back as it was after."""
+    saved = {k: v for k, v in sys.modules.items() if k.startswith("sshddp.remote.")}
+    meta_path = list(sys.meta_path)
+    for name in saved:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name in [k for k in sys.modules if k.startswith("sshddp.remote.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        sys.meta_path[:] = meta_path
 
 
 def _fork_started(rundir: str) -> Callable[[], int]:
@@ -205,16 +230,18 @@ class _InProcessCommand:
         header, _, rest = self.stdin.partition(b"\n")
         rundir = os.path.expanduser(json.loads(rest.partition(b"\n")[0])["boot"]["rundir"])
         body = json.loads(header)
-        assert body["name"] == "session" and body["src"].endswith("\nsession_main(ARGS)\n")
-        body["src"] = body["src"].replace(
-            "\nsession_main(ARGS)\n", "\nfollow_main = lambda args: None\nsession_main(ARGS)\n"
-        )
+        assert body["main"] == "sshddp.remote.session"
+        body["modules"]["sshddp.remote.follow"] += "\n\ndef main(args):\n    return None\n"
         # The start line the coordinator sends once every node staged comes at the end.
         stdin = json.dumps(body).encode() + b"\n" + rest + b'{"start": true}\n'
         fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))
         out = io.StringIO()
-        with mock.patch.object(sys, "stdin", fake_stdin), mock.patch.object(sys, "stdout", out), \
-                mock.patch("os.fork", _fork_started(rundir)):  # fmt: skip
+        with (
+            mock.patch.object(sys, "stdin", fake_stdin),
+            mock.patch.object(sys, "stdout", out),
+            mock.patch("os.fork", _fork_started(rundir)),
+            shipped_modules_only(),
+        ):
             exec(bootstrap, {"__name__": "__main__"})
         return out.getvalue().encode()
 
@@ -248,33 +275,32 @@ class _InProcessHost:
 
 def boot_in_process(plan: LaunchPlan, script: Path, logs: Path) -> None:
     """The executor's real boot of every node, each host's side run here, one at a time."""
-    cluster = Cluster([], SshOptions(), fanout=1)
-    cluster.transports = {n.host.index: _InProcessHost(n.host) for n in plan.nodes}  # type: ignore[misc]
-    executor = Executor(plan, cluster, NodeLogs(logs), Console(io.BytesIO(), False))
-    sessions = {
-        n.host.index: HostSession(cluster.transports[n.host.index], plan.run_id, n.rundir, None)
+    pool = HostPool([], SshOptions(), fanout=1)
+    pool.transports = {n.host.index: _InProcessHost(n.host) for n in plan.nodes}  # type: ignore[misc]
+    state = RunState(plan, pool, NodeLogs(logs), Console(io.BytesIO(), False))
+    state.sessions = {
+        n.host.index: HostSession(pool.transports[n.host.index], plan.run_id, n.rundir, None)
         for n in plan.nodes
     }
     with saved_process_state():
-        assert executor.boot(build_payload(plan.code), sessions)
-    assert all(r.state.value == "running" for r in executor.results.values())
+        assert Boot(state, build_payload(plan.code)).run(Teardown(state))
+    assert all(r.state.value == "running" for r in state.results.values())
 
 
 def supervisor_exec(rundir: str) -> tuple[list[str], dict[str, str]]:
     """The argv and environment the real supervisor starts torchrun with."""
-    namespace: dict[str, Any] = {"__name__": "supervisor_under_test"}
-    exec(scripts.supervisor_source(), namespace)
     started: dict[str, Any] = {}
 
     def popen(argv: list[str], **kwargs: Any) -> Any:
         started.update(argv=argv, env=kwargs["env"])
         return mock.Mock(pid=os.getpid())
 
-    supervisor = namespace["Supervisor"](rundir)
+    supervisor = Supervisor(rundir)
     with saved_process_state(), mock.patch("subprocess.Popen", popen):
         assert supervisor.start()
-    os.close(supervisor.master)
-    os.close(supervisor.log)
+    assert supervisor.output is not None and supervisor.output.master is not None
+    os.close(supervisor.output.master)
+    os.close(supervisor.output.log)
     return started["argv"], started["env"]
 
 
@@ -286,8 +312,9 @@ def test_values_reach_torchrun_workers_through_boot_and_supervisor(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inventory = parse_inventory(inventory_text(inv_env, workdir=f"{tmp}/w"), source="inv")
-        options = LaunchOptions(script=str(script), script_args=tuple(args),
-                                env=tuple(opt_env.items()))  # fmt: skip
+        options = LaunchOptions(
+            script=str(script), script_args=tuple(args), env=tuple(opt_env.items())
+        )
         plan = make_plan(inventory, options, "hx1", code_spec(options), lambda h: str(h.addr))
         boot_in_process(plan, script, Path(tmp, "logs"))
         expected_env = {**inv_env, **opt_env}

@@ -10,18 +10,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sshddp import inventory
+from sshddp.defaults import PYTHON as DEFAULT_PYTHON
+from sshddp.defaults import RDZV_PORT as DEFAULT_RDZV_PORT
+from sshddp.defaults import WORKDIR as DEFAULT_WORKDIR
 from sshddp.errors import ExitCode, InventoryError
-from sshddp.inventory import (
-    DEFAULT_PYTHON,
-    DEFAULT_RDZV_PORT,
-    DEFAULT_WORKDIR,
-    Host,
-    Inventory,
-    Rendezvous,
-    load_inventory,
-    parse_inventory,
-)
+from sshddp.model.inventory import Host, Inventory, Rendezvous, parse_inventory
+from sshddp.run import inputs
+from sshddp.run.inputs import load_inventory
 
 EXAMPLE = """\
 defaults:            # optional; applies to every host unless the host overrides it
@@ -255,7 +250,7 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         raise PermissionError(13, "Permission denied")
 
     # chmod 0 does not stop root, so fail the open itself.
-    monkeypatch.setattr(inventory, "open", denied, raising=False)
+    monkeypatch.setattr(inputs, "open", denied, raising=False)
     with pytest.raises(InventoryError, match=r"inv.yaml: cannot read the inventory: permission"):
         load_inventory(tmp_path / "inv.yaml")
 

@@ -11,22 +11,21 @@ from typing import Optional
 
 import pytest
 
-from sshddp.bundle import build_payload, code_spec, shipped_files
 from sshddp.errors import ExitCode, UsageError
-from sshddp.inventory import Host, Inventory, parse_inventory
-from sshddp.plan import (
-    MASK,
+from sshddp.model.commands import endpoint
+from sshddp.model.envvars import MASK, parse_env_pairs
+from sshddp.model.inventory import Host, Inventory, parse_inventory
+from sshddp.model.plan import (
     CodeSpec,
     LaunchOptions,
     LaunchPlan,
     describe,
-    endpoint,
     make_plan,
     new_run_id,
-    parse_env_pairs,
     run_dir,
     validate_options,
 )
+from sshddp.run.payload import build_payload, code_spec, shipped_files
 
 THREE_HOSTS = """\
 defaults:
@@ -417,8 +416,14 @@ def make_project(root: Path) -> None:
         path.write_text(text)
 
 
-SHIPPED = [".gitignore", "keep.ckpt", "train.py", "pkg/.gitignore", "pkg/__init__.py",
-           "pkg/model.py"]  # fmt: skip
+SHIPPED = [
+    ".gitignore",
+    "keep.ckpt",
+    "train.py",
+    "pkg/.gitignore",
+    "pkg/__init__.py",
+    "pkg/model.py",
+]
 
 
 def test_shipped_files_honour_gitignore(tmp_path: Path) -> None:

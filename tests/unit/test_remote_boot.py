@@ -11,13 +11,7 @@ from typing import Any
 
 import pytest
 
-from sshddp import scripts
-
-
-def boot_namespace() -> dict[str, Any]:
-    namespace: dict[str, Any] = {"__name__": "boot_under_test"}
-    exec(scripts._read("common") + "\n" + scripts._read("boot"), namespace)
-    return namespace
+from sshddp.remote import boot
 
 
 def archive(*members: tuple[str, bytes | None, bytes]) -> bytes:
@@ -45,11 +39,11 @@ def stage(tmp_path: Path, data: bytes) -> dict[str, Any]:
             "name": "train.py",
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
-        },  # fmt: skip
+        },
         "rank": "# rank shim\n",
         "remote_script": None,
     }
-    answer: dict[str, Any] = boot_namespace()["stage"](args, io.BytesIO(data))
+    answer: dict[str, Any] = boot.stage(args, io.BytesIO(data))
     return answer
 
 

@@ -14,7 +14,8 @@ from typing import IO, Any
 
 import pytest
 
-from sshddp import scripts
+from sshddp.hosts import shipped
+from sshddp.model.commands import BOOTSTRAP
 
 SCRIPT = b"import sys\nprint('hello from', sys.version_info[:2])\nprint('no newline', end='')\n"
 
@@ -37,17 +38,18 @@ def boot_args(rundir: Path) -> dict[str, Any]:
             "mark": f"r1/n0-{rundir.parent.name}",
             "peers": {},
             "tty": False,
-        },  # fmt: skip
+        },
         "env": {"SECRET_TOKEN": "s3cr3t"},
         "payload": {
             "kind": "file",
             "name": "train.py",
             "size": len(SCRIPT),
             "sha256": hashlib.sha256(SCRIPT).hexdigest(),
-        },  # fmt: skip
-        "supervisor": scripts.supervisor_source(),
-        "rank": scripts.rank_source(),
+        },
+        "supervisor": shipped.standalone("supervisor"),
+        "rank": shipped.source("sshddp.remote.rank"),
         "remote_script": None,
+        "keep_runs": 50,
     }
 
 
@@ -57,13 +59,22 @@ def test_a_node_lives_and_ends_through_its_session(
 ) -> None:
     python = sys.executable if which == "this" else str(oldest_python)
     rundir = tmp_path / "runs" / "r1" / "n0"
-    probe = {"workdir": str(tmp_path), "deep": False, "listen_port": None, "connect": None,
-             "script": None}  # fmt: skip
-    proc = subprocess.Popen([python, "-c", scripts.BOOTSTRAP], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    probe = {
+        "workdir": str(tmp_path),
+        "deep": False,
+        "listen_port": None,
+        "connect": None,
+        "script": None,
+    }
+    proc = subprocess.Popen(
+        [python, "-c", BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
-        proc.stdin.write(scripts.header("session", {"probe": probe}))
+        proc.stdin.write(shipped.header("session", {"probe": probe}))
         proc.stdin.flush()
         facts = answer(proc.stdout)
         expected = subprocess.check_output([python, "--version"], text=True).split()[1]

@@ -8,22 +8,14 @@ import io
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
-from sshddp import scripts
-
-
-def stop_namespace() -> dict[str, Any]:
-    namespace: dict[str, Any] = {"__name__": "stop_under_test"}
-    exec(scripts._read("common") + "\n" + scripts._read("stop"), namespace)
-    return namespace
+from sshddp.remote import common, stop
 
 
 def test_the_supervisor_is_known_by_pid_and_start_time() -> None:
-    ns = stop_namespace()
-    ours = ns["_is_our_supervisor"]
+    ours = stop._is_our_supervisor
     with subprocess.Popen(["sleep", "30"]) as proc:
-        started = ns["start_time"](proc.pid)
+        started = common.start_time(proc.pid)
         assert isinstance(started, int)
         assert ours({"supervisor_pid": proc.pid, "supervisor_start": started})
         assert not ours({"supervisor_pid": proc.pid, "supervisor_start": started + 1})
@@ -37,17 +29,20 @@ def test_the_supervisor_is_known_by_pid_and_start_time() -> None:
 def test_stop_never_signals_a_process_that_reused_the_pid(tmp_path: Path) -> None:
     """The supervisor is gone and its pid now belongs to another process: stop does the
     supervisor's job (nothing of the run is left) and leaves that process alone."""
-    ns = stop_namespace()
     rundir = tmp_path / "runs" / "r1" / "n0"
     rundir.mkdir(parents=True)
     (rundir / "spec.json").write_text(json.dumps({"node_rank": 0, "mark": "r1/n0", "grace": 1}))
     with subprocess.Popen(["sleep", "30"]) as stranger:
-        state = {"state": "running", "supervisor_pid": stranger.pid, "pgid": None,
-                 "supervisor_start": ns["start_time"](stranger.pid) - 1}  # fmt: skip
+        state = {
+            "state": "running",
+            "supervisor_pid": stranger.pid,
+            "pgid": None,
+            "supervisor_start": common.start_time(stranger.pid) - 1,
+        }
         (rundir / "state.json").write_text(json.dumps(state))
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            ns["stop_main"]({"rundir": str(rundir), "force": False, "reason": "test"})
+            stop.main({"rundir": str(rundir), "force": False, "reason": "test"})
         answer = json.loads(out.getvalue())
         assert stranger.poll() is None, "stop signalled a process that only reused the pid"
         stranger.kill()

@@ -14,16 +14,24 @@ from typing import Any
 
 import pytest
 
-from sshddp import scripts
+from sshddp.hosts import shipped
 
 
 def start_supervisor(rundir: Path, code: str, python: str) -> subprocess.Popen[bytes]:
     rundir.mkdir(parents=True)
     mark = "r1/n0-" + rundir.parent.name  # unique: what the supervisor stops carries it
-    spec = {"run_id": "r1", "node_rank": 0, "argv": ["python", "-c", code], "cwd": None,
-            "grace": 10, "mark": mark, "peers": {}, "tty": False}  # fmt: skip
+    spec = {
+        "run_id": "r1",
+        "node_rank": 0,
+        "argv": ["python", "-c", code],
+        "cwd": None,
+        "grace": 10,
+        "mark": mark,
+        "peers": {},
+        "tty": False,
+    }
     (rundir / "spec.json").write_text(json.dumps(spec))
-    source = scripts.supervisor_source().replace("IDLE_WAIT = 1.0", "IDLE_WAIT = 3600.0")
+    source = shipped.standalone("supervisor").replace("IDLE_WAIT = 1.0", "IDLE_WAIT = 3600.0")
     assert "IDLE_WAIT = 3600.0" in source
     (rundir / "supervisor.py").write_text(source)
     return subprocess.Popen([python, "-S", str(rundir / "supervisor.py"), str(rundir)])
@@ -70,8 +78,10 @@ def test_torchrun_exiting_wakes_it_though_a_child_holds_the_pipe(
     """No EOF comes on the output pipe (a grandchild keeps it open): SIGCHLD does the waking,
     then the grandchild, which carries the node's marker, is stopped with the node."""
     rundir = tmp_path / "n0"
-    code = ("import subprocess, time; subprocess.Popen(['sleep', '600']); "
-            "print('spawned', flush=True); time.sleep(0.5)")  # fmt: skip
+    code = (
+        "import subprocess, time; subprocess.Popen(['sleep', '600']); "
+        "print('spawned', flush=True); time.sleep(0.5)"
+    )
     sup = start_supervisor(rundir, code, python)
     try:
         record = wait_json(rundir / "exit.json")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sshddp.report import torchrun_failure, user_tail
+from sshddp.model.report import torchrun_failure, user_tail
 
 SUMMARY = """\
 Traceback (most recent call last):

@@ -1,33 +1,49 @@
-# boot: stage one node's run directory, then fork its supervisor, detached from SSH.
-# Used by session.py, which runs stage() and, once every node staged, start().
-# ARGS: {"rundir", "spec": {...}, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
-#        "name", "size", "sha256"}, "supervisor": source, "remote_script": path|None,
-#        "keep_runs": int, "rank": source of rank.py}
-# The code stream holds exactly payload.size bytes.
+"""Stage one node's run directory, then fork its supervisor, detached from SSH.
+
+The launch session (``session.py``) runs ``stage`` after the go and ``start`` once every node
+has staged; ``discard`` removes a node that staged but will not start.
+
+args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
+       "name", "size", "sha256"}, "supervisor": text of RUNDIR/supervisor.py,
+       "remote_script": path|None, "keep_runs": int, "rank": source of rank.py}
+The code stream holds exactly payload["size"] bytes.
+"""
+
+from __future__ import annotations
+
 import hashlib
+import os
 import shutil
+import sys
+import time
+from typing import IO, Any, Dict
+
+from sshddp.remote import contract
+from sshddp.remote.common import atomic_write_json, home_path, listdir, read_json
+
+Answer = Dict[str, Any]
+START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
 
 
 class BootError(Exception):
     pass
 
 
-def _receive_code(rundir, payload, stream):
+def _receive_code(rundir: str, payload: dict[str, Any], stream: IO[bytes]) -> None:
     data = b""
     while len(data) < payload["size"]:
         chunk = stream.read(payload["size"] - len(data))
         if not chunk:
             raise BootError(
-                "the code transfer was cut short (%d of %d bytes)" % (len(data), payload["size"])
+                f"the code transfer was cut short ({len(data)} of {payload['size']} bytes)"
             )
         data += chunk
     digest = hashlib.sha256(data).hexdigest()
     if digest != payload["sha256"]:
         raise BootError(
-            "SHA-256 mismatch of the shipped code: got %s, expected %s"
-            % (digest, payload["sha256"])
+            f"SHA-256 mismatch of the shipped code: got {digest}, expected {payload['sha256']}"
         )
-    code = os.path.join(rundir, "code")
+    code = os.path.join(rundir, contract.CODE)
     os.makedirs(code, 0o700)
     if payload["kind"] == "file":
         with open(os.path.join(code, payload["name"]), "wb") as fh:
@@ -38,7 +54,7 @@ def _receive_code(rundir, payload, stream):
         fh.write(digest + "\n")
 
 
-def _unpack(data, code):
+def _unpack(data: bytes, code: str) -> None:
     """Extract a --workdir archive: plain files and directories, all inside ``code``."""
     import io
     import tarfile  # only a --workdir needs it: a launch session skips the import otherwise
@@ -53,78 +69,79 @@ def _unpack(data, code):
                     or ".." in parts
                     or not (member.isfile() or member.isdir())
                 ):
-                    raise BootError("refusing archive member %r" % member.name)
+                    raise BootError(f"refusing archive member {member.name!r}")
             tar.extractall(code)
     except (tarfile.TarError, EOFError, zlib.error) as exc:
-        raise BootError("the shipped archive is damaged: %s" % exc)
+        raise BootError(f"the shipped archive is damaged: {exc}") from exc
 
 
-def _prune(runs_root, keep):
+def _prune(runs_root: str, keep: int) -> None:
     """Retention: keep the newest ``keep`` finished run directories under runs_root."""
-    try:
-        names = os.listdir(runs_root)
-    except OSError:
-        return
-    finished = []
-    for name in names:
+    finished: list[tuple[float, str]] = []
+    for name in listdir(runs_root):
         path = os.path.join(runs_root, name)
         nodes = [os.path.join(path, n) for n in listdir(path) if n.startswith("n")]
-        if nodes and all(os.path.exists(os.path.join(n, "exit.json")) for n in nodes):
+        if nodes and all(os.path.exists(os.path.join(n, contract.EXIT)) for n in nodes):
             finished.append((os.path.getmtime(path), path))
     finished.sort(reverse=True)
     for _, path in finished[keep:]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_supervisor(rundir, source):
+def _start_supervisor(rundir: str, standalone: str) -> dict[str, Any]:
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
     Its code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``). This
     process carries the run id in its environment, so the supervisor's /proc shows it too."""
-    path = os.path.join(rundir, "supervisor.py")
-    with open(path, "w") as fh:
-        fh.write(source)
-    code = compile(source, path, "exec")
-    log = os.open(os.path.join(rundir, "supervisor.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    with open(os.path.join(rundir, contract.SUPERVISOR), "w") as fh:
+        fh.write(standalone)
+    log_path = os.path.join(rundir, contract.SUPERVISOR_LOG)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     if os.fork() == 0:
-        _supervise(rundir, code, log)  # never returns
+        _supervise(rundir, log)  # never returns
     os.close(log)
-    deadline = time.time() + 20
+    deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
-        state = read_json(os.path.join(rundir, "exit.json")) or read_json(
-            os.path.join(rundir, "state.json")
+        state = read_json(os.path.join(rundir, contract.EXIT)) or read_json(
+            os.path.join(rundir, contract.STATE)
         )
         if state:
-            return state
+            return dict(state)
         time.sleep(0.005)
-    raise BootError("the supervisor did not start within 20 s; see %s/supervisor.log" % rundir)
+    raise BootError(f"the supervisor did not start within {START_TIMEOUT:.0f} s; see {log_path}")
 
 
-def _supervise(rundir, code, log):
+def _detach(rundir: str, log: int) -> None:
+    """Leave the SSH channel behind: own session, stdin /dev/null, output to the log, and
+    every other descriptor (the channel's pipes, the probe's sockets) closed."""
+    os.setsid()
+    os.chdir(rundir)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    for name in listdir("/proc/self/fd"):
+        if name.isdigit() and int(name) > 2:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+
+
+def _supervise(rundir: str, log: int) -> None:
     """The forked child: become the supervisor, then exit without running anything of the
     session's again."""
     status = 1
     try:
-        os.setsid()
-        os.chdir(rundir)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        for name in listdir("/proc/self/fd"):  # the channel's pipes, the probe's sockets
-            if name.isdigit() and int(name) > 2:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass
-        namespace = {"__name__": "__sshddp_supervisor__"}
-        exec(code, namespace)
-        namespace["run_supervisor"](rundir)
+        _detach(rundir, log)
+        from sshddp.remote.supervisor import run_supervisor
+
+        run_supervisor(rundir)
         status = 0
-    except BaseException:  # noqa: BLE001 - it goes to supervisor.log, never to the session
+    except BaseException:  # it goes to supervisor.log, never to the session
         import traceback
 
         traceback.print_exc()
@@ -136,40 +153,44 @@ def _supervise(rundir, code, log):
             os._exit(status)
 
 
-def stage(args, stream):
+def stage(args: dict[str, Any], stream: IO[bytes]) -> Answer:
     """Put the run directory in place: the code from ``stream`` (its SHA-256 checked), the
     rank shim, env.json and spec.json. Nothing runs yet, and a failed stage leaves nothing.
     The answer: {"ok": true, "rundir"} or {"ok": false, "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
-    if os.path.exists(os.path.join(rundir, "spec.json")):
+    if os.path.exists(os.path.join(rundir, contract.SPEC)):
         return {
             "ok": False,
             "rundir": rundir,
-            "error": "run directory %s already exists on this host" % rundir,
+            "error": f"run directory {rundir} already exists on this host",
         }
     try:
-        os.makedirs(rundir, 0o700, exist_ok=True)
-        spec = args["spec"]
-        payload = args["payload"]
-        if payload["kind"] != "none":
-            _receive_code(rundir, payload, stream)
-        remote = args.get("remote_script")
-        if remote and not os.path.isfile(home_path(remote)):
-            raise BootError("the script %s does not exist on this host" % remote)
-        if spec.get("cwd"):
-            spec["cwd"] = os.path.expanduser(spec["cwd"])
-        with open(os.path.join(rundir, "rank.py"), "w") as fh:
-            fh.write(args["rank"])
-        atomic_write_json(os.path.join(rundir, "env.json"), args["env"])
-        atomic_write_json(os.path.join(rundir, "spec.json"), spec)
+        _stage_files(rundir, args, stream)
         return {"ok": True, "rundir": rundir}
     except (BootError, OSError) as exc:
         discard(rundir)
         return {"ok": False, "error": str(exc), "rundir": rundir}
 
 
-def discard(rundir):
+def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
+    os.makedirs(rundir, 0o700, exist_ok=True)
+    spec = args["spec"]
+    payload = args["payload"]
+    if payload["kind"] != "none":
+        _receive_code(rundir, payload, stream)
+    remote = args.get("remote_script")
+    if remote and not os.path.isfile(home_path(remote)):
+        raise BootError(f"the script {remote} does not exist on this host")
+    if spec.get("cwd"):
+        spec["cwd"] = os.path.expanduser(spec["cwd"])
+    with open(os.path.join(rundir, contract.RANK_SHIM), "w") as fh:
+        fh.write(args["rank"])
+    atomic_write_json(os.path.join(rundir, contract.ENV), args["env"])
+    atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
+
+
+def discard(rundir: str) -> None:
     """Remove a staged node that will not start (and its run's directory, once empty)."""
     shutil.rmtree(rundir, ignore_errors=True)
     try:
@@ -178,17 +199,16 @@ def discard(rundir):
         pass
 
 
-def start(args):
+def start(args: dict[str, Any]) -> Answer:
     """Start the staged node's supervisor. The answer: {"ok": true, "state", "rundir"} or
     {"ok": false, "error", "rundir"}."""
     rundir = os.path.expanduser(args["rundir"])
     try:
-        spec = read_json(os.path.join(rundir, "spec.json"))
-        if spec is None:
-            raise BootError("run directory %s is not staged" % rundir)
+        if read_json(os.path.join(rundir, contract.SPEC)) is None:
+            raise BootError(f"run directory {rundir} is not staged")
         state = _start_supervisor(rundir, args["supervisor"])
         # The retention count includes this run: once it ends the host holds keep_runs.
-        _prune(os.path.dirname(os.path.dirname(rundir)), int(args.get("keep_runs", 50)) - 1)
+        _prune(os.path.dirname(os.path.dirname(rundir)), int(args["keep_runs"]) - 1)
         return {"ok": True, "state": state, "rundir": rundir}
     except (BootError, OSError) as exc:
         return {"ok": False, "error": str(exc), "rundir": rundir}

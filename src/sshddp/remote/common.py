@@ -1,17 +1,21 @@
-# Shared helpers of the remote scripts: atomic state files and precise process teardown.
-# Stdlib only, Python 3.8+. Prepended to every script sent to a host.
+"""What every host-side module shares: state files, the process table, precise teardown."""
+
+from __future__ import annotations
+
 import json
 import os
 import signal
 import sys
 import time
+from typing import Any, Callable, Optional, TextIO
 
-MARK_VAR = "SSHDDP_NODE_MARK"
+from sshddp.remote.contract import MARK_VAR
+
 AGENT_GRACE = 0.2  # seconds torchrun may outlive its ranks at teardown
 
 
-def atomic_write_json(path, obj):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
+def atomic_write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(obj, fh)
@@ -20,7 +24,8 @@ def atomic_write_json(path, obj):
     os.replace(tmp, path)
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
+    """The file's JSON value, or None when it is missing or not (yet) whole."""
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -28,56 +33,65 @@ def read_json(path):
         return None
 
 
-def home_path(path):
+def home_path(path: str) -> str:
     """A path on this host as torchrun will see it: ``~`` expanded, relative to $HOME (the
     run's cwd for a script that lives on the host), whatever this process's cwd is."""
     return os.path.join(os.path.expanduser("~"), os.path.expanduser(path))
 
 
-def listdir(path):
+def listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
     except OSError:
         return []
 
 
-def emit(obj, stream=None):
-    stream = stream or sys.stdout
-    stream.write(json.dumps(obj) + "\n")
-    stream.flush()
+def emit(obj: Any, stream: Optional[TextIO] = None) -> None:
+    """One JSON line: how host-side code answers the coordinator."""
+    out = stream or sys.stdout
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
 
 
-def _stat(pid):
+def _stat(pid: int) -> Optional[tuple[str, int, int]]:
     """(state, pgid, start time) of a process from /proc/PID/stat, or None when it is gone."""
     try:
-        with open("/proc/%d/stat" % pid) as fh:
+        with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
         return fields[0], int(fields[2]), int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
 
-def start_time(pid):
+def start_time(pid: int) -> Optional[int]:
     """When the process started (clock ticks since boot): with its pid this names one
     process for good, whatever process later reuses the pid. None when it is gone."""
     st = _stat(pid)
     return st[2] if st else None
 
 
-def _pgid(pid):
+def pgid_of(pid: int) -> Optional[int]:
     st = _stat(pid)
     return st[1] if st else None
 
 
-def _is_zombie(pid):
+def _is_zombie(pid: int) -> bool:
     st = _stat(pid)
     return st is None or st[0] in ("Z", "X")
 
 
-def run_pids(pgid, mark):
+def _has_env(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return needle in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def run_pids(pgid: Optional[int], mark: str) -> list[int]:
     """Live pids of a node's run: its process group, and every process whose environment
     carries the node's run marker (so children that called setsid are found too)."""
-    needle = ("%s=%s" % (MARK_VAR, mark)).encode()
+    needle = (f"{MARK_VAR}={mark}").encode()
     found = []
     me = os.getpid()
     for name in os.listdir("/proc"):
@@ -87,20 +101,12 @@ def run_pids(pgid, mark):
         st = _stat(pid)
         if st is None or st[0] in ("Z", "X"):
             continue
-        if pgid and st[1] == pgid:
-            found.append(pid)
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as fh:
-                env = fh.read()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
+        if (pgid and st[1] == pgid) or _has_env(pid, needle):
             found.append(pid)
     return found
 
 
-def pid_alive(pid):
+def pid_alive(pid: Optional[int]) -> bool:
     if not pid:
         return False
     try:
@@ -112,7 +118,7 @@ def pid_alive(pid):
     return not _is_zombie(pid)
 
 
-def signal_all(pids, sig):
+def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -120,28 +126,24 @@ def signal_all(pids, sig):
             pass
 
 
-def kill_run(pgid, mark, grace, reap=None, hurry=None):
+def kill_run(
+    pgid: Optional[int],
+    mark: str,
+    grace: float,
+    reap: Optional[Callable[[], None]] = None,
+    hurry: Optional[Callable[[], bool]] = None,
+) -> float:
     """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s.
 
-    ``reap`` (optional) is called while waiting so a parent can collect its own child.
-    Returns the number of seconds it took.
+    ``reap`` (optional) is called while waiting so a parent can collect its own child;
+    ``hurry`` (optional) ends the grace early when it returns True. Returns the seconds it
+    took.
     """
     start = time.time()
     pids = run_pids(pgid, mark)
     if grace > 0 and pids:
         signal_all(pids, signal.SIGTERM)
-        workers_gone = None
-        while pids and time.time() - start < grace and not (hurry and hurry()):
-            time.sleep(0.02)
-            if reap:
-                reap()
-            pids = run_pids(pgid, mark)
-            # Once the ranks are gone, torchrun's own cleanup (seconds of Python teardown)
-            # protects nothing: give it AGENT_GRACE, then kill it.
-            if workers_gone is None and not [p for p in pids if _pgid(p) != pgid]:
-                workers_gone = time.time()
-            if workers_gone is not None and time.time() - workers_gone > AGENT_GRACE:
-                break
+        pids = _wait_gone(pids, pgid, mark, start + grace, reap, hurry)
     for _ in range(500):
         if not pids:
             break
@@ -151,3 +153,27 @@ def kill_run(pgid, mark, grace, reap=None, hurry=None):
             reap()
         pids = run_pids(pgid, mark)
     return time.time() - start
+
+
+def _wait_gone(
+    pids: list[int],
+    pgid: Optional[int],
+    mark: str,
+    deadline: float,
+    reap: Optional[Callable[[], None]],
+    hurry: Optional[Callable[[], bool]],
+) -> list[int]:
+    """Wait for the node's processes to exit after SIGTERM; those still there."""
+    workers_gone = None
+    while pids and time.time() < deadline and not (hurry and hurry()):
+        time.sleep(0.02)
+        if reap:
+            reap()
+        pids = run_pids(pgid, mark)
+        # Once the ranks are gone, torchrun's own cleanup (seconds of Python teardown)
+        # protects nothing: give it AGENT_GRACE, then kill it.
+        if workers_gone is None and not [p for p in pids if pgid_of(p) != pgid]:
+            workers_gone = time.time()
+        if workers_gone is not None and time.time() - workers_gone > AGENT_GRACE:
+            break
+    return pids

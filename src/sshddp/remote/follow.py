@@ -1,28 +1,42 @@
-# follow: stream a node's log from a byte offset until the node has finished.
-# ARGS: {"rundir", "offset": int, "mode": "follow" | "fetch" | "status"}
-# fetch: send what the log holds now and stop; status: send no log bytes, only the status.
-# stdout: the raw bytes of RUNDIR/node.log from offset; stderr at the end: one JSON line with
-# the node's exit.json (or {"state": "lost"} when its supervisor vanished without one).
-# Exits when the coordinator goes away (stdin closes), so it never lingers.
+"""Stream a node's log from a byte offset until the node has finished; or its status.
+
+args: {"rundir", "offset": int, "mode": "follow" | "fetch" | "status"}
+fetch: send what the log holds now and stop; status: send no log bytes, only the status.
+stdout: the raw bytes of RUNDIR/node.log from offset; stderr at the end: one JSON line with
+the node's exit.json (or {"state": "lost"} when its supervisor vanished without one).
+Exits when the coordinator goes away (stdin closes), so it never lingers.
+"""
+
+from __future__ import annotations
+
+import os
 import select
+import sys
+import time
+from typing import IO, Any, Optional
+
+from sshddp.remote import contract
+from sshddp.remote.common import emit, pid_alive, read_json
+from sshddp.remote.contract import ExitRecord
 
 CHUNK = 1 << 20
 POLL_MIN, POLL_MAX = 0.01, 0.1  # seconds between looks at an idle log: short after output
+LIVENESS_EVERY = 0.5  # seconds between checks that the supervisor is still there
 
 
-def _coordinator_gone(wait=0.02):
+def _coordinator_gone(wait: float = 0.02) -> bool:
     ready, _, _ = select.select([0], [], [], wait)
     return bool(ready) and not os.read(0, 4096)
 
 
-def _supervisor_gone(rundir):
-    state = read_json(os.path.join(rundir, "state.json"))
+def _supervisor_gone(rundir: str) -> bool:
+    state = read_json(os.path.join(rundir, contract.STATE))
     if state is None:
         return False
     return not pid_alive(state.get("supervisor_pid"))
 
 
-def _open_log(path, offset):
+def _open_log(path: str, offset: int) -> Optional[IO[bytes]]:
     while True:
         try:
             fh = open(path, "rb")
@@ -33,37 +47,41 @@ def _open_log(path, offset):
                 return None
 
 
-def node_status(rundir):
+def node_status(rundir: str) -> ExitRecord:
     """The node's state as its run directory tells it (exit.json, else liveness)."""
-    done = read_json(os.path.join(rundir, "exit.json"))
+    done = read_json(os.path.join(rundir, contract.EXIT))
     if done is not None:
-        return done
-    state = read_json(os.path.join(rundir, "state.json"))
+        record: ExitRecord = done
+        return record
+    state = read_json(os.path.join(rundir, contract.STATE))
     if state is None:
-        known = os.path.exists(os.path.join(rundir, "spec.json"))
-        return {"state": "starting" if known else "unknown"}
-    if _supervisor_gone(rundir) and not os.path.exists(os.path.join(rundir, "exit.json")):
+        known = os.path.exists(os.path.join(rundir, contract.SPEC))
+        return {"state": contract.STARTING if known else contract.UNKNOWN}
+    if _supervisor_gone(rundir) and not os.path.exists(os.path.join(rundir, contract.EXIT)):
         return {
-            "state": "lost",
+            "state": contract.LOST,
             "reason": "the node's supervisor died",
             "started": state.get("started"),
         }
-    return {"state": "running", "started": state.get("started")}
+    return {"state": contract.RUNNING, "started": state.get("started")}
 
 
-def follow_main(args):
+def main(args: dict[str, Any]) -> None:
     rundir = os.path.expanduser(args["rundir"])
-    exit_path = os.path.join(rundir, "exit.json")
     mode = args.get("mode", "follow")
-    if mode == "status" or (
-        mode == "fetch" and not os.path.exists(os.path.join(rundir, "node.log"))
-    ):
+    log_path = os.path.join(rundir, contract.LOG)
+    if mode == "status" or (mode == "fetch" and not os.path.exists(log_path)):
         emit(node_status(rundir), sys.stderr)
         return
-    fh = _open_log(os.path.join(rundir, "node.log"), int(args.get("offset", 0)))
-    if fh is None:
-        return
+    fh = _open_log(log_path, int(args.get("offset", 0)))
+    if fh is not None:
+        _stream(fh, rundir, mode == "fetch")
+
+
+def _stream(fh: IO[bytes], rundir: str, once: bool) -> None:
+    """Copy the log to stdout until the node ends (or, ``once``, until its current end)."""
     out = sys.stdout.buffer
+    exit_path = os.path.join(rundir, contract.EXIT)
     last_check = 0.0
     wait = POLL_MIN
     while True:
@@ -73,31 +91,29 @@ def follow_main(args):
             out.flush()
             wait = POLL_MIN
             continue
-        if mode == "fetch":
+        if once:
             out.flush()
             emit(node_status(rundir), sys.stderr)
             return
         if os.path.exists(exit_path):
-            while True:  # exit.json is written after the last byte: drain, then report
-                data = fh.read(CHUNK)
-                if not data:
-                    break
-                out.write(data)
-            out.flush()
-            emit(read_json(exit_path) or {"state": "unknown"}, sys.stderr)
+            _drain(fh, out)  # exit.json is written after the last byte: drain, then report
+            emit(read_json(exit_path) or {"state": contract.UNKNOWN}, sys.stderr)
             return
-        if time.time() - last_check > 0.5:
+        if time.time() - last_check > LIVENESS_EVERY:
             last_check = time.time()
             if _supervisor_gone(rundir) and not os.path.exists(exit_path):
-                emit(
-                    {
-                        "state": "lost",
-                        "reason": "the node's supervisor died "
-                        "(its host rebooted or its processes were killed)",
-                    },
-                    sys.stderr,
-                )
+                why = "the node's supervisor died (its host rebooted or its processes were killed)"
+                emit({"state": contract.LOST, "reason": why}, sys.stderr)
                 return
         if _coordinator_gone(wait):
             return
         wait = min(POLL_MAX, wait * 1.5)  # a quiet node costs its host ~10 wakeups a second
+
+
+def _drain(fh: IO[bytes], out: IO[bytes]) -> None:
+    while True:
+        data = fh.read(CHUNK)
+        if not data:
+            break
+        out.write(data)
+    out.flush()

@@ -1,13 +1,31 @@
-# probe: facts about this host for `sshddp doctor` and the launch preflight, as one JSON line.
-# ARGS: {"workdir", "deep": bool, "listen_port": int|None, "connect": [addr, port]|None,
-#        "connect_timeout": float, "script": str|None}
-# With listen_port it also holds a listener on that port (proving it free) until stdin closes,
-# so the other hosts can make a real TCP connection to the rendezvous endpoint. session.py
-# uses probe() and release() the same way within a launch.
+"""Facts about this host for ``sshddp doctor`` and the launch preflight.
+
+``probe(args)`` returns the facts and, when asked, a listener held on the rendezvous port
+(proving it free) so the other hosts can make a real TCP connection to the rendezvous
+endpoint; ``release`` lets it go. The host's session (``session.py``) answers with these
+facts first, for doctor and for a launch alike.
+
+args: {"workdir", "deep": bool, "listen_port": int|None, "connect": [addr, port]|None,
+       "connect_timeout": float, "script": str|None}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from sshddp.remote.common import home_path, listdir
+
+Facts = Dict[str, Any]
+Held = Tuple[socket.socket, threading.Thread]
 
 _DEEP = r"""
 import json, torch
@@ -26,7 +44,7 @@ print(json.dumps(out))
 """
 
 
-def _dist_versions(site):
+def _dist_versions(site: str) -> dict[str, str]:
     """{distribution name: version} from the *.dist-info names in one site directory
     (one listdir: importlib.metadata would scan every path entry per lookup)."""
     found = {}
@@ -37,10 +55,8 @@ def _dist_versions(site):
     return found
 
 
-def _torch_facts(deep):
-    import importlib.util
-
-    facts = {"version": None, "cuda": None, "nccl_package": None}
+def _torch_facts(deep: bool) -> Optional[Facts]:
+    facts: Facts = {"version": None, "cuda": None, "nccl_package": None}
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
         return None
@@ -57,7 +73,7 @@ def _torch_facts(deep):
     return facts
 
 
-def _cuda_from_version_py(path):
+def _cuda_from_version_py(path: str) -> Optional[str]:
     try:
         with open(path) as fh:
             for line in fh:
@@ -69,25 +85,26 @@ def _cuda_from_version_py(path):
     return None
 
 
-def _run_json(argv, timeout, what):
+def _run_json(argv: list[str], timeout: float, what: str) -> Facts:
     try:
         out = subprocess.run(argv, capture_output=True, timeout=timeout, text=True)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": "%s: %s" % (what, exc)}
+        return {"error": f"{what}: {exc}"}
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-        return {"error": "%s exited %d: %s" % (what, out.returncode, " | ".join(tail))}
+        return {"error": f"{what} exited {out.returncode}: {' | '.join(tail)}"}
     try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        value: Facts = json.loads(out.stdout.strip().splitlines()[-1])
+        return value
     except (ValueError, IndexError):
-        return {"error": "%s printed no JSON" % what}
+        return {"error": f"{what} printed no JSON"}
 
 
-def _nvidia_smi():
+def _nvidia_smi() -> Optional[Facts]:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
-    facts = {"gpus": [], "processes": [], "error": None}
+    facts: Facts = {"gpus": [], "processes": [], "error": None}
     query = [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
     try:
         out = subprocess.run(query, capture_output=True, text=True, timeout=15)
@@ -111,7 +128,7 @@ def _nvidia_smi():
     return facts
 
 
-def _disk(workdir):
+def _disk(workdir: str) -> Facts:
     path = os.path.expanduser(workdir)
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
@@ -122,7 +139,7 @@ def _disk(workdir):
         return {"path": path, "error": str(exc)}
 
 
-def _listen(port):
+def _listen(port: int) -> tuple[Optional[Held], Optional[str]]:
     """Bind the port like torch's TCPStore does (all interfaces, SO_REUSEADDR)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -131,9 +148,9 @@ def _listen(port):
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        return None, "%s" % exc.strerror
+        return None, f"{exc.strerror}"
 
-    def accept_loop():
+    def accept_loop() -> None:
         while True:
             try:
                 conn, _ = sock.accept()
@@ -146,7 +163,7 @@ def _listen(port):
     return (sock, thread), None
 
 
-def release(holders):
+def release(holders: list[Held]) -> None:
     """Close listeners from _listen: the port is free again when this returns."""
     for sock, thread in holders:
         try:
@@ -157,7 +174,7 @@ def release(holders):
         thread.join(1.0)
 
 
-def _connect(addr, port, timeout):
+def _connect(addr: str, port: int, timeout: float) -> Facts:
     deadline = time.time() + timeout
     last = "not tried"
     while time.time() < deadline:
@@ -170,16 +187,16 @@ def _connect(addr, port, timeout):
     return {"ok": False, "addr": addr, "port": port, "error": last}
 
 
-def probe(args):
+def probe(args: dict[str, Any]) -> tuple[Facts, list[Held]]:
     """(facts, listeners still held): the host's facts, the rendezvous port held if asked."""
-    facts = {
+    facts: Facts = {
         "hostname": socket.gethostname(),
-        "os": "%s %s %s" % (os.uname().sysname, os.uname().release, os.uname().machine),
+        "os": f"{os.uname().sysname} {os.uname().release} {os.uname().machine}",
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
     }
-    held = []
+    held: list[Held] = []
     if args.get("listen_port"):
         listener, err = _listen(int(args["listen_port"]))
         facts["port"] = {"port": args["listen_port"], "free": listener is not None, "error": err}
@@ -203,15 +220,7 @@ def probe(args):
     return facts, held
 
 
-def probe_main(args):
-    facts, held = probe(args)
-    emit(facts)
-    if held:
-        sys.stdin.buffer.read()  # hold the port until the coordinator closes our stdin
-        release(held)
-
-
-def _count_gpu_devices():
+def _count_gpu_devices() -> Optional[int]:
     try:
         return len([d for d in os.listdir("/proc/driver/nvidia/gpus")])
     except OSError:

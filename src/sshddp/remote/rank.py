@@ -1,21 +1,31 @@
-# rank: how every rank's Python starts. torchrun runs `python rank.py SCRIPT ARGS...` or
-# `python rank.py -m MODULE ARGS...` (through --no-python), and this runs SCRIPT or MODULE as
-# `python SCRIPT` / `python -m MODULE` would: same sys.argv, sys.path[0] and __main__.
-# What it adds: stdout and stderr line-buffered, as on a terminal, whatever they are. The
-# ranks of a node share one pipe to the supervisor; with one write per line, lines of
-# different ranks never mix (a pipe keeps writes of up to 4 KB whole) and output is live.
-# torchrun's own `python -u` would write a line's text and its newline separately.
-# Standalone (no common.py): written into the run directory, run by the ranks' interpreter.
+"""How every rank's Python starts: the rank shim, written into the run directory.
+
+torchrun runs ``python rank.py SCRIPT ARGS...`` or ``python rank.py -m MODULE ARGS...``
+(through ``--no-python``), and this runs SCRIPT or MODULE as ``python SCRIPT`` / ``python -m
+MODULE`` would: same sys.argv, sys.path[0] and __main__. What it adds: stdout and stderr
+line-buffered, as on a terminal, whatever they are. The ranks of a node share one pipe to the
+supervisor; with one write per line, lines of different ranks never mix (a pipe keeps writes
+of up to 4 KB whole) and output is live. torchrun's own ``python -u`` would write a line's
+text and its newline separately. Standalone: it imports nothing of sshddp.
+"""
+
+from __future__ import annotations
+
 import io
 import os
 import runpy
 import sys
 
+TYPE_CHECKING = False  # every rank starts here: it never pays for importing typing
+if TYPE_CHECKING:
+    from types import CodeType
+    from typing import Any
 
-def _line_buffered():
+
+def _line_buffered() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         except (AttributeError, ValueError):  # replaced or closed stream: leave it
             pass
 
@@ -26,7 +36,7 @@ _RUNPY_MODULE = compile(
 )
 
 
-def prepare(args):
+def prepare(args: list[str]) -> tuple[CodeType, dict[str, Any]]:
     """Set up sys.argv and sys.path as `python SCRIPT` / `python -m MODULE` would; return
     (code, namespace) to exec.
 

@@ -1,305 +1,276 @@
-# supervisor: owns one node's torchrun for the whole run, independent of any SSH channel.
-# Forked off the launch session by boot.py and detached (or run as `python supervisor.py
-# RUNDIR`). It starts torchrun in its own session with one pipe as stdout and stderr (or a
-# raw pty with spec "tty": ranks then see a terminal), copies what arrives byte for byte to
-# RUNDIR/node.log, records state.json, and on SIGTERM (graceful) or SIGUSR1 (immediate)
-# stops exactly this node's processes: torchrun's process group plus every process carrying
-# this node's run marker. Its last act is exit.json. Ranks start through rank.py, which
-# line-buffers them: one write per line.
-# When node.log cannot grow (its disk is full), the node is stopped and fails with that reason:
-# output that cannot be kept would otherwise vanish silently. A small reserve file, deleted
-# then, leaves room for exit.json on the full disk.
-import errno
-import fcntl
-import pty
-import select
+"""The supervisor: owns one node's torchrun for the whole run, independent of any SSH channel.
+
+Forked off the launch session by ``boot`` and detached (or run as ``python -S supervisor.py
+RUNDIR``). It starts torchrun in its own session with one pipe as stdout and stderr (or a
+raw pty with spec "tty": ranks then see a terminal), copies what arrives byte for byte to
+RUNDIR/node.log (``output.NodeOutput``), records state.json, and on SIGTERM (graceful) or
+SIGUSR1 (immediate) stops exactly this node's processes: torchrun's process group plus
+every process carrying this node's run marker. Its last act is exit.json. Ranks start
+through rank.py, which line-buffers them: one write per line. The supervisors of a run
+watch each other (``peers``), so a run stops everywhere without any laptop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
 import subprocess
-import tty
+import sys
+import time
+from types import FrameType
+from typing import Any, Optional
 
-PUMP_BYTES = 1 << 20
-PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
-F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
-RESERVE_BYTES = 64 * 1024
+from sshddp.remote import contract
+from sshddp.remote.common import atomic_write_json, kill_run, read_json, start_time
+from sshddp.remote.contract import ExitRecord, SpecRecord
+from sshddp.remote.output import NodeOutput
+from sshddp.remote.peers import Peers, peers_for
+
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+POLL_WAIT = 0.02  # the loop's sleep where no wakeup pipe could be set up (not the main thread)
 
 
-class Supervisor(object):
-    def __init__(self, rundir):
-        self.rundir = rundir
-        self.spec = read_json(os.path.join(rundir, "spec.json"))
-        self.stop_signal = None
-        self.proc = None
-        self.master = None
-        self.log = None
-        self.log_full = None  # why node.log cannot grow (disk full), once it cannot
-        self.wake = None  # read end of the pipe that signals and the peers' aborts write to
-        self.peers = Peers(self.spec)
-        self.started = time.time()
+class Wakeup:
+    """A pipe the loop sleeps on with the output: a signal (SIGCHLD included: torchrun
+    exited) or a peer's abort writes a byte to it. An idle node then costs its host one
+    wakeup a second, not fifty."""
 
-    def path(self, name):
-        return os.path.join(self.rundir, name)
-
-    def _env(self):
-        env = dict(os.environ)
-        env_file = self.path("env.json")
-        extra = read_json(env_file) or {}
-        try:
-            os.unlink(env_file)  # secrets live on only in the processes that need them
-        except OSError:
-            pass
-        env.update(extra)
-        env["SSHDDP_RUN_ID"] = self.spec["run_id"]
-        env["SSHDDP_NODE_RANK"] = str(self.spec["node_rank"])
-        env[MARK_VAR] = self.spec["mark"]
-        return env
-
-    def _on_signal(self, signum, frame):
-        if self.stop_signal != signal.SIGUSR1:
-            self.stop_signal = signum
-
-    def start(self):
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        self._wake_on_events()
-        self.log = os.open(self.path("node.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._reserve()
-        self.master, slave = self._output()
-        os.set_blocking(self.master, False)
-        argv = list(self.spec["argv"])
-        argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
-        if "--no-python" in argv:  # ... then the rank shim, in this run directory
-            at = argv.index("--no-python")
-            argv[at + 1 : at + 3] = [sys.executable, self.path("rank.py")]
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.spec.get("cwd") or None,
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=slave,
-                stderr=slave,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            self.write_log(("sshddp: cannot start %s: %s\n" % (argv[0], exc)).encode())
-            self.finish("failed", None, "cannot start torchrun: %s" % exc)
-            return False
-        finally:
-            os.close(slave)
-        atomic_write_json(
-            self.path("state.json"),
-            {
-                "state": "running",
-                "supervisor_pid": os.getpid(),
-                "supervisor_start": start_time(os.getpid()),
-                "pid": self.proc.pid,
-                "pgid": self.proc.pid,
-                "started": self.started,
-            },
-        )
-        return True
-
-    def _wake_on_events(self):
-        """Let the loop sleep until something happens: a signal (SIGCHLD included: torchrun
-        exited) or a peer's abort writes a byte to a pipe it waits on with the output. An
-        idle node then costs its host one wakeup a second, not fifty."""
+    def __init__(self) -> None:
+        self.fd: Optional[int] = None
+        self._write: Optional[int] = None
         read, write = os.pipe()
         os.set_blocking(read, False)
         os.set_blocking(write, False)
         try:
             signal.signal(signal.SIGCHLD, _ignore)
             signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread (in-process tests): poll as before
+        except ValueError:  # not the main thread (in-process tests): the loop polls
             os.close(read)
             os.close(write)
             return
+        self.fd = read
+        self._write = write
 
-        def wake():
-            try:
-                os.write(write, b"!")
-            except OSError:
-                pass
-
-        self.wake = read
-        self.peers.on_abort = wake
-
-    def _output(self):
-        """(read end, write end) of the node's output: a pipe, or a raw pty."""
-        if self.spec.get("tty"):
-            master, slave = pty.openpty()
-            tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
-            return master, slave
-        read, write = os.pipe()
-        try:
-            fcntl.fcntl(read, F_SETPIPE_SZ, PIPE_BYTES)
-        except OSError:  # above /proc/sys/fs/pipe-max-size for this user: keep the default
-            pass
-        return read, write
-
-    def reap(self):
-        if self.proc is not None:
-            self.proc.poll()
-        self.pump(0)
-
-    def pump(self, timeout):
-        """Copy what the pipe or pty holds to node.log; False once no writer is left.
-
-        Drain it non-blocking up to 1 MB per wakeup and write that in one go (a pty read
-        returns at most ~4 KB: one select per read would cap a chatty rank's output).
-        """
-        if self.master is None:
-            return False
-        watched = [self.master] if self.wake is None else [self.master, self.wake]
-        ready, _, _ = select.select(watched, [], [], timeout)
-        if self.wake in ready:
-            try:
-                os.read(self.wake, 4096)
-            except OSError:
-                pass
-        if self.master not in ready:
-            return True
-        chunks, size, alive = [], 0, True
-        while size < PUMP_BYTES:
-            try:
-                data = os.read(self.master, 1 << 16)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EIO:
-                    raise
-                data = b""
-            if not data:
-                alive = False
-                break
-            chunks.append(data)
-            size += len(data)
-        self.write_log(b"".join(chunks))
-        if not alive:
-            os.close(self.master)
-            self.master = None
-        return alive
-
-    def write_log(self, data):
-        """Append to node.log; on a full disk, note why and drop output from then on."""
-        if self.log_full is not None:
+    def poke(self) -> None:
+        if self._write is None:
             return
         try:
-            while data:
-                data = data[os.write(self.log, data) :]
-        except OSError as exc:
-            if exc.errno not in _DISK_FULL:
-                raise
-            self.log_full = (
-                "the disk of %s is full (%s): node.log cannot grow, so the node was stopped"
-                % (self.rundir, exc.strerror)
+            os.write(self._write, b"!")
+        except OSError:
+            pass
+
+
+class Supervisor:
+    def __init__(self, rundir: str) -> None:
+        self.rundir = rundir
+        self.spec: SpecRecord = read_json(self.path(contract.SPEC))
+        self.stop_signal: Optional[int] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.output: Optional[NodeOutput] = None
+        self.wake: Optional[Wakeup] = None
+        self.peers: Peers = peers_for(self.spec)
+        self.started = time.time()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.rundir, name)
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.stop_signal != signal.SIGUSR1:
+            self.stop_signal = signum
+
+    def start(self) -> bool:
+        """Start torchrun; False (and exit.json written) when it could not be started."""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.wake = Wakeup()
+        if self.wake.fd is not None:
+            self.peers.on_abort = self.wake.poke
+        self.output = output = NodeOutput(self.rundir, bool(self.spec.get("tty")))
+        argv = torchrun_argv(self.rundir, self.spec)
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.spec.get("cwd") or None,
+                env=torchrun_env(self.rundir, self.spec),
+                stdin=subprocess.DEVNULL,
+                stdout=output.slave,
+                stderr=output.slave,
+                start_new_session=True,
             )
-            self._unreserve()
+        except OSError as exc:
+            output.write((f"sshddp: cannot start {argv[0]}: {exc}\n").encode())
+            self.finish(contract.FAILED, None, f"cannot start torchrun: {exc}")
+            return False
+        finally:
+            output.close_writer()
+        self._record_state(self.proc.pid)
+        return True
 
-    def _reserve(self):
-        try:
-            with open(self.path("reserve"), "wb") as fh:
-                fh.write(b"\0" * RESERVE_BYTES)
-        except OSError:
-            self._unreserve()  # no room even for that: exit.json will try its luck
+    def _record_state(self, pid: int) -> None:
+        me = os.getpid()
+        state = {
+            "schema": contract.SCHEMA,
+            "state": contract.RUNNING,
+            "supervisor_pid": me,
+            "supervisor_start": start_time(me),
+            "pid": pid,
+            "pgid": pid,
+            "started": self.started,
+        }
+        atomic_write_json(self.path(contract.STATE), state)
 
-    def _unreserve(self):
-        try:
-            os.unlink(self.path("reserve"))
-        except OSError:
-            pass
+    def reap(self) -> None:
+        if self.proc is not None:
+            self.proc.poll()
+        self._pump(0)
 
-    def drain(self):
-        """After the last process of the node is gone: copy every remaining byte."""
-        while self.pump(0.05):
-            pass
+    def _pump(self, timeout: float) -> bool:
+        assert self.output is not None
+        wake = self.wake.fd if self.wake is not None else None
+        return self.output.pump(timeout, wake)
 
-    def loop(self):
-        wait = 0.02 if self.wake is None else IDLE_WAIT
+    def loop(self) -> Optional[int]:
+        """Copy output until torchrun exits (its code) or the node must stop (None)."""
+        assert self.proc is not None and self.output is not None
+        wake = self.wake is not None and self.wake.fd is not None
+        wait = IDLE_WAIT if wake else POLL_WAIT
         while True:
             rc = self.proc.poll()
             if rc is not None:
                 return rc
-            if self.stop_signal is not None or self.peers.abort is not None or self.log_full:
+            if self.stop_signal is not None or self.peers.abort is not None or self.output.full:
                 return None
-            if not self.pump(wait):
+            if not self._pump(wait):
                 time.sleep(0.02)
 
-    def stop_reason(self, default):
+    def stop_reason(self, default: str) -> str:
         try:
-            with open(self.path("stop-reason")) as fh:
+            with open(self.path(contract.STOP_REASON)) as fh:
                 return fh.read().strip() or default
         except OSError:
             return default
 
-    def run(self):
+    def run(self) -> None:
         if not self.start():
             self.peers.start()
-            self.peers.report("failed", "torchrun did not start")
+            self.peers.report(contract.FAILED, "torchrun did not start")
             self.peers.wait_others()
             return
         self.peers.start()
         rc = self.loop()
-        if rc is None:
-            grace = 0 if self.stop_signal == signal.SIGUSR1 else float(self.spec.get("grace", 10))
-            kill_run(self.proc.pid, self.spec["mark"], grace, self.reap, self.hurry)
-            rc = self.proc.wait()
-            self.drain()
-            default = "stopped: " + self.peers.abort if self.peers.abort else "stopped on request"
-            state, reason = "stopped", self.stop_reason(default)
-            if self.log_full and not self.peers.abort and self.stop_signal is None:
-                state, reason = "failed", self.log_full
-        else:
-            # torchrun is gone; children that escaped into their own session must not outlive it.
-            kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
-            self.drain()
-            state = "succeeded" if rc == 0 else "failed"
-            reason = "" if rc == 0 else _describe(rc)
-            if self.log_full:  # a node whose output was cut short never passes as complete
-                state, reason = "failed", self.log_full
-        self.finish(state, rc, reason)
+        state, reason = self._stopped() if rc is None else self._exited(rc)
+        assert self.proc is not None
+        self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
         self.peers.wait_others()
 
-    def hurry(self):
+    def _stopped(self) -> tuple[str, str]:
+        """Stop the node's processes (asked to, or aborted by a peer); its final state."""
+        assert self.proc is not None and self.output is not None
+        grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
+        kill_run(self.proc.pid, self.spec["mark"], grace, self.reap, self.hurry)
+        self.proc.wait()
+        self.output.drain()
+        abort = self.peers.abort
+        state, reason = (
+            contract.STOPPED,
+            self.stop_reason("stopped: " + abort if abort else "stopped on request"),
+        )
+        if self.output.full and not abort and self.stop_signal is None:
+            state, reason = contract.FAILED, self.output.full
+        return state, reason
+
+    def _exited(self, rc: int) -> tuple[str, str]:
+        """torchrun is gone: children that escaped into their own session must not outlive
+        it. Its final state."""
+        assert self.proc is not None and self.output is not None
+        kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
+        self.output.drain()
+        if self.output.full:  # a node whose output was cut short never passes as complete
+            return contract.FAILED, self.output.full
+        if rc == 0:
+            return contract.SUCCEEDED, ""
+        return contract.FAILED, _describe(rc)
+
+    def hurry(self) -> bool:
         return self.stop_signal == signal.SIGUSR1
 
-    def finish(self, state, rc, reason):
-        self._unreserve()
-        result = {
-            "state": state,
-            "returncode": rc,
-            "reason": reason,
-            "started": self.started,
-            "ended": time.time(),
-            "node_rank": self.spec["node_rank"],
-        }
-        if rc is not None and rc < 0:
-            result["signal"] = _signame(-rc)
-        try:
-            atomic_write_json(self.path("exit.json"), result)
-        except OSError:
-            pass  # a full disk even after the reserve went: the peers still hear the reason
+    def finish(self, state: str, rc: Optional[int], reason: str) -> None:
+        if self.output is not None:
+            self.output.unreserve()
+        write_exit(self.rundir, self.spec["node_rank"], self.started, state, rc, reason)
 
 
-def _ignore(signum, frame):
+def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
+    """The environment torchrun (and so every rank) gets: ours, env.json's, the run's marks."""
+    env = dict(os.environ)
+    env_file = os.path.join(rundir, contract.ENV)
+    extra = read_json(env_file) or {}
+    try:
+        os.unlink(env_file)  # secrets live on only in the processes that need them
+    except OSError:
+        pass
+    env.update(extra)
+    env[contract.RUN_ID_VAR] = spec["run_id"]
+    env[contract.NODE_RANK_VAR] = str(spec["node_rank"])
+    env[contract.MARK_VAR] = spec["mark"]
+    return env
+
+
+def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
+    """The planned torchrun command, with this interpreter and this run directory's shim."""
+    argv = list(spec["argv"])
+    argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
+    if "--no-python" in argv:  # ... then the rank shim, in this run directory
+        at = argv.index("--no-python")
+        argv[at + 1 : at + 3] = [sys.executable, os.path.join(rundir, contract.RANK_SHIM)]
+    return argv
+
+
+def write_exit(
+    rundir: str, node_rank: int, started: float, state: str, rc: Optional[int], reason: str
+) -> None:
+    """exit.json: how the node ended (the supervisor's last act)."""
+    result: ExitRecord = {
+        "schema": contract.SCHEMA,
+        "state": state,
+        "returncode": rc,
+        "reason": reason,
+        "started": started,
+        "ended": time.time(),
+        "node_rank": node_rank,
+    }
+    if rc is not None and rc < 0:
+        result["signal"] = _signame(-rc)
+    try:
+        atomic_write_json(os.path.join(rundir, contract.EXIT), result)
+    except OSError:
+        pass  # a full disk even after the reserve went: the peers still hear the reason
+
+
+def _ignore(signum: int, frame: Optional[FrameType]) -> None:
     pass
 
 
-def _signame(num):
+def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
     except ValueError:
-        return "signal %d" % num
+        return f"signal {num}"
 
 
-def _describe(rc):
+def _describe(rc: int) -> str:
     if rc < 0:
-        return "torchrun was killed by %s" % _signame(-rc)
-    return "torchrun exited with code %d" % rc
+        return f"torchrun was killed by {_signame(-rc)}"
+    return f"torchrun exited with code {rc}"
 
 
-def run_supervisor(rundir):
+def run_supervisor(rundir: str) -> None:
     os.umask(0o077)
     Supervisor(rundir).run()
+
+
+def main(args: dict[str, Any]) -> None:
+    """``python -S supervisor.py RUNDIR`` (see ``sshddp.hosts.shipped.standalone``)."""
+    run_supervisor(args["rundir"])

@@ -138,10 +138,18 @@ def mode_setsid(rank: int, value: torch.Tensor) -> None:
 
 
 MODES = {
-    "ok": mode_ok, "env": mode_env, "secret": mode_secret, "raise": mode_raise,
-    "sigkill": mode_sigkill, "hang": mode_hang, "wait": mode_wait, "setsid": mode_setsid,
-    "stream": mode_stream, "flood": mode_flood, "argv": lambda rank, value: None,
-}  # fmt: skip
+    "ok": mode_ok,
+    "env": mode_env,
+    "secret": mode_secret,
+    "raise": mode_raise,
+    "sigkill": mode_sigkill,
+    "hang": mode_hang,
+    "wait": mode_wait,
+    "setsid": mode_setsid,
+    "stream": mode_stream,
+    "flood": mode_flood,
+    "argv": lambda rank, value: None,
+}
 
 
 def main() -> None:

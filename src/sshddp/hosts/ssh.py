@@ -1,10 +1,9 @@
-"""Connections to hosts: the only module that imports fabric and paramiko.
+"""SSH to a host: the only module that imports fabric and paramiko.
 
-A ``Transport`` runs shell command lines on one host and hands back a ``RemoteProcess``
-with byte streams. ``SshTransport`` keeps one paramiko connection per host (opened through
-fabric so ``ssh_config`` aliases, ``ProxyJump``, ``IdentityFile`` and the agent all work) and
-opens one channel per command. ``LocalTransport`` runs the same command lines with
-``bash -c`` for the host named ``localhost``, so nothing needs an SSH server there.
+``SshTransport`` keeps one paramiko connection per host, opened through fabric so
+``ssh_config`` aliases, ``ProxyJump``, ``IdentityFile`` and the agent all work, verifies the
+host key (``hostkeys``), and opens one channel per command. A failure to connect becomes a
+``HostUnreachable`` that names the host and what to try.
 """
 
 from __future__ import annotations
@@ -14,20 +13,17 @@ import functools
 import logging
 import os
 import socket
-import subprocess
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Optional, Protocol
 
 from sshddp.errors import HostUnreachable
-from sshddp.inventory import Host
+from sshddp.hosts.transport import RemoteProcess, SshOptions
+from sshddp.model.inventory import Host
 
 # paramiko's transport threads log failures (with tracebacks) through the logging module;
 # without a handler Python prints them on stderr. sshddp reports every failure itself.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 15
 # A host whose link is cut (cable, partition, powered off) sends no FIN: without these, a
 # follower waits on it for TCP's ~15 minutes of retransmissions. Idle probes start after
@@ -41,144 +37,6 @@ DEAD_LINK_SECONDS = 20
 WINDOW_SIZE = 8 * 1024 * 1024
 MAX_PACKET = 256 * 1024
 _FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    """How to reach hosts: the connection options of every command."""
-
-    ssh_config: Optional[str] = None  #: like ``ssh -F``: only this file is read
-    accept_new_host_keys: bool = False  #: trust and record unknown (never changed) keys
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  #: seconds for TCP, banner and auth
-
-
-class RemoteProcess(Protocol):
-    """A command running on a host, with its three byte streams."""
-
-    def write(self, data: bytes) -> None: ...
-    def close_stdin(self) -> None: ...
-    def read(self, n: int = 65536) -> bytes: ...
-    def read_stderr(self) -> bytes: ...
-    def wait(self) -> int: ...
-    def close(self) -> None: ...
-
-
-class Transport(Protocol):
-    """Runs command lines on one host."""
-
-    host: Host
-    label: str
-
-    def start(self, command: str) -> RemoteProcess: ...
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Completed:
-    """The whole outcome of a short command."""
-
-    returncode: int
-    stdout: bytes
-    stderr: bytes
-
-
-def run(transport: Transport, command: str, stdin: bytes = b"") -> Completed:
-    """Run a short command to completion, feeding it ``stdin``."""
-    proc = transport.start(command)
-    try:
-        if stdin:
-            proc.write(stdin)
-        proc.close_stdin()
-        chunks = []
-        while chunk := proc.read():
-            chunks.append(chunk)
-        return Completed(proc.wait(), b"".join(chunks), proc.read_stderr())
-    finally:
-        proc.close()
-
-
-# --------------------------------------------------------------------------- local
-
-
-# What an SSH session would carry over; the coordinator's other variables stay here.
-_LOCAL_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV")
-
-
-def _session_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in _LOCAL_ENV or k.startswith("LC_")}
-
-
-class _LocalProcess:
-    def __init__(self, command: str) -> None:
-        self._popen = subprocess.Popen(
-            ["bash", "-c", command],
-            env=_session_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        self._stderr = b""
-        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
-        self._stderr_thread.start()
-
-    def _drain_stderr(self) -> None:
-        assert self._popen.stderr is not None
-        self._stderr = self._popen.stderr.read()
-
-    def write(self, data: bytes) -> None:
-        stdin = self._popen.stdin
-        assert stdin is not None
-        try:
-            stdin.write(data)
-            stdin.flush()
-        except BrokenPipeError:
-            pass
-
-    def close_stdin(self) -> None:
-        stdin = self._popen.stdin
-        if stdin is not None and not stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                stdin.close()
-
-    def read(self, n: int = 65536) -> bytes:
-        stdout: IO[bytes] | None = self._popen.stdout
-        assert stdout is not None
-        return stdout.read1(n)  # type: ignore[attr-defined]
-
-    def read_stderr(self) -> bytes:
-        self._stderr_thread.join()
-        return self._stderr
-
-    def wait(self) -> int:
-        return self._popen.wait()
-
-    def close(self) -> None:
-        if self._popen.poll() is None:
-            # Like a dropped channel: the command loses its pipes, the helper scripts exit.
-            self.close_stdin()
-            self._popen.kill()
-            self._popen.wait()
-        for stream in (self._popen.stdout, self._popen.stderr):
-            if stream is not None:
-                stream.close()
-
-
-class LocalTransport:
-    """Runs commands on this machine, for the inventory host ``localhost``."""
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.label = host.host
-
-    def start(self, command: str) -> RemoteProcess:
-        return _LocalProcess(command)
-
-    def close(self) -> None:
-        pass
-
-
-# --------------------------------------------------------------------------- ssh
 
 
 class _SshProcess:
@@ -273,7 +131,7 @@ class SshTransport:
                 _detect_dead_link(transport.sock)
 
     def _prepare_host_keys(self) -> None:
-        from sshddp.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
+        from sshddp.hosts.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
 
         client = self._conn.client
         path = self.known_hosts_path()
@@ -307,8 +165,12 @@ def _detect_dead_link(sock: object) -> None:
     if not isinstance(sock, socket.socket):
         return  # a ProxyJump channel: the jump host's connection carries the timeouts
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    tcp = {"TCP_KEEPIDLE": DEAD_PROBE_SECONDS, "TCP_KEEPINTVL": DEAD_PROBE_SECONDS,
-           "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": DEAD_LINK_SECONDS * 1000}  # fmt: skip
+    tcp = {
+        "TCP_KEEPIDLE": DEAD_PROBE_SECONDS,
+        "TCP_KEEPINTVL": DEAD_PROBE_SECONDS,
+        "TCP_KEEPCNT": 3,
+        "TCP_USER_TIMEOUT": DEAD_LINK_SECONDS * 1000,
+    }
     for name, value in tcp.items():
         if hasattr(socket, name):
             options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
@@ -321,7 +183,7 @@ def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> Ho
     """Turn a connection failure into a message that names the host and what to try."""
     import paramiko
 
-    from sshddp.hostkeys import UnknownHostKey
+    from sshddp.hosts.hostkeys import UnknownHostKey
 
     if isinstance(exc, UnknownHostKey):
         return HostUnreachable(host, f"{label}: {exc.message}", exc.hint)
@@ -375,31 +237,3 @@ def _explain_other(exc: BaseException, host: str, label: str) -> HostUnreachable
             "check the port; something else may be listening there, or sshd is overloaded",
         )
     return HostUnreachable(host, f"{label}: cannot connect: {text}", "try `ssh -v` to the host")
-
-
-def open_transport(host: Host, options: SshOptions) -> Transport:
-    """The transport for one inventory host (local for ``localhost``)."""
-    if host.is_local:
-        return LocalTransport(host)
-    return SshTransport(host, options)
-
-
-def node_addr(host: Host, options: SshOptions) -> str:
-    """The address other nodes reach ``host`` at: its ``addr``, else its ssh HostName."""
-    return host.addr or ssh_hostname(host, options)
-
-
-def ssh_hostname(host: Host, options: SshOptions) -> str:
-    """The HostName ssh_config gives a host alias (the alias itself when none)."""
-    if host.is_local:
-        return "127.0.0.1"
-    import paramiko
-
-    path = options.ssh_config or os.path.expanduser("~/.ssh/config")
-    if not os.path.isfile(path):
-        return host.host
-    try:
-        config = paramiko.SSHConfig.from_path(path)
-        return str(config.lookup(host.host).get("hostname", host.host))
-    except (OSError, paramiko.SSHException):
-        return host.host

@@ -1,29 +1,35 @@
 """Pure planning: inventory + launch options -> a frozen ``LaunchPlan``.
 
-Nothing here connects anywhere; the same plan drives ``--dry-run``, the launch and the run
-registry, so what the user reviews is exactly what runs.
+Nothing here connects anywhere or reads a file; the same plan drives ``--dry-run``, the
+preflight, the launch and the run registry, so what the user reviews is exactly what runs.
+Which code ships is decided here too (``decide_code``), from facts about local paths that
+the caller supplies (``LocalPaths``).
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import secrets
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from types import MappingProxyType
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, Optional, Protocol
 
+from sshddp import defaults
 from sshddp.errors import UsageError
-from sshddp.inventory import Host, Inventory
+from sshddp.model import envvars
+from sshddp.model.commands import endpoint, torchrun_argv
+from sshddp.model.envvars import MASK, EnvPairs
+from sshddp.model.inventory import Host, Inventory
+from sshddp.remote import contract
 
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|CREDENTIAL|AUTH|PRIVATE)", re.I)
-MASK = "***"
-RANK_SHIM = "rank.py"  #: written into every node's run directory by boot
 CodeKind = Literal["file", "tar", "remote", "none"]
+PathKind = Literal["file", "dir", "missing"]
 
 
 @dataclass(frozen=True)
@@ -35,13 +41,13 @@ class LaunchOptions:
     script_args: tuple[str, ...] = ()  #: passed to the script verbatim
     nproc_per_node: Optional[int] = None  #: overrides every host's gpus / nproc
     port: Optional[int] = None  #: rendezvous port (overrides the inventory)
-    env: tuple[tuple[str, str], ...] = ()  #: ``--env`` pairs, applied after the inventory's
+    env: EnvPairs = ()  #: ``--env`` pairs, applied after the inventory's
     workdir: Optional[str] = None  #: local directory shipped whole (honours .gitignore)
-    log_dir: str = "sshddp-logs"  #: local log root
+    log_dir: str = defaults.LOG_DIR  #: local log root
     name: Optional[str] = None  #: run id chosen by the user
     max_restarts: int = 0  #: torchrun ``--max-restarts``
-    grace: float = 10.0  #: seconds between SIGTERM and SIGKILL at teardown
-    heartbeat_timeout: float = 30.0  #: seconds of silence after which a node counts as lost
+    grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
 
 
@@ -52,6 +58,13 @@ class CodeSpec:
     kind: CodeKind  #: file: one local file; tar: a local directory; remote/none: nothing shipped
     target: str  #: what torchrun runs: a script path relative to the code dir, or a module
     local_path: Optional[str] = None  #: the local file or directory to ship
+
+
+class LocalPaths(Protocol):
+    """What the planner may know of this machine's files (given by the caller)."""
+
+    def kind(self, path: str) -> PathKind: ...
+    def resolve(self, path: str) -> str: ...  #: absolute, symlinks resolved
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,11 @@ class NodePlan:
     env: Mapping[str, str]  #: inventory env, then ``--env``; the supervisor adds SSHDDP_*
     argv: tuple[str, ...]  #: the torchrun command (argv[0] is the host's python)
     cwd: str  #: working directory of torchrun on the host
+
+    @property
+    def index(self) -> int:
+        """The host's position in the inventory (what the host pool keys results by)."""
+        return self.host.index
 
     @property
     def mark(self) -> str:
@@ -86,9 +104,11 @@ class LaunchPlan:
     script_args: tuple[str, ...]
     grace: float
     log_dir: str  #: local directory of this run's logs
-    heartbeat_timeout: float = 30.0  #: supervisors stop the run after this much silence
+    heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that stops the run
     secret_names: frozenset[str] = field(default_factory=frozenset)  #: env names to mask
     tty: bool = False  #: ranks write to a pty instead of a pipe
+    keep_runs: int = defaults.KEEP_RUNS  #: run directories a host keeps, this run included
+    nproc_per_node: Optional[int] = None  #: the user's override of every host's count
 
     @property
     def peer_port(self) -> int:
@@ -97,37 +117,32 @@ class LaunchPlan:
 
     def masked_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` as it may be shown: secret values replaced by ``***``."""
-        return {k: (MASK if k in self.secret_names else v) for k, v in env.items()}
+        return envvars.masked(env, self.secret_names)
+
+    def spec(self, node: NodePlan) -> contract.SpecRecord:
+        """What the node's spec.json holds (the host contract)."""
+        return {
+            "schema": contract.SCHEMA,
+            "run_id": self.run_id,
+            "node_rank": node.node_rank,
+            "argv": list(node.argv),
+            "cwd": node.cwd,
+            "grace": self.grace,
+            "mark": node.mark,
+            "peers": {
+                "nnodes": len(self.nodes),
+                "addr": self.rdzv_addr,
+                "port": self.peer_port,
+                "timeout": self.heartbeat_timeout,
+                "hosts": [n.host.host for n in self.nodes],
+            },
+            "tty": self.tty,
+        }
 
 
 def new_run_id() -> str:
     """A short, typeable, random run id."""
     return "".join(secrets.choice(RUN_ID_ALPHABET) for _ in range(6))
-
-
-def parse_env_pairs(
-    items: tuple[str, ...], lookup: Callable[[str], Optional[str]]
-) -> tuple[tuple[tuple[str, str], ...], frozenset[str]]:
-    """``KEY=VALUE`` or ``KEY`` (value taken from the local environment, never from argv).
-
-    Returns the pairs and the names whose values must never be shown: every ``--env``
-    value is treated as a secret.
-    """
-    pairs: list[tuple[str, str]] = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not ENV_NAME_RE.match(name):
-            raise UsageError(
-                f"--env {item.split('=')[0][:40]!r}: expected KEY=VALUE or KEY with KEY made "
-                "of letters, digits and underscores, not starting with a digit"
-            )
-        if not sep:
-            found = lookup(name)
-            if found is None:
-                raise UsageError(f"--env {name}: no value given and {name} is not set locally")
-            value = found
-        pairs.append((name, value))
-    return tuple(pairs), frozenset(name for name, _ in pairs)
 
 
 def make_plan(
@@ -141,35 +156,53 @@ def make_plan(
     """Decide node ranks, process counts, the rendezvous endpoint and every command."""
     validate_options(options, run_id)
     hosts = inventory.hosts
-    rdzv_addr = inventory.rendezvous.host or addr_of(hosts[0])
-    rdzv_port = options.port or inventory.rendezvous.port
-    if rdzv_port > 65534:
+    rdzv = (inventory.rendezvous.host or addr_of(hosts[0]), _rdzv_port(inventory, options))
+    nprocs = [options.nproc_per_node or h.procs for h in hosts]
+    extra_env = dict(options.env)
+    program = (*(["-m", code.target] if options.module else [code.target]), *options.script_args)
+    nodes = []
+    for i, h in enumerate(hosts):
+        rundir = run_dir(h.workdir, run_id, i)
+        argv = torchrun_argv(
+            h.python, i, len(hosts), nprocs[i], rdzv, run_id, options.max_restarts, rundir, program
+        )
+        env = MappingProxyType({**h.env, **extra_env})
+        node = NodePlan(
+            host=h,
+            node_rank=i,
+            nproc=nprocs[i],
+            first_rank=sum(nprocs[:i]),
+            rundir=rundir,
+            env=env,
+            argv=argv,
+            cwd=_cwd(code, rundir),
+        )
+        nodes.append(node)
+    return LaunchPlan(
+        run_id=run_id,
+        nodes=tuple(nodes),
+        rdzv_addr=rdzv[0],
+        rdzv_port=rdzv[1],
+        world_size=sum(nprocs),
+        code=code,
+        script_args=options.script_args,
+        grace=options.grace,
+        log_dir=f"{options.log_dir.rstrip('/')}/{run_id}",
+        heartbeat_timeout=options.heartbeat_timeout,
+        secret_names=envvars.secret_names(secret_names, [h.env for h in hosts]),
+        tty=options.tty,
+        nproc_per_node=options.nproc_per_node,
+    )
+
+
+def _rdzv_port(inventory: Inventory, options: LaunchOptions) -> int:
+    port = options.port or inventory.rendezvous.port
+    if port > 65534:
         raise UsageError(
-            f"rendezvous port {rdzv_port}: a run also uses port + 1, so the highest usable "
+            f"rendezvous port {port}: a run also uses port + 1, so the highest usable "
             f"port is 65534; set `rendezvous: {{port: N}}` in {inventory.source} or --port"
         )
-    nprocs = [options.nproc_per_node or h.procs for h in hosts]
-    starts = [sum(nprocs[:i]) for i in range(len(hosts))]
-    extra_env = dict(options.env)
-    secret = secret_names | {k for h in hosts for k in h.env if SECRET_NAME_RE.search(k)}
-    rundirs = [run_dir(h.workdir, run_id, i) for i, h in enumerate(hosts)]
-    nodes = tuple(
-        NodePlan(
-            host=h, node_rank=i, nproc=nprocs[i], first_rank=starts[i], rundir=rundirs[i],
-            env=MappingProxyType({**h.env, **extra_env}),
-            argv=torchrun_argv(h.python, i, len(hosts), nprocs[i], rdzv_addr, rdzv_port,
-                               run_id, options, code, rundirs[i]),
-            cwd=_cwd(code, rundirs[i]),
-        )
-        for i, h in enumerate(hosts)
-    )  # fmt: skip
-    return LaunchPlan(
-        run_id=run_id, nodes=nodes, rdzv_addr=rdzv_addr, rdzv_port=rdzv_port,
-        world_size=sum(nprocs), code=code, script_args=options.script_args,
-        grace=options.grace, log_dir=f"{options.log_dir.rstrip('/')}/{run_id}",
-        heartbeat_timeout=options.heartbeat_timeout,
-        secret_names=frozenset(secret), tty=options.tty,
-    )  # fmt: skip
+    return port
 
 
 def validate_options(options: LaunchOptions, run_id: str) -> None:
@@ -197,55 +230,51 @@ def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
 
 
 def _cwd(code: CodeSpec, rundir: str) -> str:
-    return f"{rundir}/code" if code.kind in ("file", "tar") else "~"
+    return f"{rundir}/{contract.CODE}" if code.kind in ("file", "tar") else "~"
 
 
-def endpoint(addr: str, port: int) -> str:
-    """``host:port``, with brackets around an IPv6 address."""
-    return f"[{addr}]:{port}" if ":" in addr and not addr.startswith("[") else f"{addr}:{port}"
+# --- which code ships ------------------------------------------------------------------------
 
 
-def torchrun_argv(
-    python: str,
-    node_rank: int,
-    nnodes: int,
-    nproc: int,
-    rdzv_addr: str,
-    rdzv_port: int,
-    run_id: str,
-    options: LaunchOptions,
-    code: CodeSpec,
-    rundir: str,
-) -> tuple[str, ...]:
-    """torchrun with a static rendezvous, so host i gets node rank i deterministically.
-
-    Ranks start through ``rank.py`` in the run directory rather than torchrun's default
-    ``python -u``: it runs the script unchanged but line-buffers stdout and stderr, so each
-    line is one write and lines of the ranks sharing the node's log pipe never mix.
-    """
-    argv = [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes),
-        "--node-rank", str(node_rank),
-        "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "static",
-        "--rdzv-endpoint", endpoint(rdzv_addr, rdzv_port),
-        "--rdzv-id", run_id,
-        "--max-restarts", str(options.max_restarts),
-        "--no-python", python, f"{rundir}/{RANK_SHIM}",
-    ]  # fmt: skip
-    program = ["-m", code.target] if options.module else [code.target]
-    return (*argv, *(torchrun_literal(a) for a in (*program, *options.script_args)))
+def decide_code(options: LaunchOptions, paths: LocalPaths) -> CodeSpec:
+    """Decide how the script or module reaches the hosts."""
+    if options.workdir:
+        return _workdir_code(options, options.workdir, paths)
+    if options.module:
+        return CodeSpec("none", options.module)
+    assert options.script is not None
+    kind = paths.kind(options.script)
+    if kind == "dir":
+        raise UsageError(f"{options.script}: is a directory; pass a script, or use --workdir")
+    if kind == "file":
+        local = PurePosixPath(options.script)
+        return CodeSpec("file", local.name, str(local))
+    # Not here: taken as a path on the hosts, relative to the remote home directory.
+    target = options.script[2:] if options.script.startswith("~/") else options.script
+    return CodeSpec("remote", target)
 
 
-def torchrun_literal(arg: str) -> str:
-    """``arg`` as torchrun must receive it for the script to get exactly ``arg``.
+def _workdir_code(options: LaunchOptions, workdir: str, paths: LocalPaths) -> CodeSpec:
+    """The script (or module) inside a shipped --workdir, as a path relative to it."""
+    root = paths.resolve(workdir)
+    if paths.kind(root) != "dir":
+        raise UsageError(f"--workdir {workdir}: not a local directory")
+    if options.module:
+        return CodeSpec("tar", options.module, root)
+    assert options.script is not None
+    script = options.script
+    candidates = [script] if posixpath.isabs(script) else [posixpath.join(root, script), script]
+    for candidate in (paths.resolve(c) for c in candidates):
+        inside = candidate.startswith(root.rstrip("/") + "/")
+        if inside and paths.kind(candidate) == "file":
+            return CodeSpec("tar", posixpath.relpath(candidate, root), root)
+    raise UsageError(
+        f"{options.script}: not a file inside --workdir {workdir} (give the script "
+        "relative to that directory)"
+    )
 
-    torchrun passes every argument after the program through ``string.Template``
-    (``safe_substitute(local_rank=...)``), so ``$$`` would arrive as ``$`` and
-    ``${local_rank}`` as ``0``; with every ``$`` doubled it gives back the text unchanged.
-    """
-    return arg.replace("$", "$$")
+
+# --- the --dry-run text ----------------------------------------------------------------------
 
 
 def describe(plan: LaunchPlan) -> str:

@@ -1,10 +1,11 @@
-"""One SSH channel and one remote interpreter per host for a whole launch.
+"""One SSH channel and one remote interpreter per host for a whole launch (or doctor run).
 
 The host's session (``remote/session.py``) answers the preflight probe, waits for the go,
 stages the node's code, waits for the start (given once every node staged), forks the
-node's supervisor and then streams the node's log. Without it a launch cost every host three
-channels and four interpreters (probe, boot, follow and the supervisor), and on busy hosts
-those starts were most of sshddp's launch latency.
+node's supervisor and then streams the node's log. A doctor run ends it after the probe.
+Without it a launch cost every host three channels and four interpreters (probe, boot,
+follow and the supervisor), and on busy hosts those starts were most of sshddp's launch
+latency.
 """
 
 from __future__ import annotations
@@ -12,21 +13,28 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from sshddp import ops
-from sshddp.transport import RemoteProcess, Transport
+from sshddp.hosts import shipped
+from sshddp.hosts.transport import RemoteProcess, Transport
+from sshddp.remote import contract
 
 
 class HostSession:
     """The coordinator's end of one host's session."""
 
     def __init__(
-        self, transport: Transport, run_id: str, rundir: str, probe: Optional[dict[str, Any]]
+        self,
+        transport: Transport,
+        run_id: str,
+        rundir: str,
+        probe: Optional[dict[str, Any]],
     ) -> None:
+        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
-        self.proc: RemoteProcess = ops.start_script(
-            transport, "session", {"probe": probe}, {"SSHDDP_RUN_ID": run_id}, label=rundir
+        env = {contract.RUN_ID_VAR: run_id} if run_id else None
+        self.proc: RemoteProcess = shipped.start(
+            transport, "session", {"probe": probe}, env, label=rundir or None
         )
         self._buffer = b""
         self.closed = False
@@ -37,12 +45,12 @@ class HostSession:
             chunk = self.proc.read(65536)
             if not chunk:
                 line, self._buffer = self._buffer, b""
-                return ops.decode(
+                return shipped.decode(
                     self.transport, what, line, self.proc.read_stderr(), self.proc.wait()
                 )
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
-        return ops.decode(self.transport, what, line, b"", None)
+        return shipped.decode(self.transport, what, line, b"", None)
 
     def go(self, boot_args: dict[str, Any], code: bytes) -> None:
         """Tell the host to boot: its probe lets go of the rendezvous port first."""
@@ -81,9 +89,9 @@ class HostSession:
         self.closed = True
         try:
             self.proc.close_stdin()
-        except Exception:  # noqa: BLE001 - the channel may be gone already
+        except Exception:  # the channel may be gone already
             pass
         try:
             self.proc.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from sshddp import defaults
 from sshddp.errors import UsageError
-from sshddp.plan import CodeSpec, LaunchOptions
+from sshddp.model.plan import CodeSpec, LaunchOptions, decide_code
+from sshddp.run.inputs import LocalFiles
 
-MAX_BUNDLE = 512 * 1024 * 1024
+MAX_BUNDLE = defaults.MAX_CODE_BYTES
 
 
 @dataclass(frozen=True)
@@ -37,45 +39,12 @@ class Payload:
             return sum(m.size for m in tar.getmembers())
 
     def header(self) -> dict[str, object]:
-        return {"kind": self.kind, "name": self.name, "size": len(self.data),
-                "sha256": self.sha256}  # fmt: skip
+        return {"kind": self.kind, "name": self.name, "size": len(self.data), "sha256": self.sha256}
 
 
 def code_spec(options: LaunchOptions) -> CodeSpec:
-    """Decide how the script or module reaches the hosts."""
-    if options.workdir:
-        return _workdir_spec(options)
-    if options.module:
-        return CodeSpec("none", options.module)
-    assert options.script is not None
-    local = Path(options.script)
-    if local.is_dir():
-        raise UsageError(f"{options.script}: is a directory; pass a script, or use --workdir")
-    if local.is_file():
-        return CodeSpec("file", local.name, str(local))
-    # Not here: taken as a path on the hosts, relative to the remote home directory.
-    target = options.script[2:] if options.script.startswith("~/") else options.script
-    return CodeSpec("remote", target)
-
-
-def _workdir_spec(options: LaunchOptions) -> CodeSpec:
-    """The script (or module) inside a shipped --workdir, as a path relative to it."""
-    assert options.workdir is not None
-    root = Path(options.workdir).resolve()
-    if not root.is_dir():
-        raise UsageError(f"--workdir {options.workdir}: not a local directory")
-    if options.module:
-        return CodeSpec("tar", options.module, str(root))
-    assert options.script is not None
-    script = Path(options.script)
-    candidates = [script] if script.is_absolute() else [root / script, Path.cwd() / script]
-    for candidate in (c.resolve() for c in candidates):
-        if candidate.is_file() and candidate.is_relative_to(root):
-            return CodeSpec("tar", candidate.relative_to(root).as_posix(), str(root))
-    raise UsageError(
-        f"{options.script}: not a file inside --workdir {options.workdir} (give the script "
-        "relative to that directory)"
-    )
+    """Decide how the script or module reaches the hosts, looking at this machine's files."""
+    return decide_code(options, LocalFiles())
 
 
 def build_payload(code: CodeSpec) -> Payload:

@@ -1,4 +1,4 @@
-"""Pure checks: host facts (from the probe) + the inventory -> findings with fixes.
+"""Pure checks: host facts (from the probe) + what the run needs -> findings with fixes.
 
 Parity checks compare each host with the most common value across reachable hosts (ties go
 to the earliest host), so a single odd host is the one flagged.
@@ -7,19 +7,98 @@ to the earliest host), so a single odd host is the one flagged.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypedDict
 
-from sshddp.inventory import Host
-from sshddp.plan import endpoint
+from sshddp.model.commands import endpoint
+from sshddp.model.inventory import Host
+from sshddp.model.plan import LaunchPlan
 
-Facts = Mapping[str, Any]
 LOW_DISK = 1 << 30
 START_HEADROOM = 1 << 20  # spec, supervisor, state files and the first lines of node.log
-CHECKS = ("ssh", "python", "torch", "cuda", "nccl", "gpus", "gpu_model", "port", "rdzv",
-          "disk", "script")  # fmt: skip
+CHECKS = (
+    "ssh",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "gpus",
+    "gpu_model",
+    "port",
+    "rdzv",
+    "disk",
+    "script",
+)
+
+
+class PythonFacts(TypedDict, total=False):
+    version: str
+    executable: str
+
+
+class TorchFacts(TypedDict, total=False):
+    """torch as installed for the host's interpreter; the deep probe imports it too."""
+
+    version: Optional[str]  #: the installed distribution's version
+    cuda: Optional[str]  #: the CUDA it was built for (None: a CPU build)
+    nccl_package: Optional[str]  #: the nvidia-nccl wheel beside it
+    cuda_available: bool
+    device_count: int
+    nccl: Optional[str]
+    gpu_names: list[str]
+    distributed: bool
+    error: str  #: importing torch failed
+
+
+class DiskFacts(TypedDict, total=False):
+    path: str
+    free_bytes: int
+    error: str
+
+
+class PortFacts(TypedDict, total=False):
+    port: int
+    free: bool  #: the rendezvous port could be bound
+    error: Optional[str]
+    peer_free: bool  #: so could the port above it (the supervisors')
+    peer_error: Optional[str]
+
+
+class RendezvousFacts(TypedDict, total=False):
+    ok: bool  #: a TCP connect to the rendezvous endpoint succeeded
+    addr: str
+    port: int
+    error: str
+
+
+class ScriptFacts(TypedDict, total=False):
+    path: str
+    exists: bool
+
+
+class ProbeFacts(TypedDict, total=False):
+    """What ``remote/probe.py`` reports of a host (its JSON document)."""
+
+    hostname: str
+    os: str
+    python: PythonFacts
+    cuda_visible_devices: Optional[str]
+    disk: DiskFacts
+    port: PortFacts  #: only from the rendezvous host
+    rendezvous: RendezvousFacts
+    torch: Optional[TorchFacts]
+    nvidia_smi: Optional[dict[str, Any]]  #: {"gpus": [...], "processes": [...], "error"}
+    gpu_dev_count: Optional[int]
+    script: ScriptFacts
+    too_old: str  #: the interpreter is older than 3.8 (its version)
+    executable: str
+    python_missing: str  #: the configured interpreter does not exist (its path)
+    reached: bool
+
+
+Facts = ProbeFacts
 
 
 class Status(str, Enum):
@@ -59,6 +138,18 @@ class Context:
     script_is_local: bool = False  #: it exists on this machine (it will be shipped)
     nproc_override: Optional[int] = None
     code_bytes: Optional[int] = None  #: bytes the shipped code takes on a host's disk (launch)
+
+    @classmethod
+    def for_launch(cls, plan: LaunchPlan, code_bytes: int) -> Context:
+        """What a launch's preflight checks: everything comes from the plan."""
+        remote = plan.code.target if plan.code.kind == "remote" else None
+        return cls(
+            rdzv_addr=plan.rdzv_addr,
+            rdzv_port=plan.rdzv_port,
+            script=remote,
+            nproc_override=plan.nproc_per_node,
+            code_bytes=code_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -183,23 +274,29 @@ def _python(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Find
     ver = python_version(f)
     if f.get("python_missing"):
         return Finding(
-            "python", Status.FAIL, f"the interpreter {hf.host.python} does not exist",
+            "python",
+            Status.FAIL,
+            f"the interpreter {hf.host.python} does not exist",
             f"set `python:` for {hf.host.host} in the inventory to the interpreter that has "
             "torch (e.g. /opt/venv/bin/python)",
-        )  # fmt: skip
+        )
     if f.get("too_old"):
         return Finding(
-            "python", Status.FAIL, f"{hf.host.python} is Python {f['too_old']}; 3.8+ is needed",
+            "python",
+            Status.FAIL,
+            f"{hf.host.python} is Python {f['too_old']}; 3.8+ is needed",
             f"set `python:` for {hf.host.host} in the inventory to a Python 3.8+ interpreter",
-        )  # fmt: skip
+        )
     ref = refs["python"]
     exe = (f.get("python") or {}).get("executable", hf.host.python)
     if ref and ver != ref:
         return Finding(
-            "python", Status.FAIL, f"Python {ver} ({exe}); {_who_has(ref)}",
+            "python",
+            Status.FAIL,
+            f"Python {ver} ({exe}); {_who_has(ref)}",
             f"use the same Python minor version everywhere: set `python:` for {hf.host.host} "
             f"to a Python {ref} interpreter (e.g. a venv made with python{ref})",
-        )  # fmt: skip
+        )
     return Finding("python", Status.OK, f"Python {ver} ({exe})")
 
 
@@ -212,21 +309,27 @@ def _torch(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findi
         return Finding("torch", Status.SKIP, _NOT_CHECKED)
     if ver is None:
         return Finding(
-            "torch", Status.FAIL, f"torch is not installed for {hf.host.python}",
+            "torch",
+            Status.FAIL,
+            f"torch is not installed for {hf.host.python}",
             f"`{hf.host.python} -m pip install torch{pin}` on {hf.host.host}, or set "
             "`python:` in the inventory to the interpreter that has torch",
-        )  # fmt: skip
+        )
     err = (f.get("torch") or {}).get("error")
     if err:
         return Finding(
-            "torch", Status.FAIL, f"torch {ver} is installed but failed to import: {err}",
+            "torch",
+            Status.FAIL,
+            f"torch {ver} is installed but failed to import: {err}",
             f"run `{hf.host.python} -c 'import torch'` on {hf.host.host} and fix its error",
-        )  # fmt: skip
+        )
     if ref and ver != ref:
         return Finding(
-            "torch", Status.FAIL, f"torch {ver}; {_who_has(ref)}",
+            "torch",
+            Status.FAIL,
+            f"torch {ver}; {_who_has(ref)}",
             f"`{hf.host.python} -m pip install torch=={ref}` on {hf.host.host}",
-        )  # fmt: skip
+        )
     return Finding("torch", Status.OK, f"torch {ver}")
 
 
@@ -252,10 +355,12 @@ def _gpu_model(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> O
             notes.append(f"{label} {value}; {_who_has(ref)}")
     if notes:
         return Finding(
-            "gpu_model", Status.WARN, "; ".join(notes),
+            "gpu_model",
+            Status.WARN,
+            "; ".join(notes),
             "mixed GPU models or drivers work but the slowest node sets the pace; "
             "align drivers with your package manager where you can",
-        )  # fmt: skip
+        )
     model = gpu_models(f)
     return Finding("gpu_model", Status.OK if model else Status.SKIP, model or "no GPU")
 
@@ -272,10 +377,12 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
     cvd = f.get("cuda_visible_devices")
     if have is None:
         return Finding(
-            "gpus", Status.FAIL, f"{want} GPUs expected, none found (no nvidia-smi, no driver)",
+            "gpus",
+            Status.FAIL,
+            f"{want} GPUs expected, none found (no nvidia-smi, no driver)",
             f"install the NVIDIA driver on {hf.host.host}, or set `gpus: 0` and `nproc:` for "
             "a CPU host",
-        )  # fmt: skip
+        )
     if have < want:
         why = (
             f" (CUDA_VISIBLE_DEVICES={cvd!r} in a non-interactive SSH session hides the rest)"
@@ -292,9 +399,11 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
     if busy:
         pids = ", ".join(f"{p['pid']} ({p['name']}, {p['mib']} MiB)" for p in busy[:4])
         return Finding(
-            "gpus", Status.WARN, f"{have} GPUs; already in use by {pids}",
+            "gpus",
+            Status.WARN,
+            f"{have} GPUs; already in use by {pids}",
             f"stop those processes on {hf.host.host} if they are left over from an old run",
-        )  # fmt: skip
+        )
     return Finding("gpus", Status.OK, f"{have} GPUs")
 
 
@@ -305,19 +414,22 @@ def _port(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     if port.get("free") and port.get("peer_free") is False:
         peer = ctx.rdzv_port + 1
         return Finding(
-            "port", Status.FAIL,
+            "port",
+            Status.FAIL,
             f"port {peer} (sshddp's supervisors, rendezvous port + 1) is taken "
             f"({port.get('peer_error')})",
             f"pick another rendezvous port with --port / `rendezvous: {{port: N}}`, or find "
             f"the holder with `ss -ltnp 'sport = :{peer}'` on {hf.host.host}",
-        )  # fmt: skip
+        )
     if port.get("free"):
         return Finding("port", Status.OK, f"ports {ctx.rdzv_port} and {ctx.rdzv_port + 1} free")
     return Finding(
-        "port", Status.FAIL, f"rendezvous port {ctx.rdzv_port} is taken ({port.get('error')})",
+        "port",
+        Status.FAIL,
+        f"rendezvous port {ctx.rdzv_port} is taken ({port.get('error')})",
         f"pick another with --port / `rendezvous: {{port: N}}`, or find the holder with "
         f"`ss -ltnp 'sport = :{ctx.rdzv_port}'` on {hf.host.host}",
-    )  # fmt: skip
+    )
 
 
 def _rdzv(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
@@ -332,10 +444,12 @@ def _rdzv(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     if r.get("ok"):
         return Finding("rdzv", Status.OK, f"connects to {target}")
     return Finding(
-        "rdzv", Status.FAIL, f"cannot connect to the rendezvous {target}: {r.get('error')}",
+        "rdzv",
+        Status.FAIL,
+        f"cannot connect to the rendezvous {target}: {r.get('error')}",
         f"open TCP port {ctx.rdzv_port} on the first host to {hf.host.host} (firewall, "
         "security group), or set `addr:` of the first host to an address both can use",
-    )  # fmt: skip
+    )
 
 
 def _disk(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
@@ -347,17 +461,20 @@ def _disk(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     need = (ctx.code_bytes or 0) + START_HEADROOM
     if ctx.code_bytes is not None and free < need:
         return Finding(
-            "disk", Status.FAIL,
+            "disk",
+            Status.FAIL,
             f"only {_mb(free)} free under {disk.get('path')}; the run needs about {_mb(need)} "
             f"there ({_mb(ctx.code_bytes)} of code); it would fail with 'No space left on device'",
             f"free space on {hf.host.host}, ship less code (.gitignore), or point `workdir:` "
             "to a bigger disk",
-        )  # fmt: skip
+        )
     if free < LOW_DISK:
         return Finding(
-            "disk", Status.WARN, f"only {gib:.2f} GiB free under {disk.get('path')}",
+            "disk",
+            Status.WARN,
+            f"only {gib:.2f} GiB free under {disk.get('path')}",
             f"free space on {hf.host.host} or point `workdir:` to a bigger disk",
-        )  # fmt: skip
+        )
     return Finding("disk", Status.OK, f"{gib:.0f} GiB free")
 
 
@@ -376,9 +493,11 @@ def _script(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Opti
     if s.get("exists"):
         return Finding("script", Status.OK, f"{ctx.script} present on the host")
     return Finding(
-        "script", Status.FAIL, f"{ctx.script} is neither a local file nor present on the host",
+        "script",
+        Status.FAIL,
+        f"{ctx.script} is neither a local file nor present on the host",
         f"copy it to {hf.host.host} or run sshddp from the directory that holds it",
-    )  # fmt: skip
+    )
 
 
 _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
@@ -396,6 +515,6 @@ _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
 )
 
 
-def failures(reports: Sequence[HostReport]) -> list[tuple[Host, Finding]]:
-    """Every failing finding, host by host."""
-    return [(r.host, f) for r in reports for f in r.findings if f.status is Status.FAIL]
+def reports_ok(reports: Sequence[HostReport]) -> bool:
+    """No check failed on any host (warnings pass)."""
+    return not any(r.failed for r in reports)

@@ -18,27 +18,20 @@ from typing import Any, Literal, NoReturn, Optional
 
 import yaml
 
+from sshddp import defaults
 from sshddp.errors import InventoryError
 
 __all__ = [
-    "DEFAULT_PYTHON",
-    "DEFAULT_RDZV_PORT",
-    "DEFAULT_WORKDIR",
     "Format",
     "Host",
     "Inventory",
     "Rendezvous",
-    "load_inventory",
+    "format_of",
     "parse_inventory",
 ]
 
-DEFAULT_PYTHON = "python3"
-DEFAULT_WORKDIR = "~/.sshddp"
-DEFAULT_RDZV_PORT = 29500
-
 Format = Literal["auto", "yaml", "hostfile"]
 
-_MAX_BYTES = 1 << 20  # an inventory is a few hundred lines; refuse to slurp a wrong path
 _SHOW_WIDTH = 60
 _SNIPPET_WIDTH = 120
 
@@ -57,11 +50,11 @@ class Host:
     port: Optional[int] = None  #: ssh port; None = ssh_config / 22
     gpus: Optional[int] = None  #: GPUs expected on the host and used
     nproc: Optional[int] = None  #: processes for a CPU host
-    python: str = DEFAULT_PYTHON  #: interpreter with torch on the host
+    python: str = defaults.PYTHON  #: interpreter with torch on the host
     addr: Optional[str] = None  #: address the other nodes use to reach it
     #: defaults.env merged with the host's env (read-only); excluded from hash as a dict is
     env: Mapping[str, str] = field(default_factory=_frozen_env, hash=False)
-    workdir: str = DEFAULT_WORKDIR  #: remote base directory for sshddp's files
+    workdir: str = defaults.WORKDIR  #: remote base directory for sshddp's files
     line: int = 0  #: 1-based line of the host's entry in the file (0 if unknown)
 
     def __post_init__(self) -> None:
@@ -85,7 +78,7 @@ class Host:
 class Rendezvous:
     """Where torchrun's c10d rendezvous listens."""
 
-    port: int = DEFAULT_RDZV_PORT  #: TCP port of the rendezvous
+    port: int = defaults.RDZV_PORT  #: TCP port of the rendezvous
     host: Optional[str] = None  #: address of the rendezvous; None = the first host's addr
 
 
@@ -99,12 +92,6 @@ class Inventory:
 
 
 # --- public entry points -------------------------------------------------------------------
-
-
-def load_inventory(path: str | os.PathLike[str]) -> Inventory:
-    """Read and validate an inventory file; the format follows the name (see ``_format_of``)."""
-    name = os.fspath(path)
-    return parse_inventory(_read_text(name), source=name, fmt=_format_of(name))
 
 
 def parse_inventory(text: str, source: str = "<string>", *, fmt: Format = "auto") -> Inventory:
@@ -122,7 +109,8 @@ def parse_inventory(text: str, source: str = "<string>", *, fmt: Format = "auto"
     return _parse_auto(doc)
 
 
-def _format_of(name: str) -> Format:
+def format_of(name: str) -> Format:
+    """The inventory format a file name says (``auto``: look at the text)."""
     base = os.path.basename(name).lower()
     suffix = os.path.splitext(base)[1]
     if suffix in (".yaml", ".yml"):
@@ -130,31 +118,6 @@ def _format_of(name: str) -> Format:
     if suffix in (".txt", ".hosts", ".hostfile") or base == "hostfile":
         return "hostfile"
     return "auto"
-
-
-def _read_text(name: str) -> str:
-    try:
-        with open(name, "rb") as stream:
-            data = stream.read(_MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise InventoryError(f"{name}: inventory file not found.") from None
-    except IsADirectoryError:
-        raise InventoryError(f"{name}: is a directory, not an inventory file.") from None
-    except PermissionError:
-        raise InventoryError(f"{name}: cannot read the inventory: permission denied.") from None
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        reason = getattr(exc, "strerror", None) or exc
-        raise InventoryError(f"{name}: cannot read the inventory: {reason}.") from None
-    if len(data) > _MAX_BYTES:
-        raise InventoryError(f"{name}: larger than {_MAX_BYTES} bytes; not an inventory file.")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise InventoryError(
-            f"{name}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset "
-            f"{exc.start}); save the inventory as UTF-8."
-        ) from None
 
 
 # --- error reporting -----------------------------------------------------------------------

@@ -10,13 +10,24 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import BinaryIO, Optional
+from typing import BinaryIO, Optional, Protocol
 
 from sshddp.errors import LogWriteFailed, UsageError
+from sshddp.model.plan import LaunchPlan
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
 _RESET = b"\x1b[0m"
 _MAX_PARTIAL = 64 * 1024
+
+
+class Screen(Protocol):
+    """What a run writes to the user's terminal (``cli.terminal.Terminal`` is one)."""
+
+    stdout_bytes: BinaryIO  #: the ranks' output, prefixed, goes here
+    color: bool
+
+    def out(self, text: str) -> None: ...
+    def err(self, text: str) -> None: ...
 
 
 def log_name(node_rank: int, host: str) -> str:
@@ -27,10 +38,10 @@ def log_name(node_rank: int, host: str) -> str:
 class Console:
     """Prefixed, line-buffered console output shared by every node's thread."""
 
-    def __init__(self, stream: BinaryIO, color: bool, quiet: bool = False) -> None:
+    def __init__(self, stream: BinaryIO, color: bool) -> None:
         self._stream = stream
         self._color = color
-        self._quiet = quiet
+        self._quiet = False  # the reader went away (`| head`); the log files go on
         self._lock = threading.Lock()
         self._partial: dict[int, bytes] = {}
         self._prefix: dict[int, bytes] = {}
@@ -118,9 +129,6 @@ class NodeLogs:
     def size(self, node_rank: int) -> int:
         return os.fstat(self._files[node_rank].fileno()).st_size
 
-    def tail(self, node_rank: int, lines: int = 20) -> list[str]:
-        return tail_lines(self.paths.get(node_rank), lines)
-
     def close(self) -> None:
         for fh in self._files.values():
             fh.close()
@@ -136,3 +144,16 @@ def tail_lines(path: Optional[Path], lines: int) -> list[str]:
         fh.seek(max(0, size - 256 * 1024))
         data = fh.read()
     return data.decode("utf-8", "replace").splitlines()[-lines:]
+
+
+def open_sinks(
+    plan: LaunchPlan, log_dir: Path, stream: BinaryIO, color: bool
+) -> tuple[NodeLogs, Console]:
+    """A run's local log files (opened to append, resuming) and its prefixed console."""
+    logs = NodeLogs(log_dir)
+    console = Console(stream, color)
+    width = max(len(f"[{n.node_rank} {n.host.host}]") for n in plan.nodes)
+    for node in plan.nodes:
+        logs.open(node.node_rank, node.host.host)
+        console.add_node(node.node_rank, node.host.host, width)
+    return logs, console

@@ -1,4 +1,7 @@
-"""Rendering results for people and machines: the doctor table and the run report."""
+"""Rendering results for people and machines: the doctor table and JSON, and the run report.
+
+Pure: everything here returns text or rich renderables; the CLI prints them.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +9,20 @@ import json
 import re
 import signal
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from sshddp.checks import CHECKS, HostFacts, HostReport, Status
+from sshddp import defaults
+from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
+from sshddp.model.state import NodeState, RunResult, peer_cause
 
 if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
-    from rich.console import Console
+    from rich.console import RenderableType
 
 _SYMBOL = {Status.OK: "ok", Status.WARN: "warn", Status.FAIL: "FAIL", Status.SKIP: "-"}
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
 
 
-def console(stream: IO[str], color: bool) -> Console:
-    from rich.console import Console
-
-    return Console(file=stream, no_color=not color, highlight=False, width=200, soft_wrap=True,
-                   force_terminal=color)  # fmt: skip
-
-
-def doctor_table(reports: Sequence[HostReport], out: Console) -> None:
+def doctor_table(reports: Sequence[HostReport]) -> list[RenderableType]:
     """One row per host, one column per check, then every problem with its fix."""
     from rich.markup import escape
     from rich.table import Table
@@ -41,43 +39,52 @@ def doctor_table(reports: Sequence[HostReport], out: Console) -> None:
             f = r.get(check)
             cells.append("" if f is None else f"[{_STYLE[f.status]}]{_SYMBOL[f.status]}[/]")
         table.add_row(str(r.host.index), escape(r.host.host), *cells)
-    out.print(table)
-    problems = [(r, f) for r in reports for f in r.findings
-                if f.status in (Status.FAIL, Status.WARN)]  # fmt: skip
+    return [table, *_problems(reports)]
+
+
+def _problems(reports: Sequence[HostReport]) -> list[RenderableType]:
+    from rich.markup import escape
+
+    problems = [
+        (r, f) for r in reports for f in r.findings if f.status in (Status.FAIL, Status.WARN)
+    ]
     if not problems:
-        out.print(f"All checks passed on {len(reports)} host(s).")
-        return
-    out.print()
+        return [f"All checks passed on {len(reports)} host(s)."]
+    lines: list[RenderableType] = [""]
     for r, f in problems:
         label = "FAIL" if f.status is Status.FAIL else "warn"
         host, msg = escape(r.host.host), escape(f.message)
-        out.print(f"[{_STYLE[f.status]}]{label}[/] {host} [bold]{f.check}[/]: {msg}")
+        lines.append(f"[{_STYLE[f.status]}]{label}[/] {host} [bold]{f.check}[/]: {msg}")
         if f.fix:
-            out.print(f"     fix: {escape(f.fix)}")
+            lines.append(f"     fix: {escape(f.fix)}")
     fails = sum(1 for _, f in problems if f.status is Status.FAIL)
     warns = len(problems) - fails
-    out.print(f"\n{fails} failing check(s), {warns} warning(s) on {len(reports)} host(s).")
+    lines.append(f"\n{fails} failing check(s), {warns} warning(s) on {len(reports)} host(s).")
+    return lines
 
 
 def doctor_json(facts: Sequence[HostFacts], reports: Sequence[HostReport]) -> str:
     hosts: list[dict[str, Any]] = []
     for hf, r in zip(facts, reports):
-        hosts.append({
-            "host": r.host.host,
-            "node": r.host.index,
-            "facts": hf.facts,
-            "error": hf.error,
-            "findings": [{"check": f.check, "status": f.status.value, "message": f.message,
-                          "fix": f.fix} for f in r.findings],
-        })  # fmt: skip
-    ok = not any(r.failed for r in reports)
-    return json.dumps({"ok": ok, "hosts": hosts}, indent=2, sort_keys=False)
+        findings = [
+            {"check": f.check, "status": f.status.value, "message": f.message, "fix": f.fix}
+            for f in r.findings
+        ]
+        hosts.append(
+            {
+                "host": r.host.host,
+                "node": r.host.index,
+                "facts": hf.facts,
+                "error": hf.error,
+                "findings": findings,
+            }
+        )
+    return json.dumps({"ok": reports_ok(reports), "hosts": hosts}, indent=2, sort_keys=False)
 
 
 _RANK_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _SIGNAL_RE = re.compile(r"Signal (\d+) \((SIG\w+)\)")
-TAIL_LINES = 20
 
 
 def torchrun_failure(lines: Sequence[str]) -> dict[str, Any]:
@@ -105,7 +112,9 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def user_tail(lines: Sequence[str], n: int = TAIL_LINES, rank: Optional[int] = None) -> list[str]:
+def user_tail(
+    lines: Sequence[str], n: int = defaults.TAIL_LINES, rank: Optional[int] = None
+) -> list[str]:
     """The last ``n`` lines of the ranks' own output, without torchrun's failure summary.
 
     When torchrun names the failing ``rank`` and that rank's error lines are there (torch
@@ -129,7 +138,7 @@ def user_tail(lines: Sequence[str], n: int = TAIL_LINES, rank: Optional[int] = N
     return list(lines[:cut])[-n:]
 
 
-def run_report(result: Any, full_tail: Sequence[str]) -> str:
+def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     """Every node's state, then the root cause with the failing node's last lines."""
     out = [f"sshddp: run {result.run_id} " + _verdict(result)]
     for n in result.nodes:
@@ -137,22 +146,17 @@ def run_report(result: Any, full_tail: Sequence[str]) -> str:
         if n.returncode not in (None, 0) and not n.reason:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
-    if result.root_cause is None:
+    node = result.root
+    if node is None:
         cause = peer_cause(result)
         if cause:
             out.append(f"root cause (as the supervisors saw it): {cause}")
         return "\n".join(out)
-    node = next(n for n in result.nodes if n.node_rank == result.root_cause)
     info = torchrun_failure(full_tail)
     where = f"node {node.node_rank} on {node.host}"
     if "rank" in info:
         where += f", global rank {info['rank']} (local rank {info['local_rank']})"
-    how = (
-        f"killed by {info['signal']}" if "signal" in info
-        else f"exit code {info['exitcode']}" if "exitcode" in info
-        else node.reason or node.state.value
-    )  # fmt: skip
-    out.append(f"root cause: {where}: {how}")
+    out.append(f"root cause: {where}: {_how(info, node.reason or node.state.value)}")
     tail = user_tail(full_tail, rank=info.get("rank"))
     if tail:
         out.append(f"--- last {len(tail)} lines of node {node.node_rank}'s output ---")
@@ -163,32 +167,28 @@ def run_report(result: Any, full_tail: Sequence[str]) -> str:
     return "\n".join(out)
 
 
-def peer_cause(result: Any) -> str:
-    """Why the supervisors stopped the run, when no node the coordinator reached failed
-    itself: a node they lost (partitioned, powered off) shows only in the others' records."""
-    if result.interrupted or result.ok:
-        return ""
-    prefix = "stopped: "
-    for n in sorted(result.nodes, key=lambda n: n.node_rank):
-        if n.state.value == "stopped" and n.reason.startswith(prefix):
-            return str(n.reason[len(prefix) :])
-    return ""
+def _how(info: dict[str, Any], otherwise: str) -> str:
+    if "signal" in info:
+        return f"killed by {info['signal']}"
+    if "exitcode" in info:
+        return f"exit code {info['exitcode']}"
+    return otherwise
 
 
-def _verdict(result: Any) -> str:
+def _verdict(result: RunResult) -> str:
     if result.ok:
         return "succeeded"
     if result.interrupted:
         return "was stopped (Ctrl-C)"
-    if result.extra.get("log_error"):
+    if result.log_error:
         return (
-            f"goes on without us (detached): {result.extra['log_error']}. The hosts keep every "
+            f"goes on without us (detached): {result.log_error}. The hosts keep every "
             f"byte: free space, then `sshddp attach {result.run_id}` (or `sshddp logs`) "
             "completes the local logs"
         )
     if result.detached:
         return "goes on without us (detached)"
-    if any(n.state.value == "unreachable" for n in result.nodes):
+    if any(n.state is NodeState.UNREACHABLE for n in result.nodes):
         if peer_cause(result):  # a cut-off supervisor stops its own node
             return "failed; lost contact with some hosts, whose supervisors stop on their own"
         return "lost contact with some hosts; the run may still be going"

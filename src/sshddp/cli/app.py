@@ -1,0 +1,97 @@
+"""The command line: one group of commands, and the one place that maps errors to exits.
+
+``main`` is the console script; ``run`` runs the CLI in-process and returns the status
+(tests use it). Only here is ``sys.exit`` called and a final error message printed;
+everything below raises ``SshddpError`` (httpie's ``main``/``program`` split).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Optional
+
+import click
+
+from sshddp import __version__
+from sshddp.cli.doctor import doctor
+from sshddp.cli.launch import launch
+from sshddp.cli.options import CONTEXT, Exit
+from sshddp.cli.runs import attach, logs, ps, stop
+from sshddp.cli.terminal import Terminal
+from sshddp.errors import ExitCode, SshddpError
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="sshddp")
+@click.option(
+    "--traceback",
+    is_flag=True,
+    envvar="SSHDDP_TRACEBACK",
+    help="Show Python tracebacks of errors (for bug reports).",
+)
+@click.pass_context
+def cli(ctx: click.Context, traceback: bool) -> None:
+    """Run PyTorch distributed training across machines over plain SSH."""
+    ctx.meta["traceback"] = traceback
+
+
+for _command in (doctor, launch, attach, logs, ps, stop):
+    cli.add_command(_command)
+
+
+def main(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = None) -> None:
+    """Console-script entry point: exits with the documented status."""
+    sys.exit(run(argv, terminal))
+
+
+def run(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = None) -> int:
+    """Run the CLI in-process; returns the exit status (used by tests)."""
+    terminal = terminal or Terminal.from_process()
+    args = list(sys.argv[1:] if argv is None else argv)
+    show_tb = "--traceback" in args or terminal.environ.get("SSHDDP_TRACEBACK") == "1"
+    try:
+        # click prints --help and --version to sys.stdout; they belong to the terminal too.
+        with contextlib.redirect_stdout(terminal.stdout):
+            cli.main(args=args, prog_name="sshddp", standalone_mode=False, obj=terminal)
+        return ExitCode.OK
+    except Exit as done:
+        return done.code
+    except click.exceptions.Exit as done:
+        return int(done.exit_code)
+    except click.ClickException as exc:
+        terminal.err(f"sshddp: error: {exc.format_message()}\n(see `sshddp {_cmd(args)}--help`)")
+        return ExitCode.BAD_INPUT
+    except click.exceptions.Abort:
+        terminal.err("sshddp: interrupted")
+        return ExitCode.INTERRUPTED
+    except SshddpError as exc:
+        return _failed(terminal, exc, show_tb)
+    except KeyboardInterrupt:
+        terminal.err("sshddp: interrupted")
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # the last line of defence: a bug, reported without a traceback
+        if show_tb:
+            traceback.print_exc(file=terminal.stderr)
+        terminal.err(
+            f"sshddp: internal error: {type(exc).__name__}: {exc}\n"
+            "This is a bug in sshddp; rerun with --traceback and report it."
+        )
+        return ExitCode.INTERNAL
+
+
+def _failed(terminal: Terminal, exc: SshddpError, show_tb: bool) -> int:
+    if show_tb:
+        traceback.print_exc(file=terminal.stderr)
+    terminal.err(f"sshddp: error: {exc.message}")
+    hint = getattr(exc, "hint", "")
+    if hint:
+        terminal.err(f"  fix: {hint}")
+    return int(exc.exit_code)
+
+
+def _cmd(args: list[str]) -> str:
+    names = set(cli.commands)
+    return next((a + " " for a in args if a in names), "")

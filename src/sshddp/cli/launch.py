@@ -1,0 +1,137 @@
+"""``sshddp launch``: parse the launch's options, run it, print its report, exit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import click
+
+from sshddp import defaults
+from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.terminal import Terminal
+from sshddp.errors import ExitCode, UsageError
+from sshddp.model.envvars import parse_env_pairs
+from sshddp.model.plan import LaunchOptions
+from sshddp.model.report import doctor_table, run_report
+from sshddp.model.state import RunResult
+from sshddp.run import coordinator
+from sshddp.run.inputs import load_inventory
+from sshddp.run.preflight import PreflightFailed
+from sshddp.run.sinks import tail_lines
+
+REPORT_TAIL = 400  # lines of the failing node's log the report looks through
+
+
+# Not interspersed: parsing stops at INVENTORY, so the script's own options pass through.
+@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.argument("inventory", type=click.Path())
+@click.argument("script_and_args", nargs=-1, type=click.UNPROCESSED)
+@ssh_options
+@click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
+@click.option(
+    "--nproc-per-node", type=int, metavar="N", help="Processes per node (default: gpus, or nproc)."
+)
+@click.option("--port", type=int, metavar="N", help="Rendezvous port.")
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Environment for every rank (repeatable); KEY alone copies it from here.",
+)
+@click.option("--workdir", metavar="DIR", help="Ship this local directory (honours .gitignore).")
+@click.option("--log-dir", default=defaults.LOG_DIR, show_default=True, metavar="DIR")
+@click.option("--name", metavar="NAME", help="Run id (refused if it exists).")
+@click.option("--dry-run", is_flag=True, help="Print the per-node plan; connect to nothing.")
+@click.option("--no-check", is_flag=True, help="Skip the preflight checks.")
+@click.option("--detach", is_flag=True, help="Return once every node has started.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=defaults.GRACE,
+    show_default=True,
+    metavar="SECONDS",
+    help="SIGTERM to SIGKILL at teardown.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0.5),
+    default=defaults.HEARTBEAT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="A node silent this long counts as lost, and the run is stopped.",
+)
+@click.option(
+    "--tty",
+    is_flag=True,
+    help="Give the ranks a terminal (isatty() true: colours, progress bars) instead of a "
+    "pipe; caps a node's output near 100 MB/s.",
+)
+@click.pass_context
+def launch(ctx: click.Context, inventory: str, script_and_args: tuple[str, ...], **kw: Any) -> None:
+    """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY.
+
+    Options go before INVENTORY; everything after SCRIPT goes to the script verbatim.
+    """
+    terminal = terminal_of(ctx)
+    ssh = make_ssh(kw)
+    options, secrets = launch_options(script_and_args, kw, terminal)
+    inv = load_inventory(inventory)
+    mode = coordinator.LaunchMode(
+        dry_run=kw["dry_run"], check=not kw["no_check"], detach=kw["detach"], fanout=kw["fanout"]
+    )
+    try:
+        result = coordinator.launch(inv, options, ssh, mode, terminal, secrets)
+    except PreflightFailed as failed:
+        terminal.show(doctor_table(failed.reports), to_stderr=True)
+        raise
+    raise Exit(ExitCode.OK if result is None else report_result(terminal, result))
+
+
+def launch_options(
+    script_and_args: Sequence[str], kw: dict[str, Any], terminal: Terminal
+) -> tuple[LaunchOptions, frozenset[str]]:
+    """Split SCRIPT from its arguments and gather the launch options."""
+    rest = list(script_and_args)
+    module = kw["module"]
+    if module is None and rest and rest[0] == "-m":
+        if len(rest) < 2:
+            raise UsageError("-m needs a MODULE")
+        module, rest = rest[1], rest[2:]
+    script: Optional[str] = None
+    if module is None:
+        if not rest:
+            raise UsageError("missing SCRIPT (or -m MODULE) after the inventory")
+        script, rest = rest[0], rest[1:]
+        if script.startswith("-"):
+            raise UsageError(
+                f"{script!r} where SCRIPT was expected: launch options go before the "
+                "inventory, e.g. `sshddp launch --dry-run inv.yaml train.py`"
+            )
+    pairs, secrets = parse_env_pairs(tuple(kw["env_items"]), terminal.environ.get)
+    options = LaunchOptions(
+        script=script,
+        module=module,
+        script_args=tuple(rest),
+        nproc_per_node=kw["nproc_per_node"],
+        port=kw["port"],
+        env=pairs,
+        workdir=kw["workdir"],
+        log_dir=kw["log_dir"],
+        name=kw["name"],
+        max_restarts=kw["max_restarts"],
+        grace=kw["grace"],
+        heartbeat_timeout=kw["heartbeat_timeout"],
+        tty=kw["tty"],
+    )
+    return options, secrets
+
+
+def report_result(terminal: Terminal, result: RunResult) -> int:
+    """Print the run's report; its exit status."""
+    root = result.root
+    tail = tail_lines(root.log_path, REPORT_TAIL) if root is not None else []
+    terminal.err(run_report(result, tail))
+    return int(result.exit_code)

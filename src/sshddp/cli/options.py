@@ -1,0 +1,81 @@
+"""What the commands share: click settings, the connection options, and how a command ends.
+
+Only the CLI imports click.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, TypeVar
+
+import click
+
+from sshddp import defaults
+from sshddp.cli.terminal import Terminal
+from sshddp.errors import UsageError
+from sshddp.hosts.transport import SshOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Exit(Exception):
+    """Raised by commands to end with a given status after printing their report."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def ssh_options(fn: F) -> F:
+    """The connection options every command that reaches hosts takes."""
+    decorators = [
+        click.option(
+            "--ssh-config",
+            metavar="FILE",
+            envvar="SSHDDP_SSH_CONFIG",
+            type=click.Path(dir_okay=False),
+            help="ssh_config to use instead of ~/.ssh/config (like ssh -F).",
+        ),
+        click.option(
+            "--accept-new-host-keys",
+            is_flag=True,
+            help="Trust and record unknown host keys (changed keys are always refused).",
+        ),
+        click.option(
+            "--connect-timeout",
+            type=click.FloatRange(min=0.1),
+            metavar="SECONDS",
+            default=defaults.CONNECT_TIMEOUT,
+            show_default=True,
+            help="Seconds to connect, get the SSH banner and authenticate.",
+        ),
+        click.option(
+            "--fanout",
+            type=click.IntRange(min=1),
+            default=defaults.FANOUT,
+            show_default=True,
+            help="Hosts contacted at once.",
+        ),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+def make_ssh(kw: dict[str, Any], fallback_config: Optional[str] = None) -> SshOptions:
+    """The connection options given in ``kw``; ``fallback_config`` is the ssh_config to use
+    when none was given (a recorded run's)."""
+    path = kw["ssh_config"] or fallback_config
+    if path and not os.path.isfile(path):
+        raise UsageError(f"--ssh-config {path}: no such file")
+    return SshOptions(
+        ssh_config=path,
+        accept_new_host_keys=kw["accept_new_host_keys"],
+        connect_timeout=kw["connect_timeout"],
+    )
+
+
+def terminal_of(ctx: click.Context) -> Terminal:
+    terminal = ctx.obj
+    assert isinstance(terminal, Terminal)
+    return terminal

@@ -1,0 +1,27 @@
+"""Every default value in one place: the CLI's option defaults, the planner's and the hosts'.
+
+Changing one here changes it everywhere it is used, the help text included.
+"""
+
+from __future__ import annotations
+
+# Inventory
+PYTHON = "python3"  #: the interpreter with torch on a host
+WORKDIR = "~/.sshddp"  #: where a host keeps sshddp's files (runs/ below it)
+RDZV_PORT = 29500  #: torchrun's rendezvous port; sshddp's supervisors use the next one
+
+# Launch
+LOG_DIR = "sshddp-logs"  #: local log root; a run's logs go to LOG_DIR/<run id>/
+GRACE = 10.0  #: seconds from SIGTERM to SIGKILL at teardown
+HEARTBEAT_TIMEOUT = 30.0  #: seconds of silence after which a node counts as lost
+KEEP_RUNS = 50  #: run directories a host keeps, counting the one being launched
+MAX_CODE_BYTES = 512 * 1024 * 1024  #: the most a --workdir may ship
+
+# Reaching hosts
+FANOUT = 32  #: hosts contacted at once
+CONNECT_TIMEOUT = 10.0  #: seconds to connect, get the SSH banner and authenticate
+RECONNECT_WINDOW = 30.0  #: seconds a follower keeps trying to reach a host that dropped
+RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous connect (probe)
+
+# Reports
+TAIL_LINES = 20  #: lines of the failing node's output in a run report

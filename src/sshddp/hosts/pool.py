@@ -1,0 +1,121 @@
+"""One connection per host, used in parallel with a bounded fan-out.
+
+``HostPool.map`` runs a function per host (or per node: anything with the host's ``index``)
+in a thread pool and returns every one's outcome, value or exception, keyed by host index:
+one slow or failing host never hides the others (fabric's ``GroupResult`` does the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Generic, Optional, Protocol, TypeVar
+
+from sshddp import defaults
+from sshddp.errors import HostUnreachable
+from sshddp.hosts.transport import SshOptions, Transport
+from sshddp.model.inventory import Host
+
+R = TypeVar("R")
+
+
+class OnHost(Protocol):
+    """A host, or a node of a run: anything that says which inventory host it is on."""
+
+    @property
+    def index(self) -> int: ...
+
+
+K = TypeVar("K", bound=OnHost)
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[R]):
+    """What one host's task returned or raised."""
+
+    value: Optional[R] = None
+    error: Optional[BaseException] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class HostResults(dict[int, Outcome[R]]):
+    """Every host's outcome of one fan-out, keyed by host index, in the order given."""
+
+    @property
+    def succeeded(self) -> dict[int, Optional[R]]:
+        return {i: o.value for i, o in self.items() if o.ok}
+
+    @property
+    def failed(self) -> dict[int, BaseException]:
+        return {i: o.error for i, o in self.items() if o.error is not None}
+
+
+def open_transport(host: Host, options: SshOptions) -> Transport:
+    """The transport for one inventory host (local for ``localhost``); paramiko is
+    imported only for a host reached over SSH."""
+    if host.is_local:
+        from sshddp.hosts.local import LocalTransport
+
+        return LocalTransport(host)
+    from sshddp.hosts.ssh import SshTransport
+
+    return SshTransport(host, options)
+
+
+class HostPool:
+    """The transports of a set of hosts, keyed by inventory index."""
+
+    def __init__(
+        self, hosts: Sequence[Host], options: SshOptions, fanout: int = defaults.FANOUT
+    ) -> None:
+        self.hosts = list(hosts)
+        self.options = options
+        self.fanout = max(1, fanout)
+        self.transports: dict[int, Transport] = {
+            h.index: open_transport(h, options) for h in self.hosts
+        }
+
+    def transport(self, on: OnHost) -> Transport:
+        return self.transports[on.index]
+
+    def map(self, fn: Callable[[K], R], items: Iterable[K]) -> HostResults[R]:
+        """``fn`` over ``items`` in parallel (at most ``fanout`` at once)."""
+        todo = list(items)
+        results: HostResults[R] = HostResults()
+        if not todo:
+            return results
+
+        def call(item: K) -> Outcome[R]:
+            try:
+                return Outcome(value=fn(item))
+            except Exception as exc:  # collected per host, reported by the caller
+                return Outcome(error=exc)
+
+        with ThreadPoolExecutor(max_workers=min(self.fanout, len(todo))) as pool:
+            for item, outcome in zip(todo, pool.map(call, todo)):
+                results[item.index] = outcome
+        return results
+
+    def connect_all(self) -> dict[int, Optional[HostUnreachable]]:
+        """Connect every host; the failure of each one that could not be reached."""
+        outcomes = self.map(lambda host: self.transport(host).connect(), self.hosts)
+        errors: dict[int, Optional[HostUnreachable]] = {}
+        for host in self.hosts:
+            err = outcomes[host.index].error
+            if err is not None and not isinstance(err, HostUnreachable):
+                err = HostUnreachable(host.host, f"{host.host}: {err}")
+            errors[host.index] = err
+        return errors
+
+    def close(self) -> None:
+        self.map(lambda host: self.transport(host).close(), self.hosts)
+
+    def __enter__(self) -> HostPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,152 @@
+"""How host-side code (``sshddp.remote``) reaches a host and runs there.
+
+A command line (``model.commands.python_command``) runs the host's configured interpreter
+with a tiny bootstrap that reads one JSON header line from stdin: the shipped importer, the
+sources of the modules the call needs, the entry module and its arguments
+(``remote/importer.py`` says what it does with them). Any bytes after the header (shipped
+code) stay on stdin for the entry module. Nothing is installed on the host, and no argument
+or secret ever appears in a process's argv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from typing import Any, Optional
+
+from sshddp.errors import InterpreterMissing, RemoteError
+from sshddp.hosts.transport import RemoteProcess, Transport, run
+from sshddp.model.commands import python_command
+
+PACKAGE = "sshddp.remote"
+IMPORTER = f"{PACKAGE}.importer"
+_BUILDING = threading.Lock()
+
+
+@cache
+def source(module: str) -> str:
+    """The source of host-side module ``module`` (``sshddp.remote`` or below)."""
+    name = "__init__" if module == PACKAGE else module.removeprefix(PACKAGE + ".")
+    return (resources.files(PACKAGE) / f"{name}.py").read_text(encoding="utf-8")
+
+
+_FROM = re.compile(
+    r"^[ \t]*from[ \t]+(sshddp\.remote(?:\.\w+)*)[ \t]+import[ \t]+(\([^)]*\)|.*)$", re.M
+)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+(sshddp\.remote\.\w+)", re.M)
+
+
+def imports_of(module: str) -> set[str]:
+    """The host-side modules that ``module`` imports, anywhere in its code. A text scan, not
+    ``ast``: it is fast, and ``ast.parse`` is not safe in threads on Python 3.11."""
+    text = source(module)
+    found = set(_IMPORT.findall(text))
+    for base, names in _FROM.findall(text):
+        if base != PACKAGE:
+            found.add(base)
+            continue
+        for name in names.strip("()").split(","):
+            name = name.split("#")[0].split(" as ")[0].strip()
+            if name:
+                found.add(f"{PACKAGE}.{name}")
+    return found
+
+
+@cache
+def closure(entry: str) -> tuple[str, ...]:
+    """``entry`` and every host-side module it needs, the package included, sorted."""
+    seen = {PACKAGE}
+    todo = [entry]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(imports_of(module))
+    return tuple(sorted(seen))
+
+
+def entry_module(name: str) -> str:
+    """``"session"`` -> ``"sshddp.remote.session"``."""
+    return name if name.startswith(PACKAGE + ".") else f"{PACKAGE}.{name}"
+
+
+@cache
+def _header_prefix(entry: str) -> bytes:
+    """The header up to its arguments: the same bytes for every call of ``entry``."""
+    body = {
+        "importer": source(IMPORTER),
+        "modules": {m: source(m) for m in closure(entry)},
+        "main": entry,
+    }
+    text = json.dumps(body, separators=(",", ":"))
+    return text[:-1].encode() + b',"args":'
+
+
+def header(name: str, args: Mapping[str, Any]) -> bytes:
+    """The stdin header line that runs ``main(args)`` of host-side module ``name``."""
+    with _BUILDING:  # the first call builds it; the pool's other threads wait, then reuse it
+        prefix = _header_prefix(entry_module(name))
+    return prefix + json.dumps(args, separators=(",", ":")).encode() + b"}\n"
+
+
+def standalone(name: str) -> str:
+    """A file that runs ``main({"rundir": argv[1]})`` of ``name`` with the shipped modules:
+    ``python -S FILE RUNDIR``. Left in a run directory as supervisor.py."""
+    entry = entry_module(name)
+    body = {
+        "importer": source(IMPORTER),
+        "modules": {m: source(m) for m in closure(entry)},
+        "main": entry,
+    }
+    return (
+        f'"""Runs {entry} for a run directory: python -S {name}.py RUNDIR"""\n'
+        "import json\n"
+        "import sys\n\n"
+        f"HEADER = json.loads({json.dumps(body)!r})\n"
+        'NAMESPACE = {"__name__": "sshddp_importer"}\n'
+        'exec(compile(HEADER["importer"], "<sshddp:importer>", "exec"), NAMESPACE)\n'
+        'if __name__ == "__main__":\n'
+        '    NAMESPACE["run"](dict(HEADER, args={"rundir": sys.argv[1]}))\n'
+    )
+
+
+def start(
+    transport: Transport,
+    name: str,
+    args: Mapping[str, Any],
+    env: Optional[Mapping[str, str]] = None,
+    label: Optional[str] = None,
+) -> RemoteProcess:
+    """Start host-side module ``name`` with the host's interpreter; its stdin stays open.
+    ``env`` and ``label``: see ``model.commands.python_command``."""
+    proc = transport.start(python_command(transport.host.python, env, label))
+    proc.write(header(name, args))
+    return proc
+
+
+def call(transport: Transport, name: str, args: Mapping[str, Any], payload: bytes = b"") -> Any:
+    """Run host-side module ``name`` to completion and return its JSON answer."""
+    command = python_command(transport.host.python)
+    result = run(transport, command, header(name, args) + payload)
+    return decode(transport, name, result.stdout, result.stderr, result.returncode)
+
+
+def decode(transport: Transport, what: str, line: bytes, stderr: bytes, rc: Optional[int]) -> Any:
+    """The JSON answer of host-side code, or a ``RemoteError`` that says what went wrong."""
+    try:
+        value = json.loads(line.decode("utf-8", "replace"))
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    python = transport.host.python
+    detail = stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+    if rc == 127:
+        raise InterpreterMissing(f"the interpreter {python!r} was not found on {transport.label}")
+    raise RemoteError(
+        f"{transport.label}: {what} failed (exit {rc}): " + (" | ".join(detail) or "no output")
+    )

@@ -1,0 +1,92 @@
+"""Reaching one host: the ``Transport`` protocol every layer above uses, and its options.
+
+A ``Transport`` runs shell command lines on one host and hands back a ``RemoteProcess``
+with byte streams. ``ssh.SshTransport`` keeps one SSH connection per host and opens one
+channel per command; ``local.LocalTransport`` runs the same command lines with ``bash -c``
+for the host named ``localhost``, so nothing needs an SSH server there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from sshddp import defaults
+from sshddp.model.inventory import Host
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach hosts: the connection options of every command."""
+
+    ssh_config: Optional[str] = None  #: like ``ssh -F``: only this file is read
+    accept_new_host_keys: bool = False  #: trust and record unknown (never changed) keys
+    connect_timeout: float = defaults.CONNECT_TIMEOUT  #: seconds for TCP, banner and auth
+
+
+class RemoteProcess(Protocol):
+    """A command running on a host, with its three byte streams."""
+
+    def write(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+    def read(self, n: int = 65536) -> bytes: ...
+    def read_stderr(self) -> bytes: ...
+    def wait(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Runs command lines on one host."""
+
+    host: Host
+    label: str  #: how messages name the host (user@host:port for SSH)
+
+    def connect(self) -> None: ...
+    def start(self, command: str) -> RemoteProcess: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The whole outcome of a short command."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def run(transport: Transport, command: str, stdin: bytes = b"") -> Completed:
+    """Run a short command to completion, feeding it ``stdin``."""
+    proc = transport.start(command)
+    try:
+        if stdin:
+            proc.write(stdin)
+        proc.close_stdin()
+        chunks = []
+        while chunk := proc.read():
+            chunks.append(chunk)
+        return Completed(proc.wait(), b"".join(chunks), proc.read_stderr())
+    finally:
+        proc.close()
+
+
+def node_addr(host: Host, options: SshOptions) -> str:
+    """The address other nodes reach ``host`` at: its ``addr``, else its ssh HostName."""
+    return host.addr or ssh_hostname(host, options)
+
+
+def ssh_hostname(host: Host, options: SshOptions) -> str:
+    """The HostName ssh_config gives a host alias (the alias itself when none)."""
+    if host.is_local:
+        return "127.0.0.1"
+    import paramiko
+
+    path = options.ssh_config or os.path.expanduser("~/.ssh/config")
+    if not os.path.isfile(path):
+        return host.host
+    try:
+        config = paramiko.SSHConfig.from_path(path)
+        return str(config.lookup(host.host).get("hostname", host.host))
+    except (OSError, paramiko.SSHException):
+        return host.host

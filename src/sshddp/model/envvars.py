@@ -1,0 +1,54 @@
+"""Environment variables the ranks get: ``--env`` pairs, names, and which values are secret.
+
+Secret values never appear in argv, in the registry or in sshddp's own messages; ``--dry-run``
+shows them as ``***``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Callable, Optional
+
+from sshddp.errors import UsageError
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|CREDENTIAL|AUTH|PRIVATE)", re.I)
+MASK = "***"
+
+EnvPairs = tuple[tuple[str, str], ...]
+
+
+def parse_env_pairs(
+    items: tuple[str, ...], lookup: Callable[[str], Optional[str]]
+) -> tuple[EnvPairs, frozenset[str]]:
+    """``KEY=VALUE`` or ``KEY`` (value taken from the local environment, never from argv).
+
+    Returns the pairs and the names whose values must never be shown: every ``--env``
+    value is treated as a secret.
+    """
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not ENV_NAME_RE.match(name):
+            raise UsageError(
+                f"--env {item.split('=')[0][:40]!r}: expected KEY=VALUE or KEY with KEY made "
+                "of letters, digits and underscores, not starting with a digit"
+            )
+        if not sep:
+            found = lookup(name)
+            if found is None:
+                raise UsageError(f"--env {name}: no value given and {name} is not set locally")
+            value = found
+        pairs.append((name, value))
+    return tuple(pairs), frozenset(name for name, _ in pairs)
+
+
+def secret_names(names: frozenset[str], envs: list[Mapping[str, str]]) -> frozenset[str]:
+    """``names`` plus every name in ``envs`` that looks like a secret (``*TOKEN*``...)."""
+    return names | {k for env in envs for k in env if SECRET_NAME_RE.search(k)}
+
+
+def masked(env: Mapping[str, str], secrets: frozenset[str]) -> dict[str, str]:
+    """``env`` as it may be shown: secret values replaced by ``***``."""
+    return {k: (MASK if k in secrets else v) for k, v in env.items()}

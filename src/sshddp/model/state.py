@@ -1,0 +1,137 @@
+"""Node and run outcomes as data: every node's state, and the run's verdict and exit code.
+
+Per-node outcomes are values, aggregated into a ``RunResult``, never an exception thrown at
+the first failure (torch elastic's ``WorkerState`` / ``RunResult`` do the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+from sshddp.errors import ExitCode
+from sshddp.remote import contract
+
+
+class NodeState(str, Enum):
+    """What one node of a run is doing, or how it ended.
+
+    A node's life, as the coordinator sees it::
+
+        PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED
+                                       \\-> LOST
+
+    PENDING: planned, nothing sent yet. STARTING: staged on its host; its supervisor is
+    starting torchrun. RUNNING: torchrun runs under the node's supervisor. SUCCEEDED:
+    torchrun exited 0. FAILED: torchrun exited non-zero, or the node could not be staged
+    or started. STOPPED: stopped on request (Ctrl-C, ``sshddp stop``) or because another
+    node ended the run. LOST: the node's supervisor vanished (host down, processes
+    killed); the others stop. The last four are final: the host keeps them in exit.json.
+
+    Two more say what the coordinator does not know: UNREACHABLE, its host could not be
+    reached (the node may still be running there), and UNKNOWN, its host answered but holds
+    no record of the node (its run directory was removed, or never made).
+    """
+
+    PENDING = "pending"
+    STARTING = contract.STARTING
+    RUNNING = contract.RUNNING
+    SUCCEEDED = contract.SUCCEEDED
+    FAILED = contract.FAILED
+    STOPPED = contract.STOPPED
+    LOST = contract.LOST
+    UNREACHABLE = "unreachable"
+    UNKNOWN = contract.UNKNOWN
+
+    @property
+    def final(self) -> bool:
+        """The node has ended for good (its host says so)."""
+        return self.value in contract.FINAL_STATES
+
+    @property
+    def bad(self) -> bool:
+        """An end that stops the rest of the run."""
+        return self in (NodeState.FAILED, NodeState.LOST)
+
+    @classmethod
+    def of(cls, value: object) -> NodeState:
+        """The state a host reported; UNKNOWN for anything this version cannot read."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+@dataclass
+class NodeResult:
+    """What became of one node."""
+
+    node_rank: int
+    host: str  #: the inventory host name
+    state: NodeState = NodeState.PENDING
+    returncode: Optional[int] = None  #: torchrun's exit code
+    signal: Optional[str] = None  #: the signal that killed torchrun, by name
+    reason: str = ""  #: why it ended, in words (empty for a success)
+    ended: Optional[float] = None  #: when (epoch seconds, the host's clock)
+    log_path: Optional[Path] = None  #: the node's local log
+
+    def apply(self, record: Mapping[str, Any]) -> None:
+        """Take a node's exit record (exit.json, or follow's status) as its state."""
+        self.state = NodeState.of(record.get("state", NodeState.LOST.value))
+        self.returncode = record.get("returncode")
+        self.signal = record.get("signal")
+        self.reason = record.get("reason") or ""
+        self.ended = record.get("ended")
+
+
+@dataclass
+class RunResult:
+    """The outcome of a run as one coordinator saw it: every node, and which failed first."""
+
+    run_id: str
+    nodes: list[NodeResult]
+    root_cause: Optional[int] = None  #: node rank of the first failure
+    interrupted: bool = False  #: Ctrl-C stopped it
+    detached: bool = False  #: we stopped following; the run goes on
+    log_dir: Optional[Path] = None
+    log_error: Optional[str] = None  #: why we detached: a local log stopped taking bytes
+
+    @property
+    def ok(self) -> bool:
+        return all(n.state is NodeState.SUCCEEDED for n in self.nodes)
+
+    @property
+    def root(self) -> Optional[NodeResult]:
+        """The node that failed first, if the coordinator saw one fail."""
+        return next((n for n in self.nodes if n.node_rank == self.root_cause), None)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """The process exit status this outcome maps to (README, "Exit codes")."""
+        if self.ok:
+            return ExitCode.OK
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        if self.log_error:
+            return ExitCode.LOG_WRITE_FAILED
+        if self.detached:
+            return ExitCode.OK
+        unreachable = any(n.state is NodeState.UNREACHABLE for n in self.nodes)
+        if self.root_cause is None and unreachable and not peer_cause(self):
+            return ExitCode.UNREACHABLE
+        return ExitCode.RUN_FAILED
+
+
+def peer_cause(result: RunResult) -> str:
+    """Why the supervisors stopped the run, when no node the coordinator reached failed
+    itself: a node they lost (partitioned, powered off) shows only in the others' records."""
+    if result.interrupted or result.ok:
+        return ""
+    prefix = "stopped: "
+    for n in sorted(result.nodes, key=lambda n: n.node_rank):
+        if n.state is NodeState.STOPPED and n.reason.startswith(prefix):
+            return n.reason[len(prefix) :]
+    return ""

@@ -1,0 +1,101 @@
+"""The host contract: the files of a node's run directory and the records they hold.
+
+Both sides use this module. The launch session writes ``spec.json`` and ``env.json`` when it
+stages a node; the supervisor writes ``state.json`` once torchrun runs, ``node.log`` as the
+ranks write, and ``exit.json`` as its last act; the coordinator reads them back through the
+``follow`` and ``stop`` calls. ``SCHEMA`` goes into every record: bump it whenever a record
+changes shape (as SkyPilot bumps ``SKYLET_VERSION``), so a coordinator can tell a record it
+does not know from a broken one. A record without ``schema`` was written before there was one
+and reads as schema 1.
+
+A run directory: ``<workdir>/runs/<run id>/n<node rank>/``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, TypedDict
+
+SCHEMA = 1
+
+# The files of a run directory.
+SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
+ENV = "env.json"  #: the ranks' extra environment; the supervisor deletes it once read
+STATE = "state.json"  #: the live supervisor (StateRecord), written once torchrun started
+EXIT = "exit.json"  #: how the node ended (ExitRecord), the supervisor's last act
+LOG = "node.log"  #: every byte the node's ranks wrote, in order
+STOP_REASON = "stop-reason"  #: why the node was asked to stop (text), first asker wins
+RESERVE = "reserve"  #: room kept for exit.json should the disk fill up
+SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the supervisor
+SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
+RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
+CODE = "code"  #: the shipped code, unpacked; the ranks' cwd when code was shipped
+
+# Environment variables every process of a node carries.
+RUN_ID_VAR = "SSHDDP_RUN_ID"
+NODE_RANK_VAR = "SSHDDP_NODE_RANK"
+MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
+
+# The states a host reports for a node (see sshddp.model.state.NodeState).
+STARTING = "starting"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"
+LOST = "lost"
+UNKNOWN = "unknown"
+FINAL_STATES = (SUCCEEDED, FAILED, STOPPED, LOST)
+
+
+class PeersSpec(TypedDict):
+    """How a node's supervisor reaches the others (node 0's is the hub)."""
+
+    nnodes: int
+    addr: str  #: the hub's address (the rendezvous address)
+    port: int  #: the hub's port (the rendezvous port + 1)
+    timeout: float  #: seconds of silence after which a peer counts as lost
+    hosts: list[str]  #: host names by node rank, for messages
+
+
+class SpecRecord(TypedDict):
+    """spec.json: what the supervisor runs."""
+
+    schema: int
+    run_id: str
+    node_rank: int
+    argv: list[str]  #: torchrun's command; argv[0] is replaced by the running interpreter
+    cwd: Optional[str]
+    grace: float  #: seconds from SIGTERM to SIGKILL at teardown
+    mark: str  #: the value of SSHDDP_NODE_MARK in every process of the node
+    peers: PeersSpec
+    tty: bool  #: ranks write to a pty instead of a pipe
+
+
+class StateRecord(TypedDict):
+    """state.json: the supervisor and torchrun while the node runs."""
+
+    schema: int
+    state: str
+    supervisor_pid: int
+    supervisor_start: Optional[int]  #: clock ticks since boot: the pid names one process
+    pid: int  #: torchrun's pid
+    pgid: int  #: torchrun's process group
+    started: float
+
+
+class ExitRecord(TypedDict, total=False):
+    """exit.json, and the status ``follow`` reports for a node still running."""
+
+    schema: int
+    state: str
+    returncode: Optional[int]
+    signal: str
+    reason: str
+    started: Optional[float]
+    ended: float
+    node_rank: int
+
+
+class StopAnswer(ExitRecord, total=False):
+    """What ``stop`` answers: the node's exit record, and whether it had ended already."""
+
+    already: bool

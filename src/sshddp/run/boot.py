@@ -1,0 +1,153 @@
+"""Booting a run: stage the code on every node, then start them all.
+
+Nothing starts anywhere unless every node staged: a node that cannot stage (full disk,
+host gone, bad checksum, missing script) makes the others remove what they staged. Node 0
+goes first: its probe must let go of the rendezvous port before any node's torchrun could
+reach that listener instead of node 0's store. A node that fails to start stops the ones
+that did.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Optional
+
+from sshddp.errors import SshddpError
+from sshddp.hosts import shipped
+from sshddp.hosts.pool import HostResults, Outcome
+from sshddp.hosts.session import HostSession
+from sshddp.model.plan import NodePlan
+from sshddp.model.state import NodeState
+from sshddp.run.payload import Payload
+from sshddp.run.runstate import RunState
+from sshddp.run.teardown import Teardown
+
+#: A node's answer to staging or starting: None when it went well, else why not.
+Problem = Optional[str]
+
+
+@cache
+def _host_code() -> tuple[str, str]:
+    """The supervisor file left in every run directory, and the rank shim."""
+    return shipped.standalone("supervisor"), shipped.source("sshddp.remote.rank")
+
+
+class Boot:
+    """Stages and starts every node of ``state``'s run through its launch session."""
+
+    def __init__(
+        self,
+        state: RunState,
+        payload: Payload,
+        unreachable: Optional[dict[int, BaseException]] = None,
+    ) -> None:
+        self.state = state
+        self.payload = payload
+        self.unreachable = unreachable or {}
+
+    def run(self, teardown: Teardown) -> bool:
+        """Boot every node; False (and every started node stopped) when one failed."""
+        state = self.state
+        for result in state.results.values():
+            result.state = NodeState.STARTING
+        first = state.plan.nodes[0]
+        opened = state.pool.map(self._go, [first])[first.index]
+        staged: HostResults[Problem] = HostResults({first.index: Outcome(error=opened.error)})
+        if opened.ok:
+            staged = state.pool.map(lambda n: self._stage(n, first), state.plan.nodes)
+        if all(o.ok and o.value is None for o in staged.values()):
+            self._settle(state.pool.map(self._start, state.plan.nodes))
+        else:
+            self._settle(staged, not_started=True)
+            ok = [n for n in state.plan.nodes if _fine(staged, n)]
+            state.pool.map(lambda n: self._session(n).discard(), ok)
+        if state.root_cause is None:
+            return True
+        state.close_sessions()  # a staged node that was not started removes what it staged
+        failed = state.results[state.root_cause]
+        teardown.request(False, f"node {failed.node_rank} ({failed.host}) failed to start")
+        teardown.wait()
+        return False
+
+    def _session(self, node: NodePlan) -> HostSession:
+        session = self.state.sessions.get(node.index)
+        if session is None:
+            error = self.unreachable.get(node.index)
+            raise error or SshddpError(f"{node.host.host}: no session")
+        return session
+
+    def _go(self, node: NodePlan) -> HostSession:
+        session = self._session(node)
+        session.go(self._boot_args(node), self.payload.data)
+        session.answer("release")
+        return session
+
+    def _stage(self, node: NodePlan, first: NodePlan) -> Problem:
+        session = self._session(node) if node is first else self._go(node)
+        answer = session.answer("stage")
+        return None if answer.get("ok") else str(answer.get("error"))
+
+    def _start(self, node: NodePlan) -> Problem:
+        session = self._session(node)
+        session.start(True)
+        return self._started(node, session.answer("start"))
+
+    def _boot_args(self, node: NodePlan) -> dict[str, Any]:
+        plan = self.state.plan
+        supervisor, rank_shim = _host_code()
+        return {
+            "rundir": node.rundir,
+            "spec": plan.spec(node),
+            "env": dict(node.env),
+            "payload": self.payload.header(),
+            "supervisor": supervisor,
+            "rank": rank_shim,
+            "remote_script": plan.code.target if plan.code.kind == "remote" else None,
+            "keep_runs": plan.keep_runs,
+        }
+
+    def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:
+        """None when the node's torchrun started, else why not."""
+        if not answer.get("ok"):
+            return str(answer.get("error"))
+        state = answer.get("state") or {}
+        if state.get("state") not in (None, NodeState.RUNNING.value):
+            self.state.results[node.node_rank].apply(state)
+            return str(state.get("reason") or "torchrun did not start")
+        return None
+
+    def _settle(self, outcomes: HostResults[Problem], not_started: bool = False) -> None:
+        """Each node's state after staging (``not_started``) or starting: running, failed
+        with why, or not started because another node failed. Nodes missing from
+        ``outcomes`` were never asked."""
+        state = self.state
+        failed = [n for n in state.plan.nodes if n.index in outcomes and not _fine(outcomes, n)]
+        for node in state.plan.nodes:
+            outcome = outcomes.get(node.index)
+            result = state.results[node.node_rank]
+            if outcome is not None and (not outcome.ok or outcome.value):
+                result.state = NodeState.FAILED
+                result.reason = outcome.value or _message(outcome.error)
+                if state.root_cause is None:
+                    state.root_cause = node.node_rank
+            elif not_started and failed:
+                result.state = NodeState.STOPPED
+                result.reason = (
+                    f"not started: node {failed[0].node_rank} "
+                    f"({failed[0].host.host}) could not be staged"
+                )
+            else:
+                result.state = NodeState.RUNNING
+
+
+def _fine(outcomes: HostResults[Problem], node: NodePlan) -> bool:
+    outcome = outcomes.get(node.index)
+    return outcome is not None and outcome.ok and outcome.value is None
+
+
+def _message(error: Optional[BaseException]) -> str:
+    if error is None:
+        return "unknown error"
+    if isinstance(error, SshddpError):
+        return error.message
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,168 @@
+"""Following a run: one thread per node streams its log into the local file and the console,
+reconnecting when the connection drops, until every node has ended (or we detach).
+
+The first failure a follower sees becomes the run's root cause and starts the teardown.
+Ctrl-C stops the run (a second one kills at once); ``watch_only`` (``logs --follow``) never
+stops anything and leaves on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+from sshddp import defaults
+from sshddp.errors import LogWriteFailed, SshddpError
+from sshddp.hosts import calls
+from sshddp.hosts.transport import Transport
+from sshddp.model.plan import NodePlan
+from sshddp.model.state import NodeState, RunResult
+from sshddp.remote.contract import ExitRecord
+from sshddp.run.runstate import RunState
+from sshddp.run.teardown import Teardown
+
+RETRY_PAUSE = 0.5  # seconds between reconnect attempts
+
+
+class Followers:
+    """The followers of one run's nodes."""
+
+    def __init__(
+        self,
+        state: RunState,
+        teardown: Teardown,
+        reconnect_window: float = defaults.RECONNECT_WINDOW,
+        watch_only: bool = False,
+    ) -> None:
+        self.state = state
+        self.teardown = teardown
+        self.reconnect_window = reconnect_window
+        self.watch_only = watch_only  # logs --follow: never stop the run, Ctrl-C just leaves
+
+    def run(self) -> RunResult:
+        """Stream every node until all have finished (or we detach); Ctrl-C stops the run."""
+        state = self.state
+        threads = [
+            threading.Thread(target=self._follow, args=(n,), daemon=True, name=f"n{n.node_rank}")
+            for n in state.plan.nodes
+        ]
+        for t in threads:
+            t.start()
+        interrupts = 0
+        while any(t.is_alive() for t in threads) and not state.detached.is_set():
+            try:
+                threads[0].join(0.1) if threads[0].is_alive() else time.sleep(0.05)
+            except KeyboardInterrupt:
+                if self.watch_only:
+                    state.detached.set()
+                    break
+                interrupts += 1
+                self._interrupted(interrupts)
+        if not state.detached.is_set():
+            self.teardown.wait()
+        return state.result(bool(interrupts))
+
+    def _interrupted(self, count: int) -> None:
+        plan = self.state.plan
+        if count == 1:
+            self.state.console.message(
+                f"sshddp: Ctrl-C: stopping run {plan.run_id} on every host "
+                f"(SIGTERM, SIGKILL after {plan.grace:g} s; Ctrl-C again to kill now)"
+            )
+        else:
+            self.state.console.message("sshddp: killing every process of the run now")
+        self.teardown.request(count > 1, "interrupted by the user (Ctrl-C)")
+
+    def _follow(self, node: NodePlan) -> None:
+        """Follow one node to its end, reconnecting for up to ``reconnect_window``."""
+        state = self.state
+        transport = state.transport(node)
+        deadline: Optional[float] = None
+        error: Optional[BaseException] = None
+        while not state.detached.is_set():
+            try:
+                record = self._stream(transport, node)
+            except LogWriteFailed as exc:  # our disk, not the host: the run goes on without us
+                state.log_error = exc.message
+                state.detached.set()
+                return
+            except Exception as exc:  # any failure of the stream: reconnect and resume
+                record, error = None, exc
+            if record is not None:
+                self._done(node, record)
+                return
+            if deadline is None and not state.detached.is_set():
+                state.console.message(
+                    f"sshddp: lost the connection to node {node.node_rank} ({node.host.host}); "
+                    f"reconnecting for up to {self.reconnect_window:g} s (the run goes on there)"
+                )
+            deadline = deadline or time.monotonic() + self.reconnect_window
+            if time.monotonic() > deadline:
+                self._unreachable(node, error)
+                return
+            time.sleep(RETRY_PAUSE)
+            _reset(transport)
+        state.console.flush_node(node.node_rank)
+
+    def _stream(self, transport: Transport, node: NodePlan) -> Optional[ExitRecord]:
+        """Follow one node's log from the local copy's size; its exit record, or None if cut.
+
+        The first stream is the tail of the node's launch session; a reconnect starts a
+        follower from the local copy's size."""
+        state, rank = self.state, node.node_rank
+        session = state.sessions.pop(node.index, None)
+        if session is not None:
+            proc, early = session.take_stream()
+            state.logs.write(rank, early)
+            state.console.write(rank, early)
+        else:
+            proc = calls.follow_node(transport, node.rundir, state.logs.size(rank))
+        try:
+            while not state.detached.is_set():
+                chunk = proc.read(1 << 20)
+                if not chunk:
+                    break
+                state.logs.write(rank, chunk)
+                state.console.write(rank, chunk)
+            if state.detached.is_set():
+                return None
+            record = calls.status_record(proc.read_stderr())
+            proc.wait()
+        finally:
+            proc.close()
+        return record
+
+    def _done(self, node: NodePlan, record: ExitRecord) -> None:
+        state = self.state
+        state.console.flush_node(node.node_rank)
+        with state.lock:
+            result = state.results[node.node_rank]
+            result.apply(record)
+            first = result.state.bad and state.claim_root_cause(node.node_rank)
+        if first and not self.watch_only:
+            self.teardown.request(
+                False, f"node {node.node_rank} ({node.host.host}) {result.state.value}"
+            )
+
+    def _unreachable(self, node: NodePlan, error: Optional[BaseException]) -> None:
+        state = self.state
+        state.console.flush_node(node.node_rank)
+        with state.lock:
+            result = state.results[node.node_rank]
+            result.state = NodeState.UNREACHABLE
+            result.reason = _message(error) if error else "lost contact with the host"
+
+
+def _reset(transport: Transport) -> None:
+    """Drop a broken connection so the next command reconnects."""
+    try:
+        transport.close()
+    except Exception:  # a dead connection may fail to close; it is gone anyway
+        pass
+
+
+def _message(error: BaseException) -> str:
+    if isinstance(error, SshddpError):
+        return error.message
+    return f"{type(error).__name__}: {error}"

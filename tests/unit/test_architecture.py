@@ -1,0 +1,145 @@
+"""The package's shape, checked: layers whose imports only point down, no import cycle,
+host-side code that imports only the standard library and itself, and short functions.
+
+Layers, top to bottom: cli -> run -> hosts -> model -> (errors, defaults). The host-side
+package ``sshddp.remote`` is shipped to the hosts, not imported by them from here: the layers
+may import only its ``contract`` (the files the hosts write), and ``hosts.shipped`` reads its
+sources as text.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "sshddp"
+LAYERS = {"cli": 4, "run": 3, "hosts": 2, "model": 1, "errors": 0, "defaults": 0}
+TOP_LEVEL = {"sshddp", "sshddp.__main__"}  # the package itself and `python -m sshddp`
+MAX_FUNCTION_LINES = 50
+MAX_CLASS_LINES = 150
+
+
+@cache
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(path: Path, name: str) -> Iterator[tuple[str, int]]:
+    """(imported sshddp module, line) for every import anywhere in the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            known = modules()
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield (full if full in known else base), node.lineno
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def sshddp_imports(name: str, path: Path) -> list[tuple[str, int]]:
+    return [(m, line) for m, line in imports(path, name) if m.split(".")[0] == "sshddp"]
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_imports_point_down(name: str) -> None:
+    path = modules()[name]
+    if name in TOP_LEVEL:
+        return
+    mine = layer(name)
+    for target, line in sshddp_imports(name, path):
+        if target == "sshddp":  # the version
+            continue
+        theirs = layer(target)
+        where = f"{path.relative_to(SRC)}:{line} imports {target}"
+        if mine == "remote":
+            assert theirs == "remote", f"{where}: host-side code imports only itself"
+        elif theirs == "remote":
+            assert target == "sshddp.remote.contract", f"{where}: only the contract"
+        else:
+            assert LAYERS[theirs] <= LAYERS[mine], f"{where}: an import pointing up"
+
+
+def test_host_side_code_imports_only_the_standard_library() -> None:
+    stdlib = sys.stdlib_module_names
+    for name, path in modules().items():
+        if layer(name) != "remote":
+            continue
+        for target, line in imports(path, name):
+            top = target.split(".")[0]
+            assert top == "sshddp" or top in stdlib, f"{path}:{line} imports {target}"
+
+
+def test_no_import_cycle() -> None:
+    graph = {name: {t for t, _ in sshddp_imports(name, p)} for name, p in modules().items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph or nxt == node:
+                continue
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt) :] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_functions_and_classes_stay_short() -> None:
+    long = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            size = (
+                (node.end_lineno or node.lineno) - node.lineno + 1 if hasattr(node, "lineno") else 0
+            )
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and size > MAX_FUNCTION_LINES
+            ):
+                long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {size} lines")
+            if isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+                long.append(
+                    f"{path.relative_to(SRC)}:{node.lineno} class {node.name}: {size} lines"
+                )
+    assert not long, "\n".join(long)
+
+
+def test_a_call_ships_exactly_the_host_side_modules_its_entry_imports() -> None:
+    """``hosts.shipped`` finds imports by scanning text; ast agrees, for every module."""
+    from sshddp.hosts import shipped
+
+    for name in modules():
+        if layer(name) != "remote" or name == "sshddp.remote":
+            continue
+        by_ast = {t for t, _ in sshddp_imports(name, modules()[name])}
+        assert shipped.imports_of(name) == by_ast, name
+    stop = shipped.closure("sshddp.remote.stop")
+    assert "sshddp.remote.stop" in stop and "sshddp.remote.common" in stop
+    assert "sshddp.remote.supervisor" not in stop and "sshddp.remote.probe" not in stop
