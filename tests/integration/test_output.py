@@ -12,6 +12,7 @@ import random
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -149,3 +150,67 @@ def test_second_ctrl_c_skips_the_grace_period(
     assert proc.returncode == 130, err.decode()
     assert b"killing every process of the run now" in out + err
     run_no_leak(run_id_of(err.decode()))
+
+
+def test_workers_the_script_spawns_print_live_and_whole(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Each rank starts two fresh interpreters (multiprocessing's spawn, and a `python`
+    subprocess), whose stdout is the node's pipe: their unflushed lines show up while they
+    run, and 2,000 lines of 1 KB from each of the four workers at once never mix. Without
+    the node's sitecustomize they are block-buffered: nothing shows until they exit."""
+    count, size = 2000, 1000
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=2)
+    argv = [*SSHDDP, "launch", "--grace", "1", str(inv), str(STDIO), "spawned", str(count)]
+    proc = subprocess.Popen(
+        [*argv, str(size)],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        seen, lines = _read_spawned(proc, count, size, timeout=120)
+        # Every worker's lines arrived, whole and in order, while they all still run.
+        assert seen == {f"SPAWNED {r} {how}" for r in (0, 1) for how in ("mp", "py")}
+        assert lines == {f"w{r}{h}": count for r in (0, 1) for h in "mp"}
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    run = Run(130, "", err.decode(), run_id_of(err.decode()), tmp_path, workdir)
+    assert run.local_log(0).read_bytes() == run.remote_log(0).read_bytes()
+    run_no_leak(run.run_id)
+
+
+def _read_spawned(
+    proc: subprocess.Popen[bytes], count: int, size: int, timeout: float
+) -> tuple[set[str], dict[str, int]]:
+    """The spawned workers' greetings, and how many whole lines each printed, in order,
+    read from the console for up to ``timeout`` s (in a thread: a quiet pipe blocks)."""
+    seen: set[str] = set()
+    lines: dict[str, int] = {}
+    bad: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode().rstrip("\n")
+            if m := re.search(r"SPAWNED \d (mp|py)", line):
+                seen.add(m.group(0))
+            if m := re.search(r"(w\d[mp]) (\d{6}) x+$", line):
+                whole = len(m.group(0)) == size - 1
+                if whole and int(m.group(2)) == lines.get(m.group(1), 0):
+                    lines[m.group(1)] = lines.get(m.group(1), 0) + 1
+                else:
+                    bad.append(line)  # broken, or out of order
+            if sum(lines.values()) == 4 * count and len(seen) == 4:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    done.wait(timeout)
+    assert not bad, f"{len(bad)} broken or misordered lines, e.g. {bad[:2]}"
+    return set(seen), dict(lines)

@@ -5,7 +5,8 @@ has staged; ``discard`` removes a node that staged but will not start.
 
 args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
        "name", "size", "sha256"}, "supervisor": text of RUNDIR/supervisor.py,
-       "remote_script": path|None, "keep_runs": int, "rank": source of rank.py}
+       "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
+       "site": source of the ranks' sitecustomize.py (remote/ranksite.py)}
 The code stream holds exactly payload["size"] bytes.
 """
 
@@ -186,6 +187,9 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
         spec["cwd"] = os.path.expanduser(spec["cwd"])
     with open(os.path.join(rundir, contract.RANK_SHIM), "w") as fh:
         fh.write(args["rank"])
+    os.makedirs(os.path.join(rundir, contract.SITE), 0o700)
+    with open(os.path.join(rundir, contract.SITE, "sitecustomize.py"), "w") as fh:
+        fh.write(args["site"])
     atomic_write_json(os.path.join(rundir, contract.ENV), args["env"])
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
 

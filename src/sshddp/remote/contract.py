@@ -28,6 +28,7 @@ RESERVE = "reserve"  #: room kept for exit.json should the disk fill up
 SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the supervisor
 SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
+SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
 CODE = "code"  #: the shipped code, unpacked; the ranks' cwd when code was shipped
 
 # Environment variables every process of a node carries.

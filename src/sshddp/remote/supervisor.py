@@ -203,7 +203,8 @@ class Supervisor:
 
 
 def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
-    """The environment torchrun (and so every rank) gets: ours, env.json's, the run's marks."""
+    """The environment torchrun (and so every rank) gets: ours, env.json's, the run's marks,
+    and the node's site directory first on PYTHONPATH."""
     env = dict(os.environ)
     env_file = os.path.join(rundir, contract.ENV)
     extra = read_json(env_file) or {}
@@ -212,6 +213,9 @@ def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
     except OSError:
         pass
     env.update(extra)
+    # Every Python process of the node imports RUNDIR/site/sitecustomize.py first.
+    site = os.path.join(rundir, contract.SITE)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
     env[contract.RUN_ID_VAR] = spec["run_id"]
     env[contract.NODE_RANK_VAR] = str(spec["node_rank"])
     env[contract.MARK_VAR] = spec["mark"]

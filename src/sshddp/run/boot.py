@@ -27,9 +27,14 @@ Problem = Optional[str]
 
 
 @cache
-def _host_code() -> tuple[str, str]:
-    """The supervisor file left in every run directory, and the rank shim."""
-    return shipped.standalone("supervisor"), shipped.source("sshddp.remote.rank")
+def _host_code() -> tuple[str, str, str]:
+    """The supervisor file left in every run directory, the rank shim, and the ranks'
+    sitecustomize."""
+    return (
+        shipped.standalone("supervisor"),
+        shipped.source("sshddp.remote.rank"),
+        shipped.source("sshddp.remote.ranksite"),
+    )
 
 
 class Boot:
@@ -94,7 +99,7 @@ class Boot:
 
     def _boot_args(self, node: NodePlan) -> dict[str, Any]:
         plan = self.state.plan
-        supervisor, rank_shim = _host_code()
+        supervisor, rank_shim, site = _host_code()
         return {
             "rundir": node.rundir,
             "spec": plan.spec(node),
@@ -102,6 +107,7 @@ class Boot:
             "payload": self.payload.header(),
             "supervisor": supervisor,
             "rank": rank_shim,
+            "site": site,
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
         }
