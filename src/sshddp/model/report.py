@@ -105,6 +105,27 @@ def torchrun_failure(lines: Sequence[str]) -> dict[str, Any]:
     return found
 
 
+# What node launchers say of a worker that failed: torch.multiprocessing.spawn's
+# ProcessRaisedException / ProcessExitedException, and Lightning's child-process observer.
+_LAUNCHER_RES = (
+    (re.compile(r"-- Process (\d+) terminated with the following error"), "mp.spawn"),
+    (re.compile(r"\bprocess (\d+) terminated with (?:signal|exit code) (\S+)"), "mp.spawn"),
+    (
+        re.compile(r"\[rank: (\d+)\] Child process with PID \d+ terminated with code (-?\d+)"),
+        "Lightning",
+    ),
+)
+
+
+def launcher_failure(lines: Sequence[str]) -> dict[str, Any]:
+    """Which worker a node launcher says failed first: its local rank, and who says so."""
+    for line in lines:
+        for pattern, who in _LAUNCHER_RES:
+            if m := pattern.search(line):
+                return {"local_rank": int(m.group(1)), "by": who}
+    return {}
+
+
 def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -156,6 +177,8 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     where = f"node {node.node_rank} on {node.host}"
     if "rank" in info:
         where += f", global rank {info['rank']} (local rank {info['local_rank']})"
+    elif said := launcher_failure(full_tail):
+        where += f", local rank {said['local_rank']} (as {said['by']} says)"
     out.append(f"root cause: {where}: {_how(info, node.reason or node.state.value)}")
     tail = user_tail(full_tail, rank=info.get("rank"))
     if tail:
