@@ -32,6 +32,7 @@ def main() -> None:
     }
     sys.stdout.write(json.dumps(record) + "\n")  # one write: whole lines in the node's pipe
     sys.stdout.flush()
+    acc.wait_for_everyone()  # no rank tears its connections down while others still talk
     acc.end_training()
 
 
