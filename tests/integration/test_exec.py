@@ -22,7 +22,7 @@ def exec_(cluster: SshdCluster, *args: str) -> Result:
 
 def test_identical_outputs_are_grouped_and_a_failing_host_is_named(ssh_env: SshdCluster) -> None:
     # Every host has its own $HOME (sshd's SetEnv), so h3 can answer differently.
-    script = 'case $HOME in */h3/*) echo other; exit 3;; *) echo same;; esac'
+    script = "case $HOME in */h3/*) echo other; exit 3;; *) echo same;; esac"
     result = exec_(ssh_env, "-H", "h1,h2,h3", "--", "sh", "-c", script)
     assert result.code == ExitCode.RUN_FAILED, result.explain()
     assert result.raw.decode() == (
@@ -60,7 +60,7 @@ def test_stream_prefixes_lines_as_they_come(ssh_env: SshdCluster) -> None:
 
 
 def test_timeout_names_the_host(ssh_env: SshdCluster) -> None:
-    script = 'case $HOME in */h2/*) sleep 30;; esac; echo done'
+    script = "case $HOME in */h2/*) sleep 30;; esac; echo done"
     result = exec_(ssh_env, "--timeout", "3", "-H", "h1,h2", "--", "sh", "-c", script)
     assert result.code == ExitCode.RUN_FAILED, result.explain()
     assert "h2 (timed out)" in result.err and "h1 (exit 0)" in result.raw.decode()

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
 from launch_helpers import SSHDDP, Run, cli_env, run_id_of, write_inventory
+
 from sshddp_lab.sshd import SshdCluster
 
 PAYLOADS = Path(__file__).parent / "payloads"
