@@ -13,8 +13,8 @@ from typing import Callable
 
 import pytest
 import yaml
-
 from launch_helpers import SSHDDP, cli_env
+
 from sshddp.errors import ExitCode
 from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
 from sshddp_lab.sshd import SshdCluster

@@ -647,7 +647,8 @@ def _list_host(
     where = _Where(f"hosts[{index}] (entry {index + 1}, {_show(entry)})")
     if not entry:
         doc.fail(where, f"an empty entry; expected {HOST_LIST_FORM}.")
-    name, colon, count = entry.rpartition(":")
+    name, colon, text = entry.rpartition(":")
+    count: Optional[str] = text
     if not colon or entry.endswith("]") or (":" in name and not name.endswith("]")):
         name, count = entry, None  # no count, or an IPv6 address without brackets
     own: dict[str, Any] = {"host": _check(doc, _HOST_RULE, name, where)}

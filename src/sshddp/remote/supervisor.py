@@ -193,7 +193,9 @@ class Supervisor:
             return contract.FAILED, self.output.full
         if rc == 0:
             return contract.SUCCEEDED, ""
-        return contract.FAILED, _describe(rc)
+        return contract.FAILED, _describe(
+            rc, "torchrun" if self._torchrun() else "the node's launcher"
+        )
 
     def _torchrun(self) -> bool:
         """torchrun runs the node (its workers are in sessions of their own)."""
@@ -277,10 +279,10 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def _describe(rc: int) -> str:
+def _describe(rc: int, what: str = "torchrun") -> str:
     if rc < 0:
-        return f"torchrun was killed by {_signame(-rc)}"
-    return f"torchrun exited with code {rc}"
+        return f"{what} was killed by {_signame(-rc)}"
+    return f"{what} exited with code {rc}"
 
 
 def run_supervisor(rundir: str) -> None:
