@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from launch_helpers import SSHDDP, Run, cli_env, run_id_of, write_inventory
+from launch_helpers import SSHDDP, Run, cli_env, run_id_of, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -245,3 +245,41 @@ def test_pytorch_ddp_tutorial_multinode_py_under_torchrun(
     args = ["multinode.py", "2", "1"]
     run = sshddp_launch(ssh_env, tmp_path, free_port(), args, ["--workdir", str(code)])
     assert_tutorial_trained(run, 2)
+
+
+@pytest.mark.slow
+def test_node_launcher_detach_ps_logs_stop(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """A detached node-launcher run: ps reads it live, logs fetches it, stop ends every
+    launcher, worker and setsid'd grandchild on every host."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), HOSTS, nproc=2)
+    job = [str(PAYLOADS / "spawn_job.py"), "--sleeper", "--hold", "600"]
+    argv = ["launch", "--launcher", "node", "--detach", "--name", "nd", str(inv), *job]
+    started = sshddp_cli(ssh_env, tmp_path, *argv)
+    assert started.returncode == 0, started.stderr
+    logs = [workdir / "runs" / "nd" / f"n{k}" / "node.log" for k in range(3)]
+    wait_until(
+        lambda: all(p.exists() and p.read_text().count('"spawn"') == 2 for p in logs),
+        240,
+        "every worker to train",
+    )
+    ps = sshddp_cli(ssh_env, tmp_path, "ps")
+    assert "nd" in ps.stdout and "0:running 1:running 2:running" in ps.stdout, ps.stdout
+    fetched = sshddp_cli(ssh_env, tmp_path, "logs", "nd", "--node", "2")
+    assert fetched.stdout.count('"spawn": true') == 2, fetched.stdout
+    sleepers = [int(m) for p in logs for m in re.findall(r'"sleeper": (\d+)', p.read_text())]
+    assert len(sleepers) == WORLD
+    stopped = sshddp_cli(ssh_env, tmp_path, "stop", "nd")
+    assert stopped.returncode == 0 and stopped.stdout.count(": stopped") == 3, stopped.stdout
+    run_no_leak("nd")
+    assert not [pid for pid in sleepers if alive(pid)]
+
+
+def sshddp_cli(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SSHDDP, *args], cwd=cwd, env=cli_env(cluster), capture_output=True, text=True, timeout=120
+    )

@@ -4,17 +4,19 @@ Written the way such scripts are written for a node-level launcher: one process 
 which reads NODE_RANK, NPROC_PER_NODE, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the
 environment and computes each worker's global rank as NODE_RANK * NPROC_PER_NODE + local.
 
-Usage: spawn_job.py [--fail NODE:LOCAL] [--sleeper]
+Usage: spawn_job.py [--fail NODE:LOCAL] [--sleeper] [--hold SECONDS]
   --fail NODE:LOCAL  that worker raises once every worker has joined (the others then wait
                      in a collective that never completes, until teardown)
   --sleeper          every worker first starts `sleep 600` in a session of its own (setsid),
                      which only the node's run marker can find at teardown
+  --hold SECONDS     every worker sleeps that long after training (a run to stop)
 """
 
 import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,7 +28,9 @@ def emit(record: dict) -> None:
     sys.stdout.flush()
 
 
-def worker(local: int, node: int, nproc: int, world: int, fail: str, sleeper: bool) -> None:
+def worker(
+    local: int, node: int, nproc: int, world: int, fail: str, sleeper: bool, hold: float
+) -> None:
     rank = node * nproc + local
     if sleeper:
         child = subprocess.Popen(["sleep", "600"], start_new_session=True)
@@ -58,6 +62,7 @@ def worker(local: int, node: int, nproc: int, world: int, fail: str, sleeper: bo
             "weights_agree": bool(torch.equal(weights, reference)),
         }
     )
+    time.sleep(hold)
     dist.destroy_process_group()
 
 
@@ -67,7 +72,8 @@ def main() -> None:
     node = int(os.environ["NODE_RANK"])
     nproc = int(os.environ["NPROC_PER_NODE"])
     world = int(os.environ["WORLD_SIZE"])
-    mp.spawn(worker, args=(node, nproc, world, fail, "--sleeper" in args), nprocs=nproc)
+    hold = float(args[args.index("--hold") + 1]) if "--hold" in args else 0.0
+    mp.spawn(worker, args=(node, nproc, world, fail, "--sleeper" in args, hold), nprocs=nproc)
 
 
 if __name__ == "__main__":
