@@ -19,7 +19,7 @@ from sshddp_bench.harness import Bench, BenchError, Stat, expect_rc, progress, s
 HOSTS, NPROC = 3, 2
 SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)  # 64 KiB .. 16 MiB
 ITERS, WARMUP = 20, 5
-TARGET = 0.9  #: smoke's bus bandwidth over the plain script's, at least
+TARGET = 0.1  #: smoke's bus bandwidth within 10% of the plain script's, either way
 PLAIN = Path(__file__).resolve().parent.parent / "payloads" / "plain_allreduce.py"
 
 
@@ -79,16 +79,16 @@ def bench_smoke(b: Bench, reps: int) -> list[SmokeRow]:
 def smoke_table(rows: list[SmokeRow]) -> list[str]:
     out = [
         "| size | sshddp smoke busbw (GB/s) | plain torchrun busbw (GB/s) | ratio "
-        "| target ≥ 0.9x at 16 MiB |",
+        "| target 0.9x–1.1x at 16 MiB |",
         "|---:|---|---|---:|---|",
     ]
     for r in rows:
         ratio = r.smoke.median / r.plain.median
         gate = r.size == SIZES[-1]
-        miss = f"{ratio:.2f}x, {(TARGET - ratio) / TARGET:.0%} under {TARGET}x"
+        miss = f"{ratio:.2f}x, {abs(ratio - 1):.0%} off"
         out.append(
             f"| {r.size >> 10} KiB | {r.smoke.fmt(1, 3)} | {r.plain.fmt(1, 3)} | {ratio:.2f}x "
-            f"| {verdict(ratio >= TARGET, miss) if gate else '-'} |"
+            f"| {verdict(abs(ratio - 1) <= TARGET, miss) if gate else '-'} |"
         )
     return out
 

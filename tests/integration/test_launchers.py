@@ -283,3 +283,28 @@ def sshddp_cli(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Comple
     return subprocess.run(
         [*SSHDDP, *args], cwd=cwd, env=cli_env(cluster), capture_output=True, text=True, timeout=120
     )
+
+
+@pytest.mark.slow
+def test_lightning_node_launcher_teardown_when_a_worker_of_node_2_raises(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """Lightning's worker 1 of node 2 raises as training starts: node 2 fails (Lightning's
+    observer kills the node's processes), every Lightning process of every node goes, and
+    the report names that worker and shows its traceback."""
+    run = sshddp_launch(
+        ssh_env,
+        tmp_path,
+        free_port(),
+        [str(PAYLOADS / "lightning_job.py"), "3", "--fail", "2:1"],
+        ["--launcher", "node", "--grace", "3"],
+    )
+    assert run.rc == 1, run.stderr[-4000:]
+    # Lightning's observer names the worker; torch prefixes its traceback `[rank5]:`.
+    cause = "root cause: node 2 on h3, local rank 1 (as Lightning says)"
+    assert cause in run.stderr, run.stderr[-4000:]
+    assert "[rank5]: RuntimeError: Lightning worker 2:1 failed on purpose\n---" in run.stderr
+    run_no_leak(run.run_id)

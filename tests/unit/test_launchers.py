@@ -318,3 +318,19 @@ def test_report_names_the_worker_a_node_launcher_says_failed() -> None:
     assert text.rstrip().endswith(
         "RuntimeError: worker 1 of node 2 failed on purpose\n---".rstrip()
     )
+
+
+def test_report_takes_the_rank_whose_own_error_it_is_not_a_peers_follow_on() -> None:
+    lines = [
+        "[rank3]: Traceback (most recent call last):",
+        "[rank3]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:9114.",
+        "[rank5]: Traceback (most recent call last):",
+        '[rank5]:   File "train.py", line 26, in training_step',
+        "[rank5]: ValueError: bad batch",
+        "[rank4]: torch.distributed.DistBackendError: Connection reset by peer",
+    ]
+    assert launcher_failure(lines) == {"rank": 5}
+    nodes = [NodeResult(0, "h1", NodeState.STOPPED), NodeResult(1, "h2", NodeState.FAILED, 1)]
+    text = run_report(RunResult("r1", nodes, root_cause=1), lines)
+    assert "root cause: node 1 on h2, global rank 5 (as its traceback says)" in text
+    assert "[rank3]" not in text and text.count("[rank5]") == 3  # that rank's own lines

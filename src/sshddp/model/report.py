@@ -117,13 +117,25 @@ _LAUNCHER_RES = (
 )
 
 
+# torch prefixes an uncaught error's traceback with ``[rankN]:``; a peer's follow-on error
+# (its connection to the failed rank closed) is not the root cause.
+_RANK_ERROR_RE = re.compile(r"^\[rank(\d+)\]: [\w.]*(?:Error|Exception)\b")
+_FOLLOW_ON = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
 def launcher_failure(lines: Sequence[str]) -> dict[str, Any]:
-    """Which worker a node launcher says failed first: its local rank, and who says so."""
+    """Which worker failed first, as a node launcher says (its ``local_rank``, and ``by``
+    whom), and the first global ``rank`` whose own traceback (``[rankN]:``) ends in an
+    error of its own rather than a peer's follow-on."""
+    found: dict[str, Any] = {}
     for line in lines:
         for pattern, who in _LAUNCHER_RES:
-            if m := pattern.search(line):
-                return {"local_rank": int(m.group(1)), "by": who}
-    return {}
+            if "by" not in found and (m := pattern.search(line)):
+                found.update(local_rank=int(m.group(1)), by=who)
+        m = _RANK_ERROR_RE.match(line)
+        if "rank" not in found and m and not any(text in line for text in _FOLLOW_ON):
+            found["rank"] = int(m.group(1))
+    return found
 
 
 def _signame(num: int) -> str:
@@ -178,7 +190,12 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     if "rank" in info:
         where += f", global rank {info['rank']} (local rank {info['local_rank']})"
     elif said := launcher_failure(full_tail):
-        where += f", local rank {said['local_rank']} (as {said['by']} says)"
+        if "by" in said:
+            where += f", local rank {said['local_rank']} (as {said['by']} says)"
+        else:
+            where += f", global rank {said['rank']} (as its traceback says)"
+        if "rank" in said:  # the tail shows that rank's own lines
+            info["rank"] = said["rank"]
     out.append(f"root cause: {where}: {_how(info, node.reason or node.state.value)}")
     tail = user_tail(full_tail, rank=info.get("rank"))
     if tail:

@@ -1,12 +1,16 @@
 """A Lightning Trainer on CPU, 2 devices a node, DDP: run under torchrun or as a node launcher.
 
-Usage: lightning_job.py NUM_NODES. Every rank prints one JSON line once training is done:
+Usage: lightning_job.py NUM_NODES [--fail NODE:LOCAL]. With --fail, that worker raises as
+training starts, while the others wait 30 s outside any collective: the failure is the
+first thing that happens (a peer in a collective would fail at the same moment, with
+"Connection closed by peer"). Otherwise every rank prints one JSON line once training is done:
 its global rank, the world size, its node rank, the sum of (rank + 1) over every rank (an
 all-reduce), and whether its weights agree with rank 0's (DDP kept them in step).
 """
 
 import json
 import sys
+import time
 
 import lightning as L
 import torch
@@ -15,9 +19,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Tiny(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, fail: str = "") -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
+        self.fail = fail
+
+    def on_train_start(self) -> None:
+        if self.fail == f"{self.trainer.node_rank}:{self.trainer.local_rank}":
+            raise RuntimeError(f"Lightning worker {self.fail} failed on purpose")
+        if self.fail:
+            time.sleep(30)
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -27,7 +38,7 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def main(num_nodes: int) -> None:
+def main(num_nodes: int, fail: str) -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(96, 8), torch.randn(96, 1))
     trainer = L.Trainer(
@@ -41,7 +52,7 @@ def main(num_nodes: int) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    model = Tiny()
+    model = Tiny(fail)
     trainer.fit(model, DataLoader(data, batch_size=8))
     total = torch.tensor([float(trainer.global_rank + 1)])
     dist.all_reduce(total)
@@ -62,4 +73,5 @@ def main(num_nodes: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    fail = sys.argv[sys.argv.index("--fail") + 1] if "--fail" in sys.argv else ""
+    main(int(sys.argv[1]), fail)

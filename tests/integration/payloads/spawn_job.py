@@ -5,8 +5,9 @@ which reads NODE_RANK, NPROC_PER_NODE, WORLD_SIZE, MASTER_ADDR and MASTER_PORT f
 environment and computes each worker's global rank as NODE_RANK * NPROC_PER_NODE + local.
 
 Usage: spawn_job.py [--fail NODE:LOCAL] [--sleeper] [--hold SECONDS]
-  --fail NODE:LOCAL  that worker raises once every worker has joined (the others then wait
-                     in a collective that never completes, until teardown)
+  --fail NODE:LOCAL  that worker raises once every worker has joined; the others wait 30 s
+                     outside any collective (in one, they would fail at the same moment
+                     with "Connection closed by peer"), then until teardown
   --sleeper          every worker first starts `sleep 600` in a session of its own (setsid),
                      which only the node's run marker can find at teardown
   --hold SECONDS     every worker sleeps that long after training (a run to stop)
@@ -40,6 +41,8 @@ def worker(
     dist.all_reduce(total)
     if fail == f"{node}:{local}":
         raise RuntimeError(f"worker {local} of node {node} failed on purpose")
+    if fail:  # the others wait outside any collective: the failure comes first, alone
+        time.sleep(30)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
