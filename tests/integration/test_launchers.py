@@ -7,10 +7,12 @@ The third-party packages are the ones pinned in the ``test`` extra (installed wi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -308,3 +310,32 @@ def test_lightning_node_launcher_teardown_when_a_worker_of_node_2_raises(
     assert cause in run.stderr, run.stderr[-4000:]
     assert "[rank5]: RuntimeError: Lightning worker 2:1 failed on purpose\n---" in run.stderr
     run_no_leak(run.run_id)
+
+
+# --------------------------------------------------------------------------------- -H
+
+
+@pytest.mark.slow
+def test_host_list_on_the_command_line_doctor_and_launch(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """`-H h1:2,h2:1 --python PY`: doctor checks those hosts, launch runs 3 ranks there,
+    NODE_RANK set on each node of a torchrun launch."""
+    port = free_port()
+    hosts = ["-H", "h1:2,h2:1", "--python", sys.executable]
+    doctor = sshddp_cli(ssh_env, tmp_path, "doctor", *hosts, "--port", str(port))
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "All checks passed on 2 host(s)." in doctor.stdout
+    job = [str(PAYLOADS / "env_job.py")]
+    opts = ["--env", "GLOO_SOCKET_IFNAME=lo", "--port", str(port), "--name", "hl"]
+    run = sshddp_cli(ssh_env, tmp_path, "launch", *hosts, *opts, *job)
+    assert run.returncode == 0, run.stderr
+    logs = sorted((tmp_path / "sshddp-logs" / "hl").glob("node*.log"))
+    lines = [line for p in logs for line in p.read_text().splitlines()]
+    found = [json.loads(line) for line in lines if line.startswith("{")]
+    assert sorted((r["RANK"], r["WORLD_SIZE"], r["GROUP_RANK"]) for r in found) == [
+        ("0", "3", "0"),
+        ("1", "3", "0"),
+        ("2", "3", "1"),
+    ]
+    assert all(r["NODE_RANK"] == r["GROUP_RANK"] for r in found)

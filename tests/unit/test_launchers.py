@@ -189,6 +189,7 @@ def test_launch_cli_with_h_and_a_command_after_dashdash() -> None:
         (["launch", "-H", "a:2,a", "t.py"], "listed twice"),
         (["doctor", "-H", "a", "inv.yaml"], "not both"),
         (["exec", "-H", "a", "--", "-x"], "cannot be empty or start with '-'"),
+        (["exec", "-H", "a", "--", "echo", "\udcff"], "argument 2 ('\\udcff') is not UTF-8"),
         (["smoke", "-H", "a", "--sizes", "1K,2Q"], "'2Q' is not a size"),
     ],
 )

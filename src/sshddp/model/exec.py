@@ -58,6 +58,13 @@ def remote_command(argv: Sequence[str]) -> str:
             f"COMMAND {argv[0]!r}: a command name cannot be empty or start with '-'; put exec's "
             "own options before the inventory"
         )
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(
+                f"COMMAND argument {i + 1} ({arg!r}) is not UTF-8 text; an SSH command line is"
+            ) from None
     return "exec 2>&1; exec " + shlex.join(argv)
 
 

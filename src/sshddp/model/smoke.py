@@ -94,6 +94,8 @@ def render(report: SmokeReport) -> str:
         )
     out += ["", f"link to node 0 ({_size(r['p2p_bytes'])} each way, send/recv):"]
     slow = report.slow_nodes()
+    if not r["p2p"]:
+        out.append("  (one node: no link to measure)")
     for p in r["p2p"]:
         mark = "  <- far below the others" if p["node"] in slow else ""
         out.append(
