@@ -18,6 +18,7 @@ class Result:
     code: int
     out: str
     err: str
+    raw: bytes = b""  #: what went to the terminal's byte stream (ranks' lines, exec's output)
 
     @property
     def text(self) -> str:
@@ -31,16 +32,16 @@ class Result:
 
 def sshddp(args: Sequence[str], environ: Mapping[str, str] | None = None) -> Result:
     """``sshddp ARGS`` in this process; ``environ`` is what the command sees as its env."""
-    out, err = io.StringIO(), io.StringIO()
+    out, err, raw = io.StringIO(), io.StringIO(), io.BytesIO()
     env = Terminal(
         stdout=out,
         stderr=err,
-        stdout_bytes=io.BytesIO(),
+        stdout_bytes=raw,
         color=False,
         environ=dict(os.environ if environ is None else environ),
     )
     code = run([str(a) for a in args], env)
-    return Result(int(code), out.getvalue(), err.getvalue())
+    return Result(int(code), out.getvalue(), err.getvalue(), raw.getvalue())
 
 
 def assert_clean_failure(result: Result, code: int) -> None:

@@ -23,7 +23,7 @@ import os
 
 from hypothesis import strategies as st
 
-RESERVED = frozenset({"SSHDDP_RUN_ID", "SSHDDP_NODE_RANK", "SSHDDP_NODE_MARK"})
+RESERVED = frozenset({"SSHDDP_RUN_ID", "SSHDDP_NODE_RANK", "SSHDDP_NODE_MARK", "NODE_RANK"})
 
 # The cases most likely to break quoting, parsing or templating, drawn often.
 NASTY = (

@@ -147,7 +147,8 @@ def test_dry_run_prints_what_runs_shell_quoted_with_secrets_masked(
     masked = {k for k in shown if k in secrets or SECRET_NAME_RE.search(k)}
     expected_env = {k: MASK if k in masked else v for k, v in shown.items()}
     nodes = dry_run_nodes(result.out)
-    assert [env for env, _ in nodes] == [expected_env, expected_env]
+    # sshddp adds NODE_RANK (torchrun leaves it unset; Lightning reads it).
+    assert [env for env, _ in nodes] == [{**expected_env, "NODE_RANK": str(r)} for r in (0, 1)]
     for rank, (_, command) in enumerate(nodes):
         assert command[command.index("--node-rank") + 1] == str(rank)
         python, shim, *rest = worker_argv(command)
@@ -321,7 +322,10 @@ def test_values_reach_torchrun_workers_through_boot_and_supervisor(
         for node in plan.nodes:
             spec = json.loads(Path(node.rundir, "spec.json").read_text())
             assert spec["argv"] == list(node.argv)
-            assert json.loads(Path(node.rundir, "env.json").read_text()) == expected_env
+            assert json.loads(Path(node.rundir, "env.json").read_text()) == {
+                **expected_env,
+                "NODE_RANK": str(node.node_rank),
+            }
             assert Path(node.rundir, "code", SCRIPT_NAME).read_bytes() == script.read_bytes()
             argv, env = supervisor_exec(node.rundir)
             shim = os.path.join(node.rundir, "rank.py")

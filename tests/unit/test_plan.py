@@ -175,7 +175,7 @@ def test_env_merge_order_inventory_then_env_option() -> None:
     plain = plan_of()
     assert dict(plain.nodes[0].env)["NCCL_DEBUG"] == "WARN"  # defaults
     assert dict(plain.nodes[1].env)["NCCL_DEBUG"] == "INFO"  # the host's own wins
-    assert c == {**a}  # same inventory env on gpu-c, same --env
+    assert c == {**a, "NODE_RANK": "2"}  # same inventory env on gpu-c, same --env
 
 
 def test_node_env_is_read_only() -> None:
@@ -273,7 +273,7 @@ def test_describe_quotes_values_and_args_for_the_shell() -> None:
 
 def test_describe_without_env() -> None:
     out = describe(plan_of(text="hosts: [a]\n"))
-    assert "  env:     -" in out.splitlines()
+    assert "  env:     NODE_RANK=0" in out.splitlines()  # sshddp's own, nothing else
 
 
 # ----------------------------------------------------------------- --env parsing

@@ -17,9 +17,11 @@ import click
 
 from sshddp import __version__
 from sshddp.cli.doctor import doctor
+from sshddp.cli.exec import exec_
 from sshddp.cli.launch import launch
 from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.runs import attach, logs, ps, stop
+from sshddp.cli.smoke import smoke
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 
@@ -38,7 +40,7 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     ctx.meta["traceback"] = traceback
 
 
-for _command in (doctor, launch, attach, logs, ps, stop):
+for _command in (doctor, launch, attach, logs, ps, stop, exec_, smoke):
     cli.add_command(_command)
 
 

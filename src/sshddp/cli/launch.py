@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Optional
 
 import click
 
 from sshddp import defaults
+from sshddp.cli.hostlist import DashDashCommand, host_list_options, split_hosts
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.envvars import parse_env_pairs
+from sshddp.model.launchers import LAUNCHERS
 from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_table, run_report
 from sshddp.model.state import RunResult
 from sshddp.run import coordinator
-from sshddp.run.inputs import load_inventory
 from sshddp.run.preflight import PreflightFailed
 from sshddp.run.sinks import tail_lines
 
@@ -24,11 +26,19 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 
 
 # Not interspersed: parsing stops at INVENTORY, so the script's own options pass through.
-@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
-@click.argument("inventory", type=click.Path())
-@click.argument("script_and_args", nargs=-1, type=click.UNPROCESSED)
+@click.command(cls=DashDashCommand, context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INVENTORY SCRIPT [ARGS]...")
 @ssh_options
+@host_list_options
 @click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
+@click.option(
+    "--launcher",
+    type=click.Choice(LAUNCHERS),
+    default="torchrun",
+    show_default=True,
+    help="torchrun on every node, or `node`: one process per node that spawns its own "
+    "workers (Lightning, mp.spawn, or `-- COMMAND` such as `accelerate launch`).",
+)
 @click.option(
     "--nproc-per-node", type=int, metavar="N", help="Processes per node (default: gpus, or nproc)."
 )
@@ -70,15 +80,18 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     "pipe; caps a node's output near 100 MB/s.",
 )
 @click.pass_context
-def launch(ctx: click.Context, inventory: str, script_and_args: tuple[str, ...], **kw: Any) -> None:
-    """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY.
+def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
+    """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY (or of -H).
 
     Options go before INVENTORY; everything after SCRIPT goes to the script verbatim.
+    With --launcher node, each node runs SCRIPT once (it spawns its own workers), or the
+    command after `--`, whose arguments may use {node_rank} {nnodes} {master_addr}
+    {master_port} {nproc} {world_size}.
     """
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
-    options, secrets = launch_options(script_and_args, kw, terminal)
-    inv = load_inventory(inventory)
+    inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
+    options, secrets = launch_options(rest, kw, terminal, dashdash)
     mode = coordinator.LaunchMode(
         dry_run=kw["dry_run"], check=not kw["no_check"], detach=kw["detach"], fanout=kw["fanout"]
     )
@@ -91,10 +104,13 @@ def launch(ctx: click.Context, inventory: str, script_and_args: tuple[str, ...],
 
 
 def launch_options(
-    script_and_args: Sequence[str], kw: dict[str, Any], terminal: Terminal
+    script_and_args: Sequence[str], kw: dict[str, Any], terminal: Terminal, dashdash: bool = False
 ) -> tuple[LaunchOptions, frozenset[str]]:
-    """Split SCRIPT from its arguments and gather the launch options."""
+    """Split SCRIPT from its arguments (or take the command after ``--``) and gather the
+    launch options."""
     rest = list(script_and_args)
+    if dashdash:
+        return _command_options(rest, kw, terminal)
     module = kw["module"]
     if module is None and rest and rest[0] == "-m":
         if len(rest) < 2:
@@ -125,8 +141,26 @@ def launch_options(
         grace=kw["grace"],
         heartbeat_timeout=kw["heartbeat_timeout"],
         tty=kw["tty"],
+        launcher=kw["launcher"],
     )
     return options, secrets
+
+
+def _command_options(
+    command: list[str], kw: dict[str, Any], terminal: Terminal
+) -> tuple[LaunchOptions, frozenset[str]]:
+    """``--launcher node INV -- COMMAND [ARGS...]``: the node's launcher is COMMAND."""
+    if kw["launcher"] != "node":
+        raise UsageError(
+            "a command after `--` needs --launcher node (torchrun runs a SCRIPT or -m MODULE): "
+            "`sshddp launch --launcher node inv.yaml -- accelerate launch train.py`"
+        )
+    if not command:
+        raise UsageError("missing COMMAND after `--`")
+    if kw["module"] is not None:
+        raise UsageError("-m MODULE and a command after `--` exclude each other")
+    options, secrets = launch_options(["_"], kw, terminal)
+    return replace(options, script=None, command=tuple(command)), secrets
 
 
 def report_result(terminal: Terminal, result: RunResult) -> int:

@@ -597,3 +597,62 @@ def _hostfile_pair(doc: _Doc, word: str, where: _Where, seen: Mapping[str, Any])
     rule = _RULES[name]
     value: Any = int(text) if not rule.text and _INT_TEXT.fullmatch(text) else text
     return name, _check(doc, rule, value, replace(where, col=where.col + len(key) + 1))
+
+
+# --- a host list on the command line (-H) ----------------------------------------------------
+
+HOST_LIST_FORM = "HOST[:N],HOST[:N],... (N: the host's processes, its GPUs or CPU processes)"
+
+
+def parse_host_list(
+    text: str,
+    *,
+    python: Optional[str] = None,
+    user: Optional[str] = None,
+    source: str = "-H",
+) -> Inventory:
+    """``-H gpu-a:8,gpu-b:8`` as an inventory: host i is node rank i with N processes.
+
+    ``python`` and ``user`` play the part of a YAML inventory's ``defaults``. Every value
+    goes through the same checks as an inventory's; an error names the entry by position.
+    """
+    doc = _Doc.of(text, source)
+    defaults: dict[str, Any] = {}
+    for name, value in (("python", python), ("user", user)):
+        if value is not None:
+            defaults[name] = _check(doc, _RULES[name], value, _Where(f"--{name}"))
+    if not text.strip():
+        doc.fail(_Where(""), f"no hosts; expected {HOST_LIST_FORM}.")
+    pairs = [_list_host(doc, entry, i, defaults) for i, entry in enumerate(text.split(","))]
+    seen: dict[tuple[str, Optional[int]], int] = {}
+    for host, where in pairs:
+        first = seen.setdefault((host.host, host.port), host.index)
+        if first != host.index:
+            doc.fail(
+                where,
+                f"host {_show(host.host)} is listed twice, as entries {first + 1} and "
+                f"{host.index + 1}; list each host once with its process count (HOST:N).",
+            )
+    return _inventory(doc, pairs, Rendezvous())
+
+
+_POSITIVE_RULE = _Rule(
+    "a positive integer", lambda value: _is_count(value) and value > 0, text=False
+)
+
+
+def _list_host(
+    doc: _Doc, entry: str, index: int, defaults: Mapping[str, Any]
+) -> tuple[Host, _Where]:
+    where = _Where(f"hosts[{index}] (entry {index + 1}, {_show(entry)})")
+    if not entry:
+        doc.fail(where, f"an empty entry; expected {HOST_LIST_FORM}.")
+    name, colon, text = entry.rpartition(":")
+    count: Optional[str] = text
+    if not colon or entry.endswith("]") or (":" in name and not name.endswith("]")):
+        name, count = entry, None  # no count, or an IPv6 address without brackets
+    own: dict[str, Any] = {"host": _check(doc, _HOST_RULE, name, where)}
+    if count is not None:
+        number = int(count) if _INT_TEXT.fullmatch(count) else count
+        own["nproc"] = _check(doc, _POSITIVE_RULE, number, where, " after the ':'")
+    return _make_host(own, defaults, index, 0), where

@@ -24,6 +24,14 @@ from sshddp.model import envvars
 from sshddp.model.commands import endpoint, torchrun_argv
 from sshddp.model.envvars import MASK, EnvPairs
 from sshddp.model.inventory import Host, Inventory
+from sshddp.model.launchers import (
+    Launcher,
+    NodeFigures,
+    expand,
+    launcher_env,
+    node_argv,
+    spec_launcher,
+)
 from sshddp.remote import contract
 
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
@@ -49,6 +57,8 @@ class LaunchOptions:
     grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
+    launcher: Launcher = "torchrun"  #: torchrun, or one process per node (``node``)
+    command: tuple[str, ...] = ()  #: ``--launcher node -- COMMAND``, placeholders unexpanded
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,8 @@ class LaunchPlan:
     tty: bool = False  #: ranks write to a pty instead of a pipe
     keep_runs: int = defaults.KEEP_RUNS  #: run directories a host keeps, this run included
     nproc_per_node: Optional[int] = None  #: the user's override of every host's count
+    launcher: Launcher = "torchrun"  #: what each node starts: torchrun, or its own launcher
+    command: tuple[str, ...] = ()  #: a node launcher's command (``-- COMMAND``), if any
 
     @property
     def peer_port(self) -> int:
@@ -137,6 +149,7 @@ class LaunchPlan:
                 "hosts": [n.host.host for n in self.nodes],
             },
             "tty": self.tty,
+            "launcher": spec_launcher(self.launcher, self.command),
         }
 
 
@@ -158,15 +171,13 @@ def make_plan(
     hosts = inventory.hosts
     rdzv = (inventory.rendezvous.host or addr_of(hosts[0]), _rdzv_port(inventory, options))
     nprocs = [options.nproc_per_node or h.procs for h in hosts]
-    extra_env = dict(options.env)
-    program = (*(["-m", code.target] if options.module else [code.target]), *options.script_args)
     nodes = []
     for i, h in enumerate(hosts):
+        figures = NodeFigures(i, len(hosts), nprocs[i], sum(nprocs), *rdzv)
         rundir = run_dir(h.workdir, run_id, i)
-        argv = torchrun_argv(
-            h.python, i, len(hosts), nprocs[i], rdzv, run_id, options.max_restarts, rundir, program
+        env = MappingProxyType(
+            {**h.env, **dict(options.env), **launcher_env(options.launcher, figures)}
         )
-        env = MappingProxyType({**h.env, **extra_env})
         node = NodePlan(
             host=h,
             node_rank=i,
@@ -174,7 +185,7 @@ def make_plan(
             first_rank=sum(nprocs[:i]),
             rundir=rundir,
             env=env,
-            argv=argv,
+            argv=_argv(options, code, figures, rundir, h.python, run_id),
             cwd=_cwd(code, rundir),
         )
         nodes.append(node)
@@ -192,6 +203,28 @@ def make_plan(
         secret_names=envvars.secret_names(secret_names, [h.env for h in hosts]),
         tty=options.tty,
         nproc_per_node=options.nproc_per_node,
+        launcher=options.launcher,
+        command=options.command,
+    )
+
+
+def _argv(
+    options: LaunchOptions,
+    code: CodeSpec,
+    node: NodeFigures,
+    rundir: str,
+    python: str,
+    run_id: str,
+) -> tuple[str, ...]:
+    """The node's command: torchrun, or the node's own launcher (its placeholders filled)."""
+    program = (*(["-m", code.target] if options.module else [code.target]), *options.script_args)
+    if options.launcher == "node":
+        command = expand(options.command, node.placeholders())
+        return node_argv(python, rundir, program, command)
+    rdzv = (node.master_addr, node.master_port)
+    nnodes, nproc, restarts = node.nnodes, node.nproc, options.max_restarts
+    return torchrun_argv(
+        python, node.node_rank, nnodes, nproc, rdzv, run_id, restarts, rundir, program
     )
 
 
@@ -222,6 +255,11 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
         raise UsageError("--heartbeat-timeout must be positive")
     if options.grace < 0 or options.max_restarts < 0:
         raise UsageError("--grace and --max-restarts must not be negative")
+    if options.launcher == "node" and options.max_restarts:
+        raise UsageError(
+            "--max-restarts is torchrun's: with --launcher node the node's own launcher "
+            "decides about restarts"
+        )
 
 
 def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
@@ -238,6 +276,13 @@ def _cwd(code: CodeSpec, rundir: str) -> str:
 
 def decide_code(options: LaunchOptions, paths: LocalPaths) -> CodeSpec:
     """Decide how the script or module reaches the hosts."""
+    if options.command:  # a node launcher's own command: only a --workdir ships
+        if not options.workdir:
+            return CodeSpec("none", options.command[0])
+        root = paths.resolve(options.workdir)
+        if paths.kind(root) != "dir":
+            raise UsageError(f"--workdir {options.workdir}: not a local directory")
+        return CodeSpec("tar", options.command[0], root)
     if options.workdir:
         return _workdir_code(options, options.workdir, paths)
     if options.module:
@@ -286,6 +331,8 @@ def describe(plan: LaunchPlan) -> str:
         f"code:        {plan.code.kind} {plan.code.local_path or plan.code.target}",
         f"logs:        {plan.log_dir}/",
         "output:      " + ("a terminal (--tty)" if plan.tty else "a pipe; ranks line-buffered"),
+        "launcher:    "
+        + ("torchrun" if plan.launcher == "torchrun" else "node (one process per node)"),
     ]
     for node in plan.nodes:
         last = node.first_rank + node.nproc - 1

@@ -105,6 +105,39 @@ def torchrun_failure(lines: Sequence[str]) -> dict[str, Any]:
     return found
 
 
+# What node launchers say of a worker that failed: torch.multiprocessing.spawn's
+# ProcessRaisedException / ProcessExitedException, and Lightning's child-process observer.
+_LAUNCHER_RES = (
+    (re.compile(r"-- Process (\d+) terminated with the following error"), "mp.spawn"),
+    (re.compile(r"\bprocess (\d+) terminated with (?:signal|exit code) (\S+)"), "mp.spawn"),
+    (
+        re.compile(r"\[rank: (\d+)\] Child process with PID \d+ terminated with code (-?\d+)"),
+        "Lightning",
+    ),
+)
+
+
+# torch prefixes an uncaught error's traceback with ``[rankN]:``; a peer's follow-on error
+# (its connection to the failed rank closed) is not the root cause.
+_RANK_ERROR_RE = re.compile(r"^\[rank(\d+)\]: [\w.]*(?:Error|Exception)\b")
+_FOLLOW_ON = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def launcher_failure(lines: Sequence[str]) -> dict[str, Any]:
+    """Which worker failed first, as a node launcher says (its ``local_rank``, and ``by``
+    whom), and the first global ``rank`` whose own traceback (``[rankN]:``) ends in an
+    error of its own rather than a peer's follow-on."""
+    found: dict[str, Any] = {}
+    for line in lines:
+        for pattern, who in _LAUNCHER_RES:
+            if "by" not in found and (m := pattern.search(line)):
+                found.update(local_rank=int(m.group(1)), by=who)
+        m = _RANK_ERROR_RE.match(line)
+        if "rank" not in found and m and not any(text in line for text in _FOLLOW_ON):
+            found["rank"] = int(m.group(1))
+    return found
+
+
 def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -156,6 +189,13 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     where = f"node {node.node_rank} on {node.host}"
     if "rank" in info:
         where += f", global rank {info['rank']} (local rank {info['local_rank']})"
+    elif said := launcher_failure(full_tail):
+        if "by" in said:
+            where += f", local rank {said['local_rank']} (as {said['by']} says)"
+        else:
+            where += f", global rank {said['rank']} (as its traceback says)"
+        if "rank" in said:  # the tail shows that rank's own lines
+            info["rank"] = said["rank"]
     out.append(f"root cause: {where}: {_how(info, node.reason or node.state.value)}")
     tail = user_tail(full_tail, rank=info.get("rank"))
     if tail:

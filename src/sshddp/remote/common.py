@@ -132,18 +132,21 @@ def kill_run(
     grace: float,
     reap: Optional[Callable[[], None]] = None,
     hurry: Optional[Callable[[], bool]] = None,
+    agent: bool = True,
 ) -> float:
     """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s.
 
     ``reap`` (optional) is called while waiting so a parent can collect its own child;
-    ``hurry`` (optional) ends the grace early when it returns True. Returns the seconds it
-    took.
+    ``hurry`` (optional) ends the grace early when it returns True. ``agent``: the process
+    group ``pgid`` is torchrun's alone, its workers run in sessions of their own, so once
+    they are gone the rest is cut short; a node launcher's workers share its group, and it
+    gets the whole grace. Returns the seconds it took.
     """
     start = time.time()
     pids = run_pids(pgid, mark)
     if grace > 0 and pids:
         signal_all(pids, signal.SIGTERM)
-        pids = _wait_gone(pids, pgid, mark, start + grace, reap, hurry)
+        pids = _wait_gone(pids, pgid, mark, start + grace, reap, hurry, agent)
     for _ in range(500):
         if not pids:
             break
@@ -162,6 +165,7 @@ def _wait_gone(
     deadline: float,
     reap: Optional[Callable[[], None]],
     hurry: Optional[Callable[[], bool]],
+    agent: bool = True,
 ) -> list[int]:
     """Wait for the node's processes to exit after SIGTERM; those still there."""
     workers_gone = None
@@ -172,7 +176,7 @@ def _wait_gone(
         pids = run_pids(pgid, mark)
         # Once the ranks are gone, torchrun's own cleanup (seconds of Python teardown)
         # protects nothing: give it AGENT_GRACE, then kill it.
-        if workers_gone is None and not [p for p in pids if pgid_of(p) != pgid]:
+        if agent and workers_gone is None and not [p for p in pids if pgid_of(p) != pgid]:
             workers_gone = time.time()
         if workers_gone is not None and time.time() - workers_gone > AGENT_GRACE:
             break

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 1
+SCHEMA = 2  #: 2: spec.json says which launcher its argv is for (``launcher``)
 
 # The files of a run directory.
 SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
@@ -35,6 +35,11 @@ CODE = "code"  #: the shipped code, unpacked; the ranks' cwd when code was shipp
 RUN_ID_VAR = "SSHDDP_RUN_ID"
 NODE_RANK_VAR = "SSHDDP_NODE_RANK"
 MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
+
+# What spec.json's argv is (SpecRecord.launcher); a spec without it is torchrun's.
+LAUNCH_TORCHRUN = "torchrun"  #: torchrun; its ``--no-python`` is followed by python and rank.py
+LAUNCH_NODE = "node"  #: the node's one process: python, rank.py, then the script or -m MODULE
+LAUNCH_COMMAND = "command"  #: a user's command, run as it is (``--launcher node -- CMD``)
 
 # The states a host reports for a node (see sshddp.model.state.NodeState).
 STARTING = "starting"
@@ -69,6 +74,7 @@ class SpecRecord(TypedDict):
     mark: str  #: the value of SSHDDP_NODE_MARK in every process of the node
     peers: PeersSpec
     tty: bool  #: ranks write to a pty instead of a pipe
+    launcher: str  #: LAUNCH_TORCHRUN, LAUNCH_NODE or LAUNCH_COMMAND (schema 2)
 
 
 class StateRecord(TypedDict):

@@ -60,7 +60,8 @@ def stop(args: dict[str, Any]) -> StopAnswer:
         if done is not None:
             return _answer(done, False)
     # No supervisor (SIGKILLed, host rebooted): do its job.
-    kill_run(state.get("pgid"), spec["mark"], grace)
+    agent = spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
+    kill_run(state.get("pgid"), spec["mark"], grace, agent=agent)
     result = read_json(exit_path)
     if result is None:
         result = {

@@ -169,7 +169,9 @@ class Supervisor:
         """Stop the node's processes (asked to, or aborted by a peer); its final state."""
         assert self.proc is not None and self.output is not None
         grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
-        kill_run(self.proc.pid, self.spec["mark"], grace, self.reap, self.hurry)
+        kill_run(
+            self.proc.pid, self.spec["mark"], grace, self.reap, self.hurry, agent=self._torchrun()
+        )
         self.proc.wait()
         self.output.drain()
         abort = self.peers.abort
@@ -191,7 +193,13 @@ class Supervisor:
             return contract.FAILED, self.output.full
         if rc == 0:
             return contract.SUCCEEDED, ""
-        return contract.FAILED, _describe(rc)
+        return contract.FAILED, _describe(
+            rc, "torchrun" if self._torchrun() else "the node's launcher"
+        )
+
+    def _torchrun(self) -> bool:
+        """torchrun runs the node (its workers are in sessions of their own)."""
+        return self.spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
 
     def hurry(self) -> bool:
         return self.stop_signal == signal.SIGUSR1
@@ -219,13 +227,24 @@ def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
     env[contract.RUN_ID_VAR] = spec["run_id"]
     env[contract.NODE_RANK_VAR] = str(spec["node_rank"])
     env[contract.MARK_VAR] = spec["mark"]
+    if spec.get("launcher") == contract.LAUNCH_COMMAND:
+        # A command resolves as in the host python's activated venv (`accelerate`, ...).
+        bin_dir = os.path.dirname(sys.executable)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.defpath])
     return env
 
 
 def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
-    """The planned torchrun command, with this interpreter and this run directory's shim."""
+    """The planned torchrun command, with this interpreter and this run directory's shim.
+    A node launcher's script starts the same way, without torchrun; its command as it is."""
     argv = list(spec["argv"])
+    launcher = spec.get("launcher", contract.LAUNCH_TORCHRUN)
+    if launcher == contract.LAUNCH_COMMAND:
+        return argv
     argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
+    if launcher == contract.LAUNCH_NODE:
+        argv[1] = os.path.join(rundir, contract.RANK_SHIM)
+        return argv
     if "--no-python" in argv:  # ... then the rank shim, in this run directory
         at = argv.index("--no-python")
         argv[at + 1 : at + 3] = [sys.executable, os.path.join(rundir, contract.RANK_SHIM)]
@@ -264,10 +283,10 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def _describe(rc: int) -> str:
+def _describe(rc: int, what: str = "torchrun") -> str:
     if rc < 0:
-        return f"torchrun was killed by {_signame(-rc)}"
-    return f"torchrun exited with code {rc}"
+        return f"{what} was killed by {_signame(-rc)}"
+    return f"{what} exited with code {rc}"
 
 
 def run_supervisor(rundir: str) -> None:

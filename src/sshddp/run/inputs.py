@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 from sshddp.errors import InventoryError
-from sshddp.model.inventory import Inventory, format_of, parse_inventory
+from sshddp.model.inventory import Inventory, format_of, parse_host_list, parse_inventory
 from sshddp.model.plan import PathKind
 
 MAX_INVENTORY_BYTES = 1 << 20  # an inventory is a few hundred lines; refuse to slurp a wrong path
@@ -20,6 +21,13 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read and validate an inventory file; the format follows the name (``format_of``)."""
     name = os.fspath(path)
     return parse_inventory(_read_text(name), source=name, fmt=format_of(name))
+
+
+def load_host_list(
+    hosts: str, python: Optional[str] = None, user: Optional[str] = None
+) -> Inventory:
+    """``-H HOST:N,...`` as an inventory; ``--python`` and ``--user`` act as its defaults."""
+    return parse_host_list(hosts, python=python, user=user)
 
 
 def _read_text(name: str) -> str:

@@ -1,0 +1,60 @@
+"""``sshddp exec``: run one command on every host in parallel, grouped output, status per host."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import click
+
+from sshddp.cli.hostlist import DashDashCommand, host_list_options, split_hosts
+from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.model import exec as model
+from sshddp.model.inventory import Host
+from sshddp.run.exec import run_everywhere
+
+
+@click.command(
+    "exec", cls=DashDashCommand, context_settings={**CONTEXT, "allow_interspersed_args": False}
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INVENTORY -- COMMAND [ARGS]...")
+@ssh_options
+@host_list_options
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="Give up on a host whose command runs longer (it is reported, not killed).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print every host's outcome as JSON.")
+@click.option("--stream", is_flag=True, help="Print lines as they come, prefixed with the host.")
+@click.pass_context
+def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
+    """Run COMMAND on every host of INVENTORY (or of -H) in parallel, like `pdsh -w` with
+    `dshbak -c`: hosts whose output is identical are printed once, under one header.
+
+    COMMAND and its ARGS reach each host verbatim as argv, with no shell of ours in
+    between (write `sh -c '...'` for one). Exit 0 when it exited 0 everywhere, 1 when it
+    failed or timed out on a host, 4 when a host could not be reached.
+    """
+    terminal = terminal_of(ctx)
+    ssh = make_ssh(kw)
+    inventory, command, _ = split_hosts(ctx, args, kw, "COMMAND")
+    model.remote_command(command)  # a bad COMMAND is refused before anything connects
+    lock = threading.Lock()
+    width = max(len(h.host) for h in inventory.hosts)
+
+    def line(host: Host, data: bytes) -> None:
+        with lock:
+            terminal.stdout_bytes.write(f"{host.host:<{width}}: ".encode() + data)
+            terminal.stdout_bytes.flush()
+
+    sink = line if kw["stream"] and not kw["as_json"] else None
+    results = run_everywhere(inventory, command, ssh, kw["fanout"], kw["timeout"], sink)
+    if kw["as_json"]:
+        terminal.out(model.to_json(results))
+    elif not kw["stream"]:
+        terminal.stdout_bytes.write(model.render(results))
+        terminal.stdout_bytes.flush()
+    terminal.err(model.summary(results))
+    raise Exit(model.exit_code(results))

@@ -1,0 +1,1 @@
+"""Jobs sshddp ships to the hosts and runs under torchrun (they need torch there)."""
