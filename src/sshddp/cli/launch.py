@@ -8,7 +8,15 @@ from typing import Any, Optional
 import click
 
 from sshddp import defaults
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    PORT_HELP,
+    PORT_OR_AUTO,
+    Exit,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+)
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.envvars import parse_env_pairs
@@ -32,7 +40,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.option(
     "--nproc-per-node", type=int, metavar="N", help="Processes per node (default: gpus, or nproc)."
 )
-@click.option("--port", type=int, metavar="N", help="Rendezvous port.")
+@click.option("--port", type=PORT_OR_AUTO, metavar="N|auto", help=PORT_HELP)
 @click.option(
     "--env",
     "env_items",
