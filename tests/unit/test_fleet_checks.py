@@ -214,19 +214,27 @@ def test_interface_that_does_not_exist_fails_with_the_per_host_env_that_fixes_it
     assert find(reports, 0, "net").status is Status.OK
     f = find(reports, 1, "net")
     assert f.status is Status.FAIL
-    assert "NCCL_SOCKET_IFNAME='eth9' (from the inventory's env) matches no interface" in f.message
-    assert "n1 does not have (it has docker0, ens5, lo)" in f.message
+    assert f.message == (
+        "NCCL_SOCKET_IFNAME='eth9' (from the inventory's env) matches no interface of n1 with "
+        "an address (it has docker0, ens5, lo)"
+    )
     assert f.fix == (
         "under `env:` of hosts[1] (n1, line 6 of inv.yaml), set `NCCL_SOCKET_IFNAME: ens5` "
         "(the interface n1 reaches node 0 by)"
     )
 
 
-def test_gloo_interface_missing_is_named() -> None:
+def test_gloo_interface_missing_is_named_unless_the_value_is_secret() -> None:
     ctx = Context(ADDR, PORT, cli_env=(("GLOO_SOCKET_IFNAME", "eth0,ib0"),))
     f = find(run((host(0), facts()), ctx=ctx), 0, "net")
     assert f.status is Status.FAIL
     assert "names ib0, which n0 does not have" in f.message
+    secret = Context(
+        ADDR, PORT, cli_env=ctx.cli_env, secret_names=frozenset({"GLOO_SOCKET_IFNAME"})
+    )
+    f = find(run((host(0), facts()), ctx=secret), 0, "net")
+    assert "GLOO_SOCKET_IFNAME=*** (from --env) names an interface, which n0" in f.message
+    assert "ib0" not in f.message
     assert f.fix.startswith("drop `--env GLOO_SOCKET_IFNAME` (it sets every host alike) and, ")
 
 
