@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -96,6 +97,18 @@ def test_other_python_minor_version(cluster: SshdCluster, tmp_path: Path, free_p
     assert fixed.code == ExitCode.OK, fixed.explain()
 
 
+def pip_as_this_machine_has_it() -> dict[str, str]:
+    """The environment for a pip command here: no network (no retries of PyTorch's index),
+    and the user's own pip configuration (its local package index), which the tests'
+    isolated HOME hides."""
+    env = {**os.environ, "PIP_RETRIES": "0"}
+    real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    for config in (real_home / ".config" / "pip" / "pip.conf", real_home / ".pip" / "pip.conf"):
+        if config.is_file():
+            env["PIP_CONFIG_FILE"] = str(config)
+    return env
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_host_without_torch(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
@@ -118,8 +131,9 @@ def test_host_without_torch(cluster: SshdCluster, tmp_path: Path, free_port: Por
         assert install_torch.endswith("--index-url https://download.pytorch.org/whl/cpu")
         message, fix = problem(result.out, "h2", "imports")
         assert "imports click, torch, which" in message
+        assert "install torch as the torch check says" in fix
         install_click = fix_command(fix, f"{python} -m ensurepip --upgrade && ")
-        offline = {**os.environ, "PIP_RETRIES": "0"}  # this machine has no network
+        offline = pip_as_this_machine_has_it()
         run_fix(install_torch, offline, timeout=800)
         run_fix(install_click, offline)
         fixed = doctor(cluster, inv, "--script", str(script))

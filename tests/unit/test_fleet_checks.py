@@ -407,6 +407,15 @@ def test_missing_module_fails_with_an_install_fix() -> None:
     assert "`--workdir .`" in f.fix
 
 
+def test_a_missing_torch_import_defers_to_the_pinned_torch_fix() -> None:
+    ctx = Context(ADDR, PORT, imports=ScriptImports("t.py", ("torch",)))
+    looked = {"found": {"torch": False}}
+    f = find(run((host(0), facts(torch=None, imports=looked)), ctx=ctx), 0, "imports")
+    assert f.status is Status.FAIL
+    assert f.fix == "install torch as the torch check says (the other hosts' build)"
+    assert "pip install torch" not in f.fix  # never an unpinned torch
+
+
 def test_imports_found_everywhere_pass() -> None:
     ctx = Context(ADDR, PORT, imports=ScriptImports("t.py", ("json",), shipped=("models",)))
     f = find(run((host(0), facts(imports={"found": {"json": True}})), ctx=ctx), 0, "imports")

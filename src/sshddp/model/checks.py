@@ -919,12 +919,19 @@ def _ifname_problem(
     unrouted = [n for n in names if n in interfaces and not reaches(net, n, target)]
     shown, where, host = _shown(v, ctx), _from(v, hf.host), hf.host.host
     has = ", ".join(sorted(n for n, i in interfaces.items() if i.get("up"))) or "none up"
-    if missing or not names:
-        what = f"names {', '.join(missing)}, which" if missing else "matches no interface that"
-        message = f"{shown} {where} {what} {host} does not have (it has {has})"
+    secret = v.name in ctx.secret_names  # then its value, interface names too, stays unsaid
+
+    def listed(found: list[str]) -> str:
+        return "an interface" if secret else ", ".join(found)
+
+    if missing:
+        message = f"{shown} {where} names {listed(missing)}, which {host} does not have"
+        message += f" (it has {has})"
+    elif not names:
+        message = f"{shown} {where} matches no interface of {host} with an address (it has {has})"
     elif len(unrouted) == len(names) or (v.name == rankenv.GLOO_SOCKET_IFNAME and unrouted):
         message = (
-            f"{shown} {where} selects {', '.join(unrouted)} on {host}, which has no route to "
+            f"{shown} {where} selects {listed(unrouted)} on {host}, which has no route to "
             f"node 0's address {target}"
         )
     else:
@@ -1065,6 +1072,8 @@ def _imports(hf: HostFacts, fleet: Fleet, ctx: Context) -> Optional[Finding]:
 
 
 def _import_fix(name: str, hf: HostFacts, imp: ScriptImports) -> str:
+    if name == "torch":  # the torch check pins the build the other hosts have
+        return "install torch as the torch check says (the other hosts' build)"
     if name in imp.beside:
         folder = posixpath.dirname(imp.script) or "."
         return (

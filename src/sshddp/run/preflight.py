@@ -52,7 +52,8 @@ class Gathered:
     @property
     def rdzv_port(self) -> Optional[int]:
         """The rendezvous port the first host listened on (the one it picked, with auto)."""
-        port = (self.facts[0].facts or {}).get("port") or {} if self.facts else {}
+        first = self.facts[0].facts if self.facts else None
+        port = (first or {}).get("port") or {}
         return port.get("port") if port.get("free") else None
 
     def close(self) -> None:
