@@ -284,6 +284,15 @@ class SshdCluster:
         os.replace(_pub_path(original), _pub_path(key))
         self._restart_if_running(i)
 
+    def set_extra_config(self, i: int, lines: list[str]) -> None:
+        """Give host ``i`` these extra sshd_config lines instead of its current ones (its
+        own ``SetEnv``, say) and restart it if it runs. New sessions see the change."""
+        self._prepare()
+        self.host(i)
+        self.extra_config[i] = list(lines)
+        self._write_sshd_config(i)
+        self._restart_if_running(i)
+
     def _restart_if_running(self, i: int) -> None:
         if self.sshd_pid(i) is not None:
             self.stop_host(i)

@@ -9,6 +9,7 @@ from __future__ import annotations
 PYTHON = "python3"  #: the interpreter with torch on a host
 WORKDIR = "~/.sshddp"  #: where a host keeps sshddp's files (runs/ below it)
 RDZV_PORT = 29500  #: torchrun's rendezvous port; sshddp's supervisors use the next one
+AUTO_PORT = -1  #: `--port auto` / `rendezvous: {port: auto}`: node 0 picks a free pair
 
 # Launch
 LOG_DIR = "sshddp-logs"  #: local log root; a run's logs go to LOG_DIR/<run id>/
@@ -22,6 +23,11 @@ FANOUT = 32  #: hosts contacted at once
 CONNECT_TIMEOUT = 10.0  #: seconds to connect, get the SSH banner and authenticate
 RECONNECT_WINDOW = 30.0  #: seconds a follower keeps trying to reach a host that dropped
 RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous connect (probe)
+
+# Checks
+CLOCK_WARN = 1.0  #: seconds a host's clock may be off from the coordinator's before a warning
+CLOCK_FAIL = 60.0  #: seconds off that fail the check: no time sync at all
+CLOCK_SAMPLES = 3  #: clock round trips per host; the shortest one is used
 
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report

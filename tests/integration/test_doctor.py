@@ -7,85 +7,34 @@ two or three hosts and a fresh rendezvous port each.
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from doctor_helpers import (
+    Port,
+    doctor,
+    failing,
+    fix_command,
+    healthy,
+    inventory,
+    problem,
+    run_fix,
+    table,
+    write,
+)
 
-from cli_helpers import Result, assert_clean_failure, sshddp
+from cli_helpers import assert_clean_failure, sshddp
 from sshddp.errors import ExitCode
 from sshddp_lab.sshd import SshdCluster
-
-Port = Callable[[], int]
-
-
-def write(tmp_path: Path, text: str, name: str = "inv.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def inventory(
-    tmp_path: Path, hosts: list[tuple[str, str | None]], port: int, rdzv_host: str = ""
-) -> Path:
-    """An inventory of (alias, python or None for ours) with rendezvous port ``port``."""
-    lines = [f"defaults: {{python: {sys.executable}, nproc: 1}}"]
-    rdzv = f"host: '{rdzv_host}', " if rdzv_host else ""
-    lines.append(f"rendezvous: {{{rdzv}port: {port}}}")
-    lines.append("hosts:")
-    for alias, python in hosts:
-        own = f", python: {python}" if python else ""
-        lines.append(f"  - {{host: {alias}{own}}}")
-    return write(tmp_path, "\n".join(lines) + "\n")
-
-
-def healthy(cluster: SshdCluster, tmp_path: Path, port: int, hosts: list[int]) -> Path:
-    return write(tmp_path, cluster.inventory_yaml(hosts, rdzv_port=port, nproc=1))
-
-
-def doctor(cluster: SshdCluster, inv: Path, *options: str, config: Path | None = None) -> Result:
-    config = config or cluster.ssh_config
-    return sshddp(
-        ["doctor", "--ssh-config", str(config), "--connect-timeout", "5", *options, str(inv)]
-    )
-
-
-def table(out: str) -> dict[str, dict[str, str]]:
-    """The doctor table as {host: {column: cell}}."""
-    rows = [
-        [cell.strip() for cell in line.strip().strip("│┃").split("│" if "│" in line else "┃")]
-        for line in out.splitlines()
-        if line.count("│") + line.count("┃") >= 3
-    ]
-    header, body = rows[0], rows[1:]
-    return {row[1]: dict(zip(header, row)) for row in body}
-
-
-def problem(out: str, host: str, check: str) -> tuple[str, str]:
-    """The (message, fix) lines that doctor prints for ``check`` failing on ``host``."""
-    lines = out.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(f"FAIL {host} {check}: "):
-            fix = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            assert fix.startswith("fix: "), out
-            return line, fix[len("fix: ") :]
-    raise AssertionError(f"no failing {check!r} for {host} in:\n{out}")
-
-
-def failing(out: str) -> set[tuple[str, str]]:
-    """Every (host, check) doctor printed as failing."""
-    found = set()
-    for line in out.splitlines():
-        if line.startswith("FAIL "):
-            host, check = line.split()[1:3]
-            found.add((host, check.rstrip(":")))
-    return found
-
 
 # ----------------------------------------------------------------- healthy
 
@@ -141,20 +90,56 @@ def test_other_python_minor_version(cluster: SshdCluster, tmp_path: Path, free_p
     assert f"the other hosts have {ours}" in message
     assert "h4" in fix and f"python{ours}" in fix
     assert not any(host == "h1" for host, _ in failing(result.out)), result.out
+    # the fix applied: h4's `python:` is a Python of our minor version
+    fixed = doctor(
+        cluster, inventory(tmp_path, [("h1", None), ("h4", sys.executable)], free_port())
+    )
+    assert fixed.code == ExitCode.OK, fixed.explain()
 
 
+def pip_as_this_machine_has_it() -> dict[str, str]:
+    """The environment for a pip command here: no network (no retries of PyTorch's index),
+    and the user's own pip configuration (its local package index), which the tests'
+    isolated HOME hides."""
+    env = {**os.environ, "PIP_RETRIES": "0"}
+    real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    for config in (real_home / ".config" / "pip" / "pip.conf", real_home / ".pip" / "pip.conf"):
+        if config.is_file():
+            env["PIP_CONFIG_FILE"] = str(config)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_host_without_torch(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
-    """Same Python minor version, but a bare venv: only torch fails."""
+    """Same Python minor version, but a bare venv (no pip either): torch fails, and the
+    script's import of a module the other host has. Both fixes, run as written (pip
+    first, then torch from PyTorch's index for this CPU build), make doctor pass."""
     bare = tmp_path / "bare-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     python = bare / "bin" / "python"
+    script = write(tmp_path, "import click\nimport torch\n", "train.py")
     inv = inventory(tmp_path, [("h1", None), ("h2", str(python))], free_port())
-    result = doctor(cluster, inv)
-    assert_clean_failure(result, ExitCode.CHECK_FAILED)
-    assert failing(result.out) == {("h2", "torch")}, result.out
-    message, fix = problem(result.out, "h2", "torch")
-    assert f"torch is not installed for {python}" in message
-    assert f"{python} -m pip install torch==" in fix and "on h2" in fix
+    try:
+        result = doctor(cluster, inv, "--script", str(script))
+        assert_clean_failure(result, ExitCode.CHECK_FAILED)
+        assert failing(result.out) == {("h2", "torch"), ("h2", "imports")}, result.out
+        message, fix = problem(result.out, "h2", "torch")
+        assert f"torch is not installed for {python}" in message
+        assert f"{python} -m pip install torch==" in fix and "on h2" in fix
+        install_torch = fix_command(fix, f"{python} -m ensurepip --upgrade && ")
+        assert install_torch.endswith("--index-url https://download.pytorch.org/whl/cpu")
+        message, fix = problem(result.out, "h2", "imports")
+        assert "imports click, torch, which" in message
+        assert "install torch as the torch check says" in fix
+        install_click = fix_command(fix, f"{python} -m ensurepip --upgrade && ")
+        offline = pip_as_this_machine_has_it()
+        run_fix(install_torch, offline, timeout=800)
+        run_fix(install_click, offline)
+        fixed = doctor(cluster, inv, "--script", str(script))
+        assert fixed.code == ExitCode.OK, fixed.explain()
+    finally:
+        shutil.rmtree(bare, ignore_errors=True)  # torch takes about 1 GB
 
 
 def test_missing_interpreter(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
@@ -166,6 +151,10 @@ def test_missing_interpreter(cluster: SshdCluster, tmp_path: Path, free_port: Po
     assert "the interpreter /nonexistent/python3 does not exist" in message
     assert "`python:`" in fix and "h2" in fix
     assert table(result.out)["h2"]["ssh"] == "ok"
+    fixed = doctor(
+        cluster, inventory(tmp_path, [("h1", None), ("h2", sys.executable)], free_port())
+    )
+    assert fixed.code == ExitCode.OK, fixed.explain()
 
 
 def test_missing_interpreter_on_the_rendezvous_host(
@@ -208,6 +197,11 @@ def test_sshd_down_on_one_host(host2_down: SshdCluster, tmp_path: Path, free_por
     for host in ("h1", "h3"):  # still checked, in full
         assert rows[host]["ssh"] == rows[host]["python"] == rows[host]["torch"] == "ok"
         assert rows[host]["rdzv"] == "ok"
+    # `systemctl` does not run here; what it would do, starting sshd, fixes it
+    assert fix_command(fix, "systemctl") == "systemctl status ssh"
+    cluster.start_host(2)
+    fixed = doctor(cluster, healthy(cluster, tmp_path, free_port(), [1, 2, 3]))
+    assert fixed.code == ExitCode.OK, fixed.explain()
 
 
 def test_wrong_client_key(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
@@ -244,9 +238,14 @@ def test_unknown_host_key_then_accept_new(
     message, fix = problem(refused.out, "h2", "ssh")
     assert "unknown host key SHA256:" in message and "refusing" in message
     assert "--accept-new-host-keys" in fix
-    assert f"ssh-keyscan -p {h2.port} {h2.addr} >> {known_hosts}" in fix
+    keyscan = fix_command(fix, "ssh-keyscan")
+    assert keyscan == f"ssh-keyscan -p {h2.port} {h2.addr} >> {known_hosts}"
     assert entry not in known_hosts.read_text()
+    run_fix(keyscan)
+    scanned = doctor(cluster, inv, config=config)
+    assert scanned.code == ExitCode.OK, scanned.explain()
 
+    config, known_hosts = cluster.config_without_known_host(2)  # unknown again
     accepted = doctor(cluster, inv, "--accept-new-host-keys", config=config)
     assert accepted.code == ExitCode.OK, accepted.explain()
     recorded = [line for line in known_hosts.read_text().splitlines() if line.startswith(entry)]
@@ -274,12 +273,26 @@ def test_changed_host_key_is_refused(
     cluster = host2_new_key
     before = cluster.known_hosts.read_text()
     options = ["--accept-new-host-keys"] if accept_new else []
-    result = doctor(cluster, healthy(cluster, tmp_path, free_port(), [2]), *options)
+    inv = healthy(cluster, tmp_path, free_port(), [2])
+    result = doctor(cluster, inv, *options)
     assert_clean_failure(result, ExitCode.CHECK_FAILED)
     message, fix = problem(result.out, "h2", "ssh")
     assert "CHANGED" in message and "attack" in message
-    assert "ssh-keygen -R" in fix
+    new_key = (cluster.host_key(2).parent / "host_ed25519.pub").read_text().split()[1]
+    assert "it is now ssh-ed25519 SHA256:" in message and "known_hosts has SHA256:" in message
     assert cluster.known_hosts.read_text() == before
+    # the fix, as pasted: the entry exactly as known_hosts stores it, then accept-new
+    h2 = cluster.host(2)
+    remove = fix_command(fix, "ssh-keygen -R")
+    assert remove == f"ssh-keygen -R '[{h2.addr}]:{h2.port}' -f {cluster.known_hosts}"
+    try:
+        run_fix(remove)
+        assert f"[{h2.addr}]:{h2.port} " not in cluster.known_hosts.read_text()
+        fixed = doctor(cluster, inv, "--accept-new-host-keys")
+        assert fixed.code == ExitCode.OK, fixed.explain()
+        assert new_key in cluster.known_hosts.read_text()
+    finally:
+        cluster.known_hosts.write_text(before)  # the session cluster's, for the next tests
 
 
 # ----------------------------------------------------------------- rendezvous
@@ -292,11 +305,15 @@ def test_rendezvous_port_taken(cluster: SshdCluster, tmp_path: Path, free_port: 
         holder.bind(("0.0.0.0", port))
         holder.listen()
         result = doctor(cluster, inv, "--port", str(port))
+        message, fix = problem(result.out, "h1", "port")
+        holders = run_fix(fix_command(fix, "ss -ltnp")).stdout
+        assert f":{port} " in holders and f"pid={os.getpid()}," in holders, holders
+        picked = doctor(cluster, inv, "--port", "auto")  # the other fix
+        assert picked.code == ExitCode.OK, picked.explain()
     assert_clean_failure(result, ExitCode.CHECK_FAILED)
     assert failing(result.out) == {("h1", "port")}, result.out
-    message, fix = problem(result.out, "h1", "port")
     assert f"rendezvous port {port} is taken" in message
-    assert "--port" in fix and f":{port}" in fix
+    assert "--port auto" in fix and f":{port}" in fix
     # the connects reached the port's holder, not a rendezvous: no verdict on them
     assert [row["rdzv"] for row in table(result.out).values()] == ["-", "-"]
 
@@ -311,9 +328,11 @@ def test_supervisor_port_taken(cluster: SshdCluster, tmp_path: Path, free_port: 
             pytest.fail(f"port {port + 1} was not free for the test")
         holder.listen()
         result = doctor(cluster, inv, "--port", str(port))
+        message, fix = problem(result.out, "h1", "port")
+        holders = run_fix(fix_command(fix, "ss -ltnp")).stdout
+        assert f":{port + 1} " in holders and f"pid={os.getpid()}," in holders, holders
     assert_clean_failure(result, ExitCode.CHECK_FAILED)
     assert failing(result.out) == {("h1", "port")}, result.out
-    message, _ = problem(result.out, "h1", "port")
     assert f"port {port + 1}" in message and "supervisors" in message
 
 
@@ -334,7 +353,10 @@ def test_rendezvous_unreachable(cluster: SshdCluster, tmp_path: Path, free_port:
     assert f"cannot connect to the rendezvous [::1]:{port}" in message
     assert "refused" in message.lower()
     assert str(port) in fix
+    assert f"`rendezvous.host` is ::1 in {inv}" in fix and "or delete it" in fix
     assert table(result.out)["h1"]["port"] == "ok"
+    fixed = doctor(cluster, inventory(tmp_path, [("h1", None), ("h2", None)], port))
+    assert fixed.code == ExitCode.OK, fixed.explain()
 
 
 # ----------------------------------------------------------------- bad input

@@ -299,7 +299,7 @@ REJECTIONS = [
     ("hosts:\n  - {host: a, workdir: tmp/x}\n", 2, "hosts[0].workdir", "tmp", "an absolute path"),
     ("hosts:\n  - {host: a, workdir: /a/../b}\n", 2, "hosts[0].workdir", "/a", "no '..'"),
     ("hosts:\n  - {host: a, workdir: ~}\n", 2, "hosts[0].workdir", "~", "YAML reads ~ as null"),
-    ("rendezvous: {port: 0}\nhosts: [a]\n", 1, "rendezvous.port", "0", f"{PORT}, got 0."),
+    ("rendezvous: {port: 0}\nhosts: [a]\n", 1, "rendezvous.port", "0", f"{PORT}, or auto, got 0."),
     ("rendezvous: {host: -x}\nhosts: [a]\n", 1, "rendezvous.host", "-x", HOST_FORM),
     ("rendezvous: [1]\nhosts: [a]\n", 1, "rendezvous", "[1]", "expected a mapping with keys"),
     # host names that would be shell syntax or ssh options

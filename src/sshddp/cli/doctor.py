@@ -2,49 +2,99 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import click
 
+from sshddp import defaults
 from sshddp.cli.hostlist import host_list_options, split_hosts
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    PORT_HELP,
+    PORT_OR_AUTO,
+    Exit,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+)
 from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import node_addr
+from sshddp.model import envvars
 from sshddp.model.checks import Context, reports_ok
+from sshddp.model.inventory import Inventory
+from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_json, doctor_table
 from sshddp.run import preflight
+from sshddp.run.payload import code_spec
+from sshddp.run.scriptcheck import script_imports
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("inventory", required=False, metavar="[INVENTORY]")
 @ssh_options
 @host_list_options
-@click.option("--script", metavar="FILE", help="Also check that FILE is present or shippable.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port to check.")
+@click.option(
+    "--script",
+    metavar="FILE",
+    help="Also check that FILE is present or shippable, and that every host finds the "
+    "modules it imports.",
+)
+@click.option(
+    "--workdir", metavar="DIR", help="The directory a launch would ship (its modules count)."
+)
+@click.option("--port", type=PORT_OR_AUTO, metavar="N|auto", help=PORT_HELP)
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Environment the ranks would get (repeatable), as for launch; checks run with it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as JSON.")
 @click.pass_context
 def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
-    """Check every host of INVENTORY (or of -H): reachability, Python/torch/CUDA/NCCL
-    parity, GPUs, the rendezvous port and its reachability from every host. Exit 0 when all
-    pass, 3 when a check fails."""
+    """Check every host of INVENTORY (or of -H): reachability, Python/torch/CUDA/NCCL parity, GPUs,
+    the environment the ranks will get, network interfaces, entries that are one machine,
+    the rendezvous port and its reachability from every host, clocks and the script's
+    imports. Exit 0 when all pass, 3 when a check fails."""
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
+    env, secrets = envvars.parse_env_pairs(tuple(kw["env_items"]), terminal.environ.get)
     if inventory is not None and kw["hosts"] is not None:
         raise UsageError(f"{inventory}: give an INVENTORY or -H, not both")
     inv, _, _ = split_hosts(ctx, [inventory] if inventory else [], kw, "the options")
-    script = kw["script"]
-    checks = Context(
-        rdzv_addr=inv.rendezvous.host or node_addr(inv.hosts[0], ssh),
-        rdzv_port=kw["port"] or inv.rendezvous.port,
-        script=script,
-        script_is_local=bool(script) and os.path.isfile(script or ""),
-    )
+    checks = _context(inv, kw, node_addr(inv.hosts[0], ssh), env, secrets)
     with HostPool(inv.hosts, ssh, kw["fanout"]) as pool:
         facts, reports = preflight.doctor(pool, checks)
     if kw["as_json"]:
-        terminal.out(doctor_json(facts, reports))
+        terminal.out(doctor_json(facts, reports, checks.secret_names))
     else:
         terminal.show(doctor_table(reports))
     raise Exit(ExitCode.OK if reports_ok(reports) else ExitCode.CHECK_FAILED)
+
+
+def _context(
+    inv: Inventory,
+    kw: dict[str, Any],
+    first_addr: str,
+    env: envvars.EnvPairs,
+    secrets: frozenset[str],
+) -> Context:
+    """What doctor checks against: the inventory, --port, --env and the script, if any."""
+    port = kw["port"] if kw["port"] is not None else inv.rendezvous.port
+    if port != defaults.AUTO_PORT and not 1 <= port <= 65534:
+        raise UsageError(f"--port {port}: expected a TCP port, 1-65534, or auto")
+    script = kw["script"]
+    code = code_spec(LaunchOptions(script=script, workdir=kw["workdir"])) if script else None
+    return Context(
+        rdzv_addr=inv.rendezvous.host or first_addr,
+        rdzv_port=port,
+        script=script,
+        script_is_local=code is not None and code.kind != "remote",
+        inventory=inv.source,
+        rdzv_host_set=inv.rendezvous.host is not None,
+        cli_env=env,
+        secret_names=envvars.secret_names(secrets, [h.env for h in inv.hosts]),
+        imports=script_imports(code, False) if code else None,
+    )

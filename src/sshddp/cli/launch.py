@@ -10,7 +10,15 @@ import click
 
 from sshddp import defaults
 from sshddp.cli.hostlist import DashDashCommand, host_list_options, split_hosts
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    PORT_HELP,
+    PORT_OR_AUTO,
+    Exit,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+)
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.envvars import parse_env_pairs
@@ -42,7 +50,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.option(
     "--nproc-per-node", type=int, metavar="N", help="Processes per node (default: gpus, or nproc)."
 )
-@click.option("--port", type=int, metavar="N", help="Rendezvous port.")
+@click.option("--port", type=PORT_OR_AUTO, metavar="N|auto", help=PORT_HELP)
 @click.option(
     "--env",
     "env_items",

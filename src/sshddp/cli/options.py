@@ -62,6 +62,25 @@ def ssh_options(fn: F) -> F:
     return fn
 
 
+class PortOrAuto(click.ParamType):
+    """A rendezvous port number, or ``auto`` (``defaults.AUTO_PORT``); the command checks
+    the range (a run also uses port + 1)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Any) -> int:
+        if value == "auto" or value == defaults.AUTO_PORT:
+            return defaults.AUTO_PORT
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r}: expected a port number (1-65534) or auto", param, ctx)
+
+
+PORT_OR_AUTO = PortOrAuto()
+PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29500 up)."
+
+
 def make_ssh(kw: dict[str, Any], fallback_config: Optional[str] = None) -> SshOptions:
     """The connection options given in ``kw``; ``fallback_config`` is the ssh_config to use
     when none was given (a recorded run's)."""

@@ -7,6 +7,7 @@ paramiko itself (``BadHostKeyException``), since it may be an attack.
 
 from __future__ import annotations
 
+import shlex
 import threading
 from pathlib import Path
 
@@ -27,7 +28,8 @@ class UnknownHostKey(paramiko.SSHException):
             host, _, port = hostname[1:].partition("]:")
         self.hint = (
             f"check the fingerprint with the host's admin, then either run "
-            f"`ssh-keyscan -p {port} {host} >> {known_hosts}` or pass --accept-new-host-keys "
+            f"`ssh-keyscan -p {port} {shlex.quote(host)} >> {shlex.quote(str(known_hosts))}` or "
+            "pass --accept-new-host-keys "
             f"to trust and record it"
         )
         super().__init__(self.message)

@@ -9,7 +9,7 @@ import contextlib
 import os
 import subprocess
 import threading
-from typing import IO
+from typing import IO, Optional
 
 from sshddp.hosts.transport import RemoteProcess
 from sshddp.model.inventory import Host
@@ -90,6 +90,10 @@ class LocalTransport:
 
     def start(self, command: str) -> RemoteProcess:
         return _LocalProcess(command)
+
+    def identity(self) -> dict[str, Optional[str]]:
+        """This machine, reached without SSH: no host key."""
+        return {"host_key": None, "endpoint": "localhost"}
 
     def close(self) -> None:
         pass

@@ -11,6 +11,7 @@ latency.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Optional
 
 from sshddp.hosts import shipped
@@ -51,6 +52,23 @@ class HostSession:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return shipped.decode(self.transport, what, line, b"", None)
+
+    def ask(self, question: dict[str, Any]) -> dict[str, Any]:
+        """Ask the host a question about its probe (before the go): its answer."""
+        self.proc.write(json.dumps(question, separators=(",", ":")).encode() + b"\n")
+        return self.answer(str(question.get("ask")))
+
+    def clock(self, samples: int) -> dict[str, float]:
+        """The host's clock against ours, NTP-style: ``offset`` (seconds it is ahead) from
+        the round trip with the shortest ``rtt``; the offset is right within rtt / 2."""
+        best: dict[str, float] = {}
+        for _ in range(samples):
+            sent = time.time()
+            theirs = float(self.ask({"ask": "clock"})["clock"])
+            back = time.time()
+            if not best or back - sent < best["rtt"]:
+                best = {"offset": theirs - (sent + back) / 2, "rtt": back - sent}
+        return best
 
     def go(self, boot_args: dict[str, Any], code: bytes) -> None:
         """Tell the host to boot: its probe lets go of the rendezvous port first."""

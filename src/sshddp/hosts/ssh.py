@@ -12,13 +12,19 @@ import contextlib
 import functools
 import logging
 import os
+import shlex
 import socket
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from sshddp.errors import HostUnreachable
 from sshddp.hosts.transport import RemoteProcess, SshOptions
+from sshddp.model.commands import endpoint
 from sshddp.model.inventory import Host
+
+if TYPE_CHECKING:  # paramiko is imported when a host is reached over SSH
+    import paramiko
 
 # paramiko's transport threads log failures (with tracebacks) through the logging module;
 # without a handler Python prints them on stderr. sshddp reports every failure itself.
@@ -124,11 +130,25 @@ class SshTransport:
             try:
                 self._conn.open()
             except Exception as exc:  # every paramiko/socket failure becomes a finding
-                raise _explain(exc, self.host.host, self.label, self.known_hosts_path()) from exc
+                where = _KnownHosts(self.known_hosts_path(), self.known_hosts_name())
+                raise _explain(exc, self.host.host, self.label, where) from exc
             transport = self._conn.client.get_transport()
             if transport is not None:
                 transport.set_keepalive(KEEPALIVE_SECONDS)
                 _detect_dead_link(transport.sock)
+
+    def known_hosts_name(self) -> str:
+        """How known_hosts names this host: ``addr``, or ``[addr]:port`` off port 22."""
+        port = int(self._conn.port)
+        return self.hostname if port == 22 else f"[{self.hostname}]:{port}"
+
+    def identity(self) -> dict[str, Optional[str]]:
+        """The machine this connection reached: its host key (type and SHA256 fingerprint)
+        and the address and port ssh_config resolved the entry to."""
+        transport = self._conn.client.get_transport() if self._conn.is_connected else None
+        key = transport.get_remote_server_key() if transport is not None else None
+        host_key = f"{key.get_name()} {key.fingerprint}" if key is not None else None
+        return {"host_key": host_key, "endpoint": endpoint(self.hostname, int(self._conn.port))}
 
     def _prepare_host_keys(self) -> None:
         from sshddp.hosts.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
@@ -179,7 +199,15 @@ def _detect_dead_link(sock: object) -> None:
             sock.setsockopt(level, option, value)
 
 
-def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> HostUnreachable:
+class _KnownHosts:
+    """Where a host's key is recorded: the known_hosts file, and the host's name in it."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self.name = name
+
+
+def _explain(exc: BaseException, host: str, label: str, known: _KnownHosts) -> HostUnreachable:
     """Turn a connection failure into a message that names the host and what to try."""
     import paramiko
 
@@ -188,13 +216,7 @@ def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> Ho
     if isinstance(exc, UnknownHostKey):
         return HostUnreachable(host, f"{label}: {exc.message}", exc.hint)
     if isinstance(exc, paramiko.BadHostKeyException):
-        return HostUnreachable(
-            host,
-            f"{label}: the host key CHANGED (got {exc.key.get_name()} "
-            f"{exc.key.get_fingerprint().hex()}); this may be an attack (man in the middle)",
-            f"if the host was really reinstalled, remove the old key with "
-            f"`ssh-keygen -R {host} -f {known_hosts}` and connect again",
-        )
+        return _changed_key(exc, host, label, known)
     if isinstance(exc, paramiko.AuthenticationException):
         return HostUnreachable(
             host,
@@ -216,6 +238,20 @@ def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> Ho
             "raise --connect-timeout for slow links",
         )
     return _explain_other(exc, host, label)
+
+
+def _changed_key(
+    exc: paramiko.BadHostKeyException, host: str, label: str, known: _KnownHosts
+) -> HostUnreachable:
+    remove = f"ssh-keygen -R {shlex.quote(known.name)} -f {shlex.quote(str(known.path))}"
+    got = f"{exc.key.get_name()} {exc.key.fingerprint}"
+    return HostUnreachable(
+        host,
+        f"{label}: the host key CHANGED: it is now {got}, known_hosts has "
+        f"{exc.expected_key.fingerprint}; this may be an attack (man in the middle)",
+        f"if the host was really reinstalled and {got} is its new key (ask its admin), "
+        f"remove the old one with `{remove}`, then connect once with --accept-new-host-keys",
+    )
 
 
 def _explain_other(exc: BaseException, host: str, label: str) -> HostUnreachable:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from sshddp import defaults
 from sshddp.model.inventory import Host
@@ -69,6 +69,13 @@ def run(transport: Transport, command: str, stdin: bytes = b"") -> Completed:
         return Completed(proc.wait(), b"".join(chunks), proc.read_stderr())
     finally:
         proc.close()
+
+
+def identity(transport: Transport) -> dict[str, Any]:
+    """What a connected transport says of the machine it reached: ``host_key`` and
+    ``endpoint`` (``model.checks.SshFacts``); empty for one that cannot tell."""
+    describe = getattr(transport, "identity", None)
+    return dict(describe()) if describe is not None else {}
 
 
 def node_addr(host: Host, options: SshOptions) -> str:

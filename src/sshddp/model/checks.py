@@ -1,18 +1,30 @@
 """Pure checks: host facts (from the probe) + what the run needs -> findings with fixes.
 
 Parity checks compare each host with the most common value across reachable hosts (ties go
-to the earliest host), so a single odd host is the one flagged.
+to the earliest host), so a single odd host is the one flagged. Fleet checks (``env``,
+``net``, ``unique``, ``clock``, ``imports``) see every reachable host at once (``Fleet``):
+two entries that are one machine, interface names that differ between hosts.
+
+A fix is meant to be pasted: a command in backticks runs as written where its host is, and
+an inventory edit names the entry (``hosts[i]``), its line and the YAML to write.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Optional, TypedDict
 
-from sshddp.model.commands import endpoint
+from sshddp import defaults
+from sshddp.model import rankenv
+from sshddp.model.commands import endpoint, quote_path
+from sshddp.model.envvars import MASK, EnvPairs
+from sshddp.model.imports import ScriptImports
 from sshddp.model.inventory import Host
 from sshddp.model.plan import LaunchPlan
 
@@ -26,10 +38,15 @@ CHECKS = (
     "nccl",
     "gpus",
     "gpu_model",
+    "env",
+    "net",
+    "unique",
     "port",
     "rdzv",
+    "clock",
     "disk",
     "script",
+    "imports",
 )
 
 
@@ -59,11 +76,12 @@ class DiskFacts(TypedDict, total=False):
 
 
 class PortFacts(TypedDict, total=False):
-    port: int
+    port: Optional[int]  #: None: no free pair was found (auto)
     free: bool  #: the rendezvous port could be bound
     error: Optional[str]
     peer_free: bool  #: so could the port above it (the supervisors')
     peer_error: Optional[str]
+    auto: int  #: the port was picked, from this one up (--port auto)
 
 
 class RendezvousFacts(TypedDict, total=False):
@@ -76,6 +94,49 @@ class RendezvousFacts(TypedDict, total=False):
 class ScriptFacts(TypedDict, total=False):
     path: str
     exists: bool
+
+
+class InterfaceFacts(TypedDict, total=False):
+    mtu: Optional[int]
+    up: bool
+    addrs: list[str]  #: "address/prefix length"
+
+
+class RouteFacts(TypedDict, total=False):
+    dev: Optional[str]  #: the interface a connection to node 0 leaves by
+    src: Optional[str]  #: from this address
+    local: bool  #: node 0's address is this host's own (dev: the interface holding it)
+
+
+class NetFacts(TypedDict, total=False):
+    """The network path to node 0 (``remote/network.py``)."""
+
+    method: str  #: "ip" (iproute2) or "socket" (the kernel's files and a UDP connect)
+    target: Optional[str]  #: node 0's address as this host resolves it
+    route: Optional[RouteFacts]
+    interfaces: dict[str, InterfaceFacts]
+    routes: list[dict[str, str]]  #: the main table: {"dst": "10.0.0.0/24" or "default", "dev"}
+    error: str
+
+
+class ImportFacts(TypedDict, total=False):
+    found: dict[str, bool]  #: top-level module -> found by the ranks' interpreter
+    method: str  #: "in-process" or "subprocess"
+    error: str
+
+
+class SshFacts(TypedDict, total=False):
+    """Added by the coordinator: what the connection says of the machine."""
+
+    host_key: Optional[str]  #: "ssh-ed25519 SHA256:..." (None for localhost)
+    endpoint: str  #: the address and port connected to, as ssh_config resolves the entry
+
+
+class ClockFacts(TypedDict, total=False):
+    """Added by the coordinator: the host's clock against this machine's."""
+
+    offset: float  #: seconds the host's clock is ahead (negative: behind)
+    rtt: float  #: round trip of the best sample; the offset is right within rtt / 2
 
 
 class ProbeFacts(TypedDict, total=False):
@@ -96,6 +157,12 @@ class ProbeFacts(TypedDict, total=False):
     executable: str
     python_missing: str  #: the configured interpreter does not exist (its path)
     reached: bool
+    login_env: dict[str, str]  #: the login environment's values of rankenv's watched names
+    net: NetFacts
+    imports: ImportFacts
+    pip: dict[str, bool]  #: {"pip", "ensurepip"}: importable (reported when torch is not)
+    ssh: SshFacts
+    clock: ClockFacts
 
 
 Facts = ProbeFacts
@@ -133,14 +200,27 @@ class Context:
     """What the checks compare against beyond the facts."""
 
     rdzv_addr: str
-    rdzv_port: int
+    rdzv_port: int  #: defaults.AUTO_PORT: node 0 picks a free pair
     script: Optional[str] = None  #: --script given to doctor / launch
     script_is_local: bool = False  #: it exists on this machine (it will be shipped)
     nproc_override: Optional[int] = None
     code_bytes: Optional[int] = None  #: bytes the shipped code takes on a host's disk (launch)
+    inventory: str = ""  #: the inventory file, for fixes that edit it
+    rdzv_host_set: bool = False  #: the inventory sets rendezvous.host
+    cli_env: EnvPairs = ()  #: --env, applied over every host's inventory env
+    secret_names: frozenset[str] = frozenset()  #: env names whose values are never shown
+    imports: Optional[ScriptImports] = None  #: what the script imports (None: no check)
 
     @classmethod
-    def for_launch(cls, plan: LaunchPlan, code_bytes: int) -> Context:
+    def for_launch(
+        cls,
+        plan: LaunchPlan,
+        code_bytes: int,
+        cli_env: EnvPairs = (),
+        imports: Optional[ScriptImports] = None,
+        inventory: str = "",
+        rdzv_host_set: bool = False,
+    ) -> Context:
         """What a launch's preflight checks: everything comes from the plan."""
         remote = plan.code.target if plan.code.kind == "remote" else None
         return cls(
@@ -149,7 +229,16 @@ class Context:
             script=remote,
             nproc_override=plan.nproc_per_node,
             code_bytes=code_bytes,
+            inventory=inventory,
+            rdzv_host_set=rdzv_host_set,
+            cli_env=cli_env,
+            secret_names=plan.secret_names,
+            imports=imports,
         )
+
+    @property
+    def auto_port(self) -> bool:
+        return self.rdzv_port == defaults.AUTO_PORT
 
 
 @dataclass(frozen=True)
@@ -169,6 +258,7 @@ def evaluate(hosts: Sequence[HostFacts], ctx: Context) -> list[HostReport]:
     """Every check on every host."""
     live = [h for h in hosts if h.facts is not None]
     refs = _references(live)
+    fleet = Fleet.of(live, ctx)
     reports = []
     for hf in hosts:
         if hf.facts is None:
@@ -176,7 +266,9 @@ def evaluate(hosts: Sequence[HostFacts], ctx: Context) -> list[HostReport]:
                 Finding("ssh", Status.FAIL, hf.error or "unreachable", hf.hint),
             )
         else:
-            findings = tuple(f for check in _CHECKS if (f := check(hf, refs, ctx)) is not None)
+            found = [f for check in _CHECKS if (f := check(hf, refs, ctx)) is not None]
+            found += [f for check in _FLEET_CHECKS if (f := check(hf, fleet, ctx)) is not None]
+            findings = tuple(sorted(found, key=lambda f: CHECKS.index(f.check)))
         reports.append(HostReport(hf.host, findings))
     return reports
 
@@ -304,7 +396,6 @@ def _torch(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findi
     f = hf.facts or {}
     ver = torch_version(f)
     ref = refs["torch"]
-    pin = f"=={ref}" if ref else ""
     if _no_python(f):
         return Finding("torch", Status.SKIP, _NOT_CHECKED)
     if ver is None:
@@ -312,8 +403,8 @@ def _torch(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findi
             "torch",
             Status.FAIL,
             f"torch is not installed for {hf.host.python}",
-            f"`{hf.host.python} -m pip install torch{pin}` on {hf.host.host}, or set "
-            "`python:` in the inventory to the interpreter that has torch",
+            f"{pip_install(hf, torch_requirement(ref))}, or set `python:` in the inventory to "
+            "the interpreter that has torch",
         )
     err = (f.get("torch") or {}).get("error")
     if err:
@@ -321,16 +412,50 @@ def _torch(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findi
             "torch",
             Status.FAIL,
             f"torch {ver} is installed but failed to import: {err}",
-            f"run `{hf.host.python} -c 'import torch'` on {hf.host.host} and fix its error",
+            f"run `{_py(hf)} -c 'import torch'` on {hf.host.host} and fix its error",
         )
     if ref and ver != ref:
         return Finding(
             "torch",
             Status.FAIL,
             f"torch {ver}; {_who_has(ref)}",
-            f"`{hf.host.python} -m pip install torch=={ref}` on {hf.host.host}",
+            pip_install(hf, torch_requirement(ref)),
         )
     return Finding("torch", Status.OK, f"torch {ver}")
+
+
+_TORCH_INDEX = "https://download.pytorch.org/whl/"
+
+
+def torch_requirement(version: Optional[str]) -> str:
+    """What pip needs to install this torch build: a local version (``2.4.1+cu121``,
+    ``+cpu``) is on PyTorch's own index only, under the tag's name."""
+    if not version or version == "unknown":
+        return "torch"
+    public, _, local = version.partition("+")
+    if local and (local == "cpu" or local.startswith(("cu", "rocm", "xpu"))):
+        return f"torch=={public} --index-url {_TORCH_INDEX}{local}"
+    return f"torch=={version}"
+
+
+def _py(hf: HostFacts) -> str:
+    return quote_path(hf.host.python)
+
+
+def pip_install(hf: HostFacts, requirement: str) -> str:
+    """A fix that installs ``requirement`` for the host's interpreter, runnable as written
+    there: pip first made available when the probe found it missing."""
+    install = f"{_py(hf)} -m pip install {requirement}"
+    pip = (hf.facts or {}).get("pip") or {}
+    where = f" on {hf.host.host}"
+    if pip.get("pip", True):
+        return f"`{install}`{where}"
+    if pip.get("ensurepip"):
+        return f"`{_py(hf)} -m ensurepip --upgrade && {install}`{where}"
+    return (
+        f"{hf.host.python} has no pip{where}: install it (Debian/Ubuntu: `sudo apt install "
+        f"python3-pip`), then `{install}`"
+    )
 
 
 def _parity(name: str, label: str, fix: str) -> Callable[..., Optional[Finding]]:
@@ -374,26 +499,20 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
     if _no_python(f):
         return Finding("gpus", Status.SKIP, _NOT_CHECKED)
     have = gpu_count(f)
-    cvd = f.get("cuda_visible_devices")
-    if have is None:
+    cvd = ranks_env(hf, ctx).get(rankenv.CUDA_VISIBLE_DEVICES)
+    if not have and not f.get("nvidia_smi") and f.get("gpu_dev_count") is None:
         return Finding(
             "gpus",
             Status.FAIL,
             f"{want} GPUs expected, none found (no nvidia-smi, no driver)",
-            f"install the NVIDIA driver on {hf.host.host}, or set `gpus: 0` and `nproc:` for "
-            "a CPU host",
+            f"install the NVIDIA driver on {hf.host.host}, or run it as a CPU host: "
+            f"`nproc: {want}` in place of `gpus: {want}` in {_entry(hf.host, ctx)}",
         )
+    have = have or 0
     if have < want:
-        why = (
-            f" (CUDA_VISIBLE_DEVICES={cvd!r} in a non-interactive SSH session hides the rest)"
-            if cvd is not None
-            else ""
-        )
-        fix = (
-            f"unset CUDA_VISIBLE_DEVICES in {hf.host.host}'s shell startup files"
-            if cvd is not None
-            else f"set `gpus: {have}` for {hf.host.host} in the inventory"
-        )
+        why = f" ({_shown(cvd, ctx)} {_from(cvd, hf.host)} hides the rest)" if cvd else ""
+        fix = _drop_var(cvd, hf.host, ctx) if cvd else ""
+        fix = fix or f"set `gpus: {have}` for {hf.host.host} in the inventory"
         return Finding("gpus", Status.FAIL, f"{have} GPUs visible, {want} expected{why}", fix)
     busy = ((f.get("nvidia_smi") or {}).get("processes")) or []
     if busy:
@@ -411,6 +530,9 @@ def _port(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     port = (hf.facts or {}).get("port")
     if port is None:
         return None
+    if ctx.auto_port:
+        return _auto_port(hf, port)
+    pick = "pass `--port auto` (node 0 then picks a free pair), or"
     if port.get("free") and port.get("peer_free") is False:
         peer = ctx.rdzv_port + 1
         return Finding(
@@ -418,8 +540,7 @@ def _port(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
             Status.FAIL,
             f"port {peer} (sshddp's supervisors, rendezvous port + 1) is taken "
             f"({port.get('peer_error')})",
-            f"pick another rendezvous port with --port / `rendezvous: {{port: N}}`, or find "
-            f"the holder with `ss -ltnp 'sport = :{peer}'` on {hf.host.host}",
+            f"{pick} find the holder with `ss -ltnp 'sport = :{peer}'` on {hf.host.host}",
         )
     if port.get("free"):
         return Finding("port", Status.OK, f"ports {ctx.rdzv_port} and {ctx.rdzv_port + 1} free")
@@ -427,9 +548,23 @@ def _port(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
         "port",
         Status.FAIL,
         f"rendezvous port {ctx.rdzv_port} is taken ({port.get('error')})",
-        f"pick another with --port / `rendezvous: {{port: N}}`, or find the holder with "
-        f"`ss -ltnp 'sport = :{ctx.rdzv_port}'` on {hf.host.host}",
+        f"{pick} find the holder with `ss -ltnp 'sport = :{ctx.rdzv_port}'` on {hf.host.host}",
     )
+
+
+def _auto_port(hf: HostFacts, port: PortFacts) -> Finding:
+    chosen = port.get("port")
+    if chosen is None or not port.get("free"):
+        return Finding(
+            "port",
+            Status.FAIL,
+            f"no free pair of ports for the rendezvous: {port.get('error')}",
+            f"free some ports on {hf.host.host} (`ss -ltnp` lists their holders), or give one "
+            "with --port N / `rendezvous: {port: N}`",
+        )
+    first = int(port.get("auto") or chosen)
+    skipped = f"; {first}-{chosen - 1} were taken" if chosen > first else ""
+    return Finding("port", Status.OK, f"picked ports {chosen} and {chosen + 1}{skipped}")
 
 
 def _rdzv(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
@@ -440,15 +575,24 @@ def _rdzv(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
             Status.SKIP,
             "not tested (no probe from the rendezvous host, or none from this one)",
         )
-    target = endpoint(ctx.rdzv_addr, ctx.rdzv_port)
+    port = int(r.get("port") or ctx.rdzv_port)
+    target = endpoint(ctx.rdzv_addr, port)
     if r.get("ok"):
         return Finding("rdzv", Status.OK, f"connects to {target}")
+    if ctx.rdzv_host_set:
+        where = (
+            f"`rendezvous.host` is {ctx.rdzv_addr} in {ctx.inventory or 'the inventory'}: set it "
+            "to an address of the first host that every host can reach, or delete it (the "
+            "first host's address is used then)"
+        )
+    else:
+        where = "set `addr:` of the first host to an address both can use"
     return Finding(
         "rdzv",
         Status.FAIL,
         f"cannot connect to the rendezvous {target}: {r.get('error')}",
-        f"open TCP port {ctx.rdzv_port} on the first host to {hf.host.host} (firewall, "
-        "security group), or set `addr:` of the first host to an address both can use",
+        f"open TCP port {port} on the first host to {hf.host.host} (firewall, security "
+        f"group), or {where}",
     )
 
 
@@ -498,6 +642,458 @@ def _script(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Opti
         f"{ctx.script} is neither a local file nor present on the host",
         f"copy it to {hf.host.host} or run sshddp from the directory that holds it",
     )
+
+
+# --- what the checks share: the ranks' environment and where things are -------------------
+
+
+def ranks_env(hf: HostFacts, ctx: Context) -> dict[str, rankenv.EnvValue]:
+    """The watched variables the host's ranks get: login, inventory env, --env."""
+    f = hf.facts or {}
+    login = dict(f.get("login_env") or {})
+    cvd = f.get("cuda_visible_devices")
+    if cvd is not None:
+        login.setdefault(rankenv.CUDA_VISIBLE_DEVICES, cvd)
+    return rankenv.ranks_env(login, hf.host.env, dict(ctx.cli_env))
+
+
+def _shown(v: rankenv.EnvValue, ctx: Context) -> str:
+    """``NAME='value'``, or ``NAME=***`` for a value that must not be shown."""
+    return f"{v.name}={MASK}" if v.name in ctx.secret_names else f"{v.name}={v.value!r}"
+
+
+def _from(v: rankenv.EnvValue, host: Host) -> str:
+    if v.source == "login":
+        return f"(from {host.host}'s login environment)"
+    return "(from the inventory's env)" if v.source == "inventory" else "(from --env)"
+
+
+def _entry(host: Host, ctx: Context) -> str:
+    """``hosts[i] (name, line L of inv.yaml)``: where to edit a host in the inventory."""
+    where = f", line {host.line} of {ctx.inventory}" if host.line and ctx.inventory else ""
+    return f"hosts[{host.index}] ({host.host}{where})"
+
+
+def _drop_var(v: rankenv.EnvValue, host: Host, ctx: Context) -> str:
+    """How to stop setting ``v`` where it comes from."""
+    if v.source == "--env":
+        return f"drop `--env {v.name}` from the command line"
+    if v.source == "inventory":
+        return (
+            f"delete {v.name} from `env:` of {_entry(host, ctx)}, or from `defaults: env:` "
+            "if it is set there"
+        )
+    return (
+        f"unset {v.name} in {host.host}'s login environment: remove it from the SSH user's "
+        "shell startup files there (~/.bashrc, ~/.profile, /etc/environment), "
+        "~/.ssh/environment, or sshd's SetEnv"
+    )
+
+
+def _most_common(values: Sequence[Any]) -> Any:
+    """The most common value (ties: the earliest), None when there is none."""
+    if not values:
+        return None
+    counts = Counter(values)
+    best = max(counts.values())
+    return next(v for v in values if counts[v] == best)
+
+
+def _combine(check: str, problems: list[tuple[Status, str, str]]) -> Finding:
+    """One finding for several problems of one check: the worst status, every message."""
+    status = Status.FAIL if any(p[0] is Status.FAIL for p in problems) else Status.WARN
+    fixes = list(dict.fromkeys(p[2] for p in problems if p[2]))
+    return Finding(check, status, "; ".join(p[1] for p in problems), "; ".join(fixes))
+
+
+# --- fleet checks: every reachable host at once ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Twin:
+    """Another inventory entry that is the same machine, and how that shows."""
+
+    host: Host
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What a fleet check compares one host with: every reachable host."""
+
+    route_dev: Optional[str] = None  #: the interface most hosts reach node 0 by
+    route_mtu: Optional[int] = None  #: that interface's MTU on most hosts
+    twins: dict[int, tuple[Twin, ...]] = field(default_factory=dict, hash=False)
+    offsets: tuple[float, ...] = ()  #: every host's clock offset
+
+    @classmethod
+    def of(cls, live: Sequence[HostFacts], ctx: Context) -> Fleet:
+        routes = [r for hf in live if (r := _route(hf)) is not None]
+        clocks = [(hf.facts or {}).get("clock") for hf in live]
+        return cls(
+            route_dev=_most_common([dev for dev, _ in routes]),
+            route_mtu=_most_common([mtu for _, mtu in routes if mtu]),
+            twins=_twins(live, ctx),
+            offsets=tuple(c["offset"] for c in clocks if c and "offset" in c),
+        )
+
+
+def _route(hf: HostFacts) -> Optional[tuple[str, Optional[int]]]:
+    """(interface, MTU) by which the host reaches node 0, when known."""
+    net = (hf.facts or {}).get("net") or {}
+    dev = (net.get("route") or {}).get("dev")
+    if not dev:
+        return None
+    return dev, (net.get("interfaces", {}).get(dev) or {}).get("mtu")
+
+
+def used_gpus(hf: HostFacts, ctx: Context) -> set[str]:
+    """UUIDs of the GPUs the host's ranks would use: those CUDA_VISIBLE_DEVICES leaves, one
+    per process."""
+    smi = (hf.facts or {}).get("nvidia_smi") or {}
+    uuids = [g["uuid"] for g in smi.get("gpus", []) if g.get("uuid")]
+    if not uuids or not hf.host.gpus:
+        return set()
+    cvd = ranks_env(hf, ctx).get(rankenv.CUDA_VISIBLE_DEVICES)
+    visible = rankenv.visible_gpus(cvd.value, uuids) if cvd else uuids
+    return set(visible[: ctx.nproc_override or hf.host.procs])
+
+
+def _same_machine(a: HostFacts, b: HostFacts, ctx: Context) -> tuple[str, ...]:
+    """How two entries show they are one machine (empty: they do not)."""
+    sa, sb = (a.facts or {}).get("ssh") or {}, (b.facts or {}).get("ssh") or {}
+    reasons = []
+    if sa.get("host_key") and sa.get("host_key") == sb.get("host_key"):
+        reasons.append(f"the same host key {sa['host_key']}")
+    if sa.get("endpoint") and sa.get("endpoint") == sb.get("endpoint"):
+        reasons.append(f"the same address and port {sa['endpoint']}")
+    shared = sorted(used_gpus(a, ctx) & used_gpus(b, ctx))
+    if shared:
+        reasons.append(f"the same GPU{'s' if len(shared) > 1 else ''} {', '.join(shared)}")
+    return tuple(reasons)
+
+
+def _twins(live: Sequence[HostFacts], ctx: Context) -> dict[int, tuple[Twin, ...]]:
+    found: dict[int, list[Twin]] = {}
+    for i, a in enumerate(live):
+        for b in live[i + 1 :]:
+            reasons = _same_machine(a, b, ctx)
+            if reasons:
+                found.setdefault(a.host.index, []).append(Twin(b.host, reasons))
+                found.setdefault(b.host.index, []).append(Twin(a.host, reasons))
+    return {index: tuple(twins) for index, twins in found.items()}
+
+
+def _unique(hf: HostFacts, fleet: Fleet, ctx: Context) -> Optional[Finding]:
+    twins = fleet.twins.get(hf.host.index)
+    if not twins:
+        if not (hf.facts or {}).get("ssh"):
+            return None
+        return Finding("unique", Status.OK, "no other entry is this machine")
+    twin = twins[0]
+    first, later = sorted((hf.host, twin.host), key=lambda h: h.index)
+    message = (
+        f"{_entry(first, ctx)} and {_entry(later, ctx)} are one machine "
+        f"({'; '.join(twin.reasons)}): the ranks of both would share its GPUs "
+        "(NCCL: 'Duplicate GPU detected')"
+    )
+    fix = (
+        f"list each machine once: delete {_entry(later, ctx)} and give {first.host} all of "
+        "the machine's processes with `gpus:` (or `nproc:`)"
+    )
+    if all(r.startswith("the same host key") for r in twin.reasons):
+        fix += (
+            "; if they are two machines cloned from one image, give one of them new host "
+            "keys (`sudo rm /etc/ssh/ssh_host_* && sudo ssh-keygen -A` there)"
+        )
+    return Finding("unique", Status.FAIL, message, fix)
+
+
+def _env(hf: HostFacts, fleet: Fleet, ctx: Context) -> Optional[Finding]:
+    env = ranks_env(hf, ctx)
+    problems = [
+        _stray(v, hf.host, ctx) for name, v in sorted(env.items()) if rankenv.is_stray(name)
+    ]
+    cvd = env.get(rankenv.CUDA_VISIBLE_DEVICES)
+    hidden = _hidden_gpus(cvd, hf, ctx) if cvd else None
+    problems += [hidden] if hidden else []
+    if problems:
+        return _combine("env", problems)
+    return Finding("env", Status.OK, "nothing set that sshddp or torchrun sets for the ranks")
+
+
+def _stray(v: rankenv.EnvValue, host: Host, ctx: Context) -> tuple[Status, str, str]:
+    shown, where, fix = _shown(v, ctx), _from(v, host), _drop_var(v, host, ctx)
+    if v.name == rankenv.NODE_RANK and v.value != str(host.index):
+        return (
+            Status.FAIL,
+            f"{shown} {where} reaches node {host.index}'s ranks: a script or framework that "
+            f"reads NODE_RANK (PyTorch Lightning does) takes the wrong node rank; sshddp sets "
+            f"it with torchrun's --node-rank {host.index} (GROUP_RANK in the ranks)",
+            fix,
+        )
+    if v.name == rankenv.NODE_RANK:
+        why = "sshddp sets the node rank with torchrun's --node-rank (GROUP_RANK in the ranks)"
+    elif v.name in rankenv.TORCHRUN_SETS:
+        why = f"torchrun sets {v.name} for every rank, so this value never reaches them"
+    else:
+        why = "torchrun sets its TORCHELASTIC_* variables for the ranks, and reads some itself"
+    return Status.WARN, f"{shown} {where}: {why}", fix
+
+
+def _hidden_gpus(
+    cvd: rankenv.EnvValue, hf: HostFacts, ctx: Context
+) -> Optional[tuple[Status, str, str]]:
+    """CUDA_VISIBLE_DEVICES leaving fewer GPUs than the inventory expects on the host."""
+    want = hf.host.gpus or 0
+    smi = (hf.facts or {}).get("nvidia_smi") or {}
+    uuids = [g.get("uuid", f"#{i}") for i, g in enumerate(smi.get("gpus", []))] or None
+    left = len(rankenv.visible_gpus(cvd.value, uuids))
+    if want == 0 or left >= want:
+        return None
+    fix = _drop_var(cvd, hf.host, ctx)
+    if left:
+        fix += f", or set `gpus: {left}` for {_entry(hf.host, ctx)}"
+    return (
+        Status.FAIL,
+        f"{_shown(cvd, ctx)} {_from(cvd, hf.host)} leaves {left} GPU(s) to the ranks; the "
+        f"inventory expects {want} (gpus: {want})",
+        fix,
+    )
+
+
+def _net(hf: HostFacts, fleet: Fleet, ctx: Context) -> Optional[Finding]:
+    net = (hf.facts or {}).get("net")
+    if net is None:
+        return None
+    host = hf.host.host
+    if net.get("error"):
+        return Finding(
+            "net",
+            Status.FAIL,
+            f"{net['error']} (on {host})",
+            f"make {ctx.rdzv_addr} resolvable on {host} (DNS or /etc/hosts), or set `addr:` "
+            "of the first host to its IP address",
+        )
+    target = str(net.get("target"))
+    route = net.get("route") or {}
+    dev = route.get("dev")
+    if not dev:
+        return Finding(
+            "net",
+            Status.FAIL,
+            f"{host} has no route to node 0's address {target}",
+            f"give {host} a route to {target} (`ip route get {target}` there says why not)",
+        )
+    mtu = (net.get("interfaces", {}).get(dev) or {}).get("mtu")
+    env = ranks_env(hf, ctx)
+    named = [env[v] for v in (rankenv.NCCL_SOCKET_IFNAME, rankenv.GLOO_SOCKET_IFNAME) if v in env]
+    problems = [p for v in named if (p := _ifname_problem(v, hf, net, dev, ctx))]
+    if not named:
+        problems += _odd_interface(hf, fleet, dev, ctx)
+    if mtu and fleet.route_mtu and mtu != fleet.route_mtu:
+        problems.append(_odd_mtu(host, dev, mtu, fleet.route_mtu))
+    if problems:
+        return _combine("net", problems)
+    picks = "".join(f"; {_shown(v, ctx)} selects it" for v in named)
+    return Finding(
+        "net", Status.OK, f"{dev} ({route.get('src')}, MTU {mtu}) reaches {target}{picks}"
+    )
+
+
+def selected_interfaces(v: rankenv.EnvValue, interfaces: dict[str, InterfaceFacts]) -> list[str]:
+    """The interfaces an NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME value selects on a host
+    (gloo: every name it gives, present or not)."""
+    if v.name == rankenv.GLOO_SOCKET_IFNAME:
+        return rankenv.gloo_interfaces(v.value)
+    return [n for n in rankenv.nccl_interfaces(v.value, interfaces) if interfaces[n].get("addrs")]
+
+
+def _ifname_problem(
+    v: rankenv.EnvValue, hf: HostFacts, net: NetFacts, dev: str, ctx: Context
+) -> Optional[tuple[Status, str, str]]:
+    interfaces = net.get("interfaces", {})
+    names = selected_interfaces(v, interfaces)
+    missing = [n for n in names if n not in interfaces]
+    target = str(net.get("target"))
+    unrouted = [n for n in names if n in interfaces and not reaches(net, n, target)]
+    shown, where, host = _shown(v, ctx), _from(v, hf.host), hf.host.host
+    has = ", ".join(sorted(n for n, i in interfaces.items() if i.get("up"))) or "none up"
+    secret = v.name in ctx.secret_names  # then its value, interface names too, stays unsaid
+
+    def listed(found: list[str]) -> str:
+        return "an interface" if secret else ", ".join(found)
+
+    if missing:
+        message = f"{shown} {where} names {listed(missing)}, which {host} does not have"
+        message += f" (it has {has})"
+    elif not names:
+        message = f"{shown} {where} matches no interface of {host} with an address (it has {has})"
+    elif len(unrouted) == len(names) or (v.name == rankenv.GLOO_SOCKET_IFNAME and unrouted):
+        message = (
+            f"{shown} {where} selects {listed(unrouted)} on {host}, which has no route to "
+            f"node 0's address {target}"
+        )
+    else:
+        return None
+    fix = f"under `env:` of {_entry(hf.host, ctx)}, set `{v.name}: {dev}` (the interface "
+    fix += f"{host} reaches node 0 by)"
+    if v.source == "--env":
+        fix = f"drop `--env {v.name}` (it sets every host alike) and, {fix}"
+    return Status.FAIL, message, fix
+
+
+def reaches(net: NetFacts, name: str, target: str) -> bool:
+    """Whether interface ``name`` is up and carries a route to ``target``: the target is in
+    one of its subnets, or a route of the main table through it (the default one too)
+    covers the target."""
+    info = net.get("interfaces", {}).get(name)
+    if not info or not info.get("up", True):
+        return False
+    ip = ipaddress.ip_address(target)
+    for cidr in info.get("addrs") or []:
+        own = ipaddress.ip_interface(cidr)
+        if own.ip == ip or (own.version == ip.version and ip in own.network):
+            return True
+    for route in net.get("routes") or []:
+        if route.get("dev") != name:
+            continue
+        dst = route.get("dst", "")
+        if dst == "default" or (dst and _covers(dst, ip)):
+            return True
+    return False
+
+
+def _covers(dst: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    try:
+        net = ipaddress.ip_network(dst, strict=False)
+    except ValueError:
+        return False
+    return net.version == ip.version and ip in net
+
+
+def _odd_interface(
+    hf: HostFacts, fleet: Fleet, dev: str, ctx: Context
+) -> list[tuple[Status, str, str]]:
+    if not fleet.route_dev or dev == fleet.route_dev:
+        return []
+    names = f"`{rankenv.NCCL_SOCKET_IFNAME}: {dev}` and `{rankenv.GLOO_SOCKET_IFNAME}: {dev}`"
+    return [
+        (
+            Status.WARN,
+            f"{hf.host.host} reaches node 0 by {dev}, most hosts by {fleet.route_dev}; with "
+            "no NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME set, NCCL and gloo pick an interface "
+            "on each host on their own",
+            f"name each host's interface: under `env:` of {_entry(hf.host, ctx)}, set {names}",
+        )
+    ]
+
+
+def _odd_mtu(host: str, dev: str, mtu: int, ref: int) -> tuple[Status, str, str]:
+    return (
+        Status.WARN,
+        f"MTU {mtu} on {dev}; most hosts reach node 0 with MTU {ref}: messages larger than "
+        "the smaller MTU can stall (NCCL hangs)",
+        f"set the same MTU everywhere, e.g. `sudo ip link set dev {dev} mtu {ref}` on {host}",
+    )
+
+
+def _clock(hf: HostFacts, fleet: Fleet, ctx: Context) -> Optional[Finding]:
+    clock = (hf.facts or {}).get("clock")
+    if not clock or "offset" not in clock:
+        return None
+    offset, error = clock["offset"], clock.get("rtt", 0.0) / 2
+    least = abs(offset) - error  # what the offset is at least, given the round trip
+    side = "ahead of" if offset > 0 else "behind"
+    message = f"clock {_duration(abs(offset))} {side} this machine's (±{_duration(error)})"
+    if least <= defaults.CLOCK_WARN:
+        return Finding("clock", Status.OK, message)
+    status = Status.FAIL if least > defaults.CLOCK_FAIL else Status.WARN
+    bound = defaults.CLOCK_FAIL if status is Status.FAIL else defaults.CLOCK_WARN
+    others = [o for o in fleet.offsets if o is not offset]
+    if len(fleet.offsets) > 1 and all(abs(o - offset) <= defaults.CLOCK_WARN for o in others):
+        fix = (
+            f"every host is about {abs(offset):.0f} s {side} this machine: this machine's "
+            "clock is the odd one; turn on its time sync (`sudo timedatectl set-ntp true`)"
+        )
+    else:
+        fix = (
+            f"turn on time sync on {hf.host.host}: `sudo timedatectl set-ntp true` "
+            "(systemd-timesyncd), or run chrony or ntpd there"
+        )
+    return Finding("clock", status, f"{message}: more than {bound:.0f} s off", fix)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+#: Distributions whose name differs from the module they install (a fix installs them).
+_DISTRIBUTIONS = {
+    "yaml": "pyyaml",
+    "cv2": "opencv-python",
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "PIL": "pillow",
+    "bs4": "beautifulsoup4",
+    "dateutil": "python-dateutil",
+    "dotenv": "python-dotenv",
+    "jwt": "pyjwt",
+    "zmq": "pyzmq",
+    "git": "gitpython",
+    "attr": "attrs",
+}
+
+
+def _imports(hf: HostFacts, fleet: Fleet, ctx: Context) -> Optional[Finding]:
+    imp = ctx.imports
+    if imp is None:
+        return None
+    if imp.error:
+        return Finding("imports", Status.SKIP, f"not checked: {imp.error}")
+    if not imp.names:
+        what = f"{len(imp.shipped)} shipped with it" if imp.shipped else "none to look for"
+        return Finding("imports", Status.OK, f"imports of {imp.script}: {what}")
+    f = hf.facts or {}
+    looked = f.get("imports") or {}
+    if _no_python(f) or "found" not in looked:
+        why = looked.get("error") or _NOT_CHECKED.removeprefix("not checked ")
+        return Finding("imports", Status.SKIP, f"not checked: {why}")
+    missing = [n for n in imp.names if not looked["found"].get(n)]
+    if not missing:
+        return Finding("imports", Status.OK, f"{len(imp.names)} module(s) found")
+    return Finding(
+        "imports",
+        Status.FAIL,
+        f"{imp.script} imports {', '.join(missing)}, which {hf.host.python} on {hf.host.host} "
+        "does not find (with the ranks' environment)",
+        "; ".join(_import_fix(n, hf, imp) for n in missing),
+    )
+
+
+def _import_fix(name: str, hf: HostFacts, imp: ScriptImports) -> str:
+    if name == "torch":  # the torch check pins the build the other hosts have
+        return "install torch as the torch check says (the other hosts' build)"
+    if name in imp.beside:
+        folder = posixpath.dirname(imp.script) or "."
+        return (
+            f"{name} is next to {imp.script} here but only the script is shipped: ship the "
+            f"folder with `--workdir {shlex.quote(folder)}`"
+        )
+    install = pip_install(hf, _DISTRIBUTIONS.get(name, name))
+    return (
+        f"{install}, or make {name} importable there (`PYTHONPATH:` under the host's `env:`), "
+        "or ship it beside the script with --workdir"
+    )
+
+
+_FLEET_CHECKS: tuple[Callable[[HostFacts, Fleet, Context], Optional[Finding]], ...] = (
+    _env,
+    _net,
+    _unique,
+    _clock,
+    _imports,
+)
 
 
 _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (

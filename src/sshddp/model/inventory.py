@@ -78,7 +78,7 @@ class Host:
 class Rendezvous:
     """Where torchrun's c10d rendezvous listens."""
 
-    port: int = defaults.RDZV_PORT  #: TCP port of the rendezvous
+    port: int = defaults.RDZV_PORT  #: TCP port of the rendezvous; AUTO_PORT: `port: auto`
     host: Optional[str] = None  #: address of the rendezvous; None = the first host's addr
 
 
@@ -265,6 +265,13 @@ _RULES: dict[str, _Rule] = {
         text=True,
     ),
 }
+# `rendezvous: {port: auto}`: the preflight picks a free pair on the first host.
+_AUTO_PORT = defaults.AUTO_PORT
+_RDZV_PORT_RULE = _Rule(
+    "an integer port from 1 to 65535, or auto",
+    lambda value: value == "auto" or _is_port(value),
+    text=False,
+)
 _ENV_NAME_RULE = _Rule(
     "an environment variable name (letters, digits and '_', not starting with a digit)",
     _matches(r"[A-Za-z_][A-Za-z0-9_]*"),
@@ -410,7 +417,10 @@ def _value_where(path: str, key_node: yaml.Node, node: yaml.Node) -> _Where:
 def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     top = _items(doc, root, "", _TOP_KEYS)
     defaults = _read_section(doc, top.get("defaults"), "defaults", _DEFAULT_KEYS, _DEFAULTS_HINTS)
-    rendezvous = Rendezvous(**_read_section(doc, top.get("rendezvous"), "rendezvous", _RDZV_KEYS))
+    rdzv = _read_section(doc, top.get("rendezvous"), "rendezvous", _RDZV_KEYS)
+    if rdzv.get("port") == "auto":
+        rdzv["port"] = _AUTO_PORT
+    rendezvous = Rendezvous(**rdzv)
     entries = _hosts_list(doc, root, top.get("hosts"))
     pairs = [_yaml_host(doc, node, index, defaults) for index, node in enumerate(entries)]
     return _inventory(doc, pairs, rendezvous)
@@ -439,7 +449,8 @@ def _read_fields(doc: _Doc, items: _Items, path: str) -> dict[str, Any]:
         if name == "env":
             fields[name] = _read_env(doc, node, where)
         else:
-            fields[name] = _read_scalar(doc, _RULES[name], node, where)
+            rule = _RDZV_PORT_RULE if (path, name) == ("rendezvous", "port") else _RULES[name]
+            fields[name] = _read_scalar(doc, rule, node, where)
     return fields
 
 

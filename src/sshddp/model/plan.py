@@ -13,7 +13,7 @@ import re
 import secrets
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Callable, Literal, Optional, Protocol
@@ -48,7 +48,7 @@ class LaunchOptions:
     module: Optional[str] = None  #: ``-m MODULE`` instead of a script
     script_args: tuple[str, ...] = ()  #: passed to the script verbatim
     nproc_per_node: Optional[int] = None  #: overrides every host's gpus / nproc
-    port: Optional[int] = None  #: rendezvous port (overrides the inventory)
+    port: Optional[int] = None  #: rendezvous port (overrides the inventory); AUTO_PORT: picked
     env: EnvPairs = ()  #: ``--env`` pairs, applied after the inventory's
     workdir: Optional[str] = None  #: local directory shipped whole (honours .gitignore)
     log_dir: str = defaults.LOG_DIR  #: local log root
@@ -108,7 +108,7 @@ class LaunchPlan:
     run_id: str
     nodes: tuple[NodePlan, ...]
     rdzv_addr: str  #: address every node reaches node 0's rendezvous store at
-    rdzv_port: int
+    rdzv_port: int  #: defaults.AUTO_PORT until the preflight picks one (``with_port``)
     world_size: int
     code: CodeSpec
     script_args: tuple[str, ...]
@@ -228,6 +228,21 @@ def _argv(
     )
 
 
+def with_port(plan: LaunchPlan, port: int) -> LaunchPlan:
+    """The plan with the rendezvous port node 0 picked (``--port auto``): every node's
+    torchrun endpoint and the supervisors' port (``peer_port``) follow it."""
+    old = f"--rdzv-endpoint {endpoint(plan.rdzv_addr, plan.rdzv_port)}"
+    new = endpoint(plan.rdzv_addr, port)
+    nodes = []
+    for node in plan.nodes:
+        argv = list(node.argv)
+        for i in range(len(argv) - 1):
+            if f"{argv[i]} {argv[i + 1]}" == old:
+                argv[i + 1] = new
+        nodes.append(replace(node, argv=tuple(argv)))
+    return replace(plan, rdzv_port=port, nodes=tuple(nodes))
+
+
 def _rdzv_port(inventory: Inventory, options: LaunchOptions) -> int:
     port = options.port or inventory.rendezvous.port
     if port > 65534:
@@ -247,9 +262,11 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
         )
     if options.nproc_per_node is not None and options.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node {options.nproc_per_node}: expected at least 1")
-    if options.port is not None and not 1 <= options.port <= 65534:
+    auto = options.port == defaults.AUTO_PORT
+    if options.port is not None and not auto and not 1 <= options.port <= 65534:
         raise UsageError(
-            f"--port {options.port}: expected a TCP port, 1-65534 (a run also uses port + 1)"
+            f"--port {options.port}: expected a TCP port, 1-65534 (a run also uses port + 1), "
+            "or auto"
         )
     if options.heartbeat_timeout <= 0:
         raise UsageError("--heartbeat-timeout must be positive")
@@ -324,9 +341,12 @@ def _workdir_code(options: LaunchOptions, workdir: str, paths: LocalPaths) -> Co
 
 def describe(plan: LaunchPlan) -> str:
     """The ``--dry-run`` text: stable, one block per node, secrets masked."""
+    auto = plan.rdzv_port == defaults.AUTO_PORT
+    where = _auto_endpoint(plan) if auto else endpoint(plan.rdzv_addr, plan.rdzv_port)
+    picked = "; the preflight picks a free port pair there" if auto else ""
     lines = [
         f"run id:      {plan.run_id}",
-        f"rendezvous:  {endpoint(plan.rdzv_addr, plan.rdzv_port)} (static, node 0 hosts it)",
+        f"rendezvous:  {where} (static, node 0 hosts it{picked})",
         f"world size:  {plan.world_size} processes on {len(plan.nodes)} nodes",
         f"code:        {plan.code.kind} {plan.code.local_path or plan.code.target}",
         f"logs:        {plan.log_dir}/",
@@ -343,9 +363,23 @@ def describe(plan: LaunchPlan) -> str:
             f"  run dir: {node.rundir}",
             f"  cwd:     {node.cwd}",
             "  env:     " + (" ".join(f"{k}={_shown(v)}" for k, v in env.items()) or "-"),
-            "  command: " + shlex.join(node.argv),
+            "  command: " + shlex.join(_shown_argv(plan, node)),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _shown_argv(plan: LaunchPlan, node: NodePlan) -> tuple[str, ...]:
+    """The node's torchrun command as --dry-run shows it: an endpoint still to be picked
+    reads ``addr:auto``."""
+    if plan.rdzv_port != defaults.AUTO_PORT:
+        return node.argv
+    placeholder = endpoint(plan.rdzv_addr, plan.rdzv_port)
+    return tuple(_auto_endpoint(plan) if a == placeholder else a for a in node.argv)
+
+
+def _auto_endpoint(plan: LaunchPlan) -> str:
+    """``addr:auto`` (``[addr]:auto`` for IPv6): the endpoint before the port is picked."""
+    return endpoint(plan.rdzv_addr, 0)[:-1] + "auto"
 
 
 def _shown(value: str) -> str:

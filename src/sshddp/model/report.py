@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from sshddp import defaults
+from sshddp.model import envvars
 from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
 from sshddp.model.state import NodeState, RunResult, peer_cause
 
@@ -63,23 +64,40 @@ def _problems(reports: Sequence[HostReport]) -> list[RenderableType]:
     return lines
 
 
-def doctor_json(facts: Sequence[HostFacts], reports: Sequence[HostReport]) -> str:
+#: Version of ``sshddp doctor --json``'s document; bump it when its shape changes. Output
+#: without ``schema`` came from version 1 (no env, net, unique, clock or imports checks).
+DOCTOR_JSON_SCHEMA = 2
+
+
+def doctor_json(
+    facts: Sequence[HostFacts],
+    reports: Sequence[HostReport],
+    secret_names: frozenset[str] = frozenset(),
+) -> str:
+    """``doctor --json``: the schema version, the verdict, and per host its facts (as its
+    probe reported them, plus ``ssh`` and ``clock`` measured here) and findings (README,
+    "doctor --json"). No value of a variable in ``secret_names`` is written."""
     hosts: list[dict[str, Any]] = []
     for hf, r in zip(facts, reports):
         findings = [
             {"check": f.check, "status": f.status.value, "message": f.message, "fix": f.fix}
             for f in r.findings
         ]
+        host_facts: Optional[dict[str, Any]] = dict(hf.facts) if hf.facts is not None else None
+        login = (hf.facts or {}).get("login_env")
+        if host_facts is not None and login:
+            host_facts["login_env"] = envvars.masked(login, secret_names)
         hosts.append(
             {
                 "host": r.host.host,
                 "node": r.host.index,
-                "facts": hf.facts,
+                "facts": host_facts,
                 "error": hf.error,
                 "findings": findings,
             }
         )
-    return json.dumps({"ok": reports_ok(reports), "hosts": hosts}, indent=2, sort_keys=False)
+    doc = {"schema": DOCTOR_JSON_SCHEMA, "ok": reports_ok(reports), "checks": list(CHECKS)}
+    return json.dumps({**doc, "hosts": hosts}, indent=2, sort_keys=False)
 
 
 _RANK_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")

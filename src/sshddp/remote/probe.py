@@ -1,12 +1,23 @@
 """Facts about this host for ``sshddp doctor`` and the launch preflight.
 
-``probe(args)`` returns the facts and, when asked, a listener held on the rendezvous port
-(proving it free) so the other hosts can make a real TCP connection to the rendezvous
-endpoint; ``release`` lets it go. The host's session (``session.py``) answers with these
-facts first, for doctor and for a launch alike.
+``probe(args)`` returns the facts and what it holds (``Holds``): a listener on the
+rendezvous port, proving it free, so the other hosts can make a real TCP connection to the
+rendezvous endpoint; and, when the port is picked here (``"auto"``: the first pair P, P+1
+free from ``auto_from`` up), P+1 reserved for the supervisors until the node starts, so a
+second run probing meanwhile never picks the same pair. The host's session
+(``session.py``) answers with these facts first, for doctor and for a launch alike.
 
-args: {"workdir", "deep": bool, "listen_port": int|None, "connect": [addr, port]|None,
-       "connect_timeout": float, "script": str|None}
+What the ranks would meet is looked at in the environment they will get: the login
+environment with ``env`` (the inventory's and ``--env``) applied. The deep probe's torch
+import (so ``CUDA_VISIBLE_DEVICES`` counts) and the script's imports run with it; ``watch``
+names the variables whose login values are reported (never an ``env`` value: the
+coordinator has those).
+
+args: {"workdir", "deep": bool, "listen_port": int|"auto"|None, "auto_from": int,
+       "connect": [addr, port]|None, "connect_timeout": float, "script": str|None,
+       "env": {name: value}, "watch": {"names": [...], "prefixes": [...]},
+       "route_to": addr|None, "imports": {"names": [...], "path0": str|None}|None,
+       "gpu_uuids": bool}
 """
 
 from __future__ import annotations
@@ -20,12 +31,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+from sshddp.remote import imports, network
 from sshddp.remote.common import home_path, listdir
 
 Facts = Dict[str, Any]
-Held = Tuple[socket.socket, threading.Thread]
+Held = Tuple[socket.socket, Optional[threading.Thread]]
+AUTO = "auto"  #: listen_port: pick a free pair here
+AUTO_TRIES = 200  #: ports tried from auto_from up
+DEEP_TIMEOUT = 120.0
 
 _DEEP = r"""
 import json, torch
@@ -44,6 +59,24 @@ print(json.dumps(out))
 """
 
 
+class Holds:
+    """What the probe holds on to: listeners (let go at the go) and a reserved port (let go
+    just before the supervisor that binds it starts)."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Held] = []
+        self.reserved: list[Held] = []
+
+    def release_listeners(self) -> None:
+        release(self.listeners)
+        self.listeners = []
+
+    def release_all(self) -> None:
+        self.release_listeners()
+        release(self.reserved)
+        self.reserved = []
+
+
 def _dist_versions(site: str) -> dict[str, str]:
     """{distribution name: version} from the *.dist-info names in one site directory
     (one listdir: importlib.metadata would scan every path entry per lookup)."""
@@ -55,10 +88,15 @@ def _dist_versions(site: str) -> dict[str, str]:
     return found
 
 
-def _torch_facts(deep: bool) -> Optional[Facts]:
+def _torch_facts(deep: Optional[subprocess.Popen[str]]) -> Optional[Facts]:
+    """torch as installed; with the deep probe's process (importing torch meanwhile), what
+    importing it says too."""
     facts: Facts = {"version": None, "cuda": None, "nccl_package": None}
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
+        if deep is not None:
+            deep.kill()
+            deep.communicate()
         return None
     torch_dir = os.path.dirname(spec.origin)
     dists = _dist_versions(os.path.dirname(torch_dir))
@@ -68,9 +106,25 @@ def _torch_facts(deep: bool) -> Optional[Facts]:
         if name in dists:
             facts["nccl_package"] = dists[name]
             break
-    if deep:
-        facts.update(_run_json([sys.executable, "-c", _DEEP], 120, "torch_import"))
+    if deep is not None:
+        facts.update(_finish_json(deep, "torch_import"))
     return facts
+
+
+def _start_deep(env: Mapping[str, str]) -> Optional[subprocess.Popen[str]]:
+    """Import torch in a new interpreter with the ranks' environment; read by _finish_json.
+    Started first, so the probe's other looks happen while torch imports."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", _DEEP],
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    except OSError:
+        return None
 
 
 def _cuda_from_version_py(path: str) -> Optional[str]:
@@ -85,16 +139,18 @@ def _cuda_from_version_py(path: str) -> Optional[str]:
     return None
 
 
-def _run_json(argv: list[str], timeout: float, what: str) -> Facts:
+def _finish_json(proc: subprocess.Popen[str], what: str) -> Facts:
     try:
-        out = subprocess.run(argv, capture_output=True, timeout=timeout, text=True)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        stdout, stderr = proc.communicate(timeout=DEEP_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
         return {"error": f"{what}: {exc}"}
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-        return {"error": f"{what} exited {out.returncode}: {' | '.join(tail)}"}
+    if proc.returncode != 0:
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        return {"error": f"{what} exited {proc.returncode}: {' | '.join(tail)}"}
     try:
-        value: Facts = json.loads(out.stdout.strip().splitlines()[-1])
+        value: Facts = json.loads(stdout.strip().splitlines()[-1])
         return value
     except (ValueError, IndexError):
         return {"error": f"{what} printed no JSON"}
@@ -105,12 +161,14 @@ def _nvidia_smi() -> Optional[Facts]:
     if not exe:
         return None
     facts: Facts = {"gpus": [], "processes": [], "error": None}
-    query = [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    fields = "name,memory.total,driver_version,uuid"
+    query = [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
     try:
         out = subprocess.run(query, capture_output=True, text=True, timeout=15)
         for line in out.stdout.strip().splitlines():
-            name, mem, driver = [x.strip() for x in line.split(",")[:3]]
-            facts["gpus"].append({"name": name, "memory_mib": int(float(mem)), "driver": driver})
+            name, mem, driver, uuid = [x.strip() for x in line.split(",")[:4]]
+            gpu = {"name": name, "memory_mib": int(float(mem)), "driver": driver, "uuid": uuid}
+            facts["gpus"].append(gpu)
         if out.returncode != 0:
             facts["error"] = (out.stderr or out.stdout).strip()[:300]
         apps = [
@@ -163,15 +221,29 @@ def _listen(port: int) -> tuple[Optional[Held], Optional[str]]:
     return (sock, thread), None
 
 
+def _reserve(port: int) -> Optional[Held]:
+    """Keep ``port`` from being bound by anyone else, without listening: a connection to it
+    is refused (a supervisor connecting early retries), and without SO_REUSEADDR no other
+    socket may bind it, whatever its options."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock, None
+
+
 def release(holders: list[Held]) -> None:
-    """Close listeners from _listen: the port is free again when this returns."""
+    """Close listeners from _listen (and reservations): the ports are free when this returns."""
     for sock, thread in holders:
         try:
             sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
         except OSError:
             pass
         sock.close()
-        thread.join(1.0)
+        if thread is not None:
+            thread.join(1.0)
 
 
 def _connect(addr: str, port: int, timeout: float) -> Facts:
@@ -187,37 +259,106 @@ def _connect(addr: str, port: int, timeout: float) -> Facts:
     return {"ok": False, "addr": addr, "port": port, "error": last}
 
 
-def probe(args: dict[str, Any]) -> tuple[Facts, list[Held]]:
-    """(facts, listeners still held): the host's facts, the rendezvous port held if asked."""
-    facts: Facts = {
+def connect(order: Mapping[str, Any]) -> Facts:
+    """The rendezvous connect asked for after the probe (the port was picked by node 0)."""
+    addr, port = order["connect"]
+    return _connect(addr, int(port), float(order.get("timeout", 3)))
+
+
+def _hold_port(port: int, holds: Holds) -> Facts:
+    """Listen on the rendezvous port; check that the supervisors' port above it is free."""
+    listener, err = _listen(port)
+    facts: Facts = {"port": port, "free": listener is not None, "error": err}
+    holds.listeners += [listener] if listener else []
+    # sshddp's supervisors use the next port: check it is free too, then let it go.
+    peer, peer_err = _listen(port + 1)
+    facts["peer_free"] = peer is not None
+    facts["peer_error"] = peer_err
+    release([peer] if peer else [])
+    return facts
+
+
+def _pick_pair(first: int, holds: Holds) -> Facts:
+    """The first P >= ``first`` with P and P+1 both free: P listened on, P+1 reserved."""
+    for port in range(first, min(first + AUTO_TRIES, 65535)):
+        listener, _ = _listen(port)
+        if listener is None:
+            continue
+        reserved = _reserve(port + 1)
+        if reserved is None:
+            release([listener])
+            continue
+        holds.listeners.append(listener)
+        holds.reserved.append(reserved)
+        return {"port": port, "free": True, "error": None, "peer_free": True, "auto": first}
+    last = min(first + AUTO_TRIES, 65535)
+    error = f"no free pair of ports P, P+1 in {first}-{last}"
+    return {"port": None, "free": False, "error": error, "auto": first}
+
+
+def _ranks_env(extra: Optional[Mapping[str, str]]) -> dict[str, str]:
+    """The environment the ranks get: this (login) one with the run's ``env`` applied."""
+    env = dict(os.environ)
+    env.update(extra or {})
+    return env
+
+
+def _watched(watch: Optional[Mapping[str, list[str]]]) -> dict[str, str]:
+    """The login environment's values of the variables the checks look at."""
+    if not watch:
+        return {}
+    names = set(watch.get("names") or [])
+    prefixes = tuple(watch.get("prefixes") or [])
+    return {
+        k: v for k, v in os.environ.items() if k in names or (prefixes and k.startswith(prefixes))
+    }
+
+
+def _basics(args: Mapping[str, Any]) -> Facts:
+    return {
         "hostname": socket.gethostname(),
         "os": f"{os.uname().sysname} {os.uname().release} {os.uname().machine}",
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "login_env": _watched(args.get("watch")),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
     }
-    held: list[Held] = []
-    if args.get("listen_port"):
-        listener, err = _listen(int(args["listen_port"]))
-        facts["port"] = {"port": args["listen_port"], "free": listener is not None, "error": err}
-        held += [listener] if listener else []
-        # sshddp's supervisors use the next port: check it is free too, then let it go.
-        peer, peer_err = _listen(int(args["listen_port"]) + 1)
-        facts["port"]["peer_free"] = peer is not None
-        facts["port"]["peer_error"] = peer_err
-        release([peer] if peer else [])
+
+
+def probe(args: dict[str, Any]) -> tuple[Facts, Holds]:
+    """(facts, what is still held): the host's facts, the rendezvous port held if asked."""
+    env = _ranks_env(args.get("env"))
+    deep = _start_deep(env) if args.get("deep") else None
+    facts = _basics(args)
+    holds = Holds()
+    listen = args.get("listen_port")
+    if listen == AUTO:
+        facts["port"] = _pick_pair(int(args.get("auto_from") or 29500), holds)
+    elif listen:
+        facts["port"] = _hold_port(int(listen), holds)
     if args.get("connect"):
         addr, port = args["connect"]
         facts["rendezvous"] = _connect(addr, int(port), float(args.get("connect_timeout", 3)))
-    facts["torch"] = _torch_facts(bool(args.get("deep")))
-    facts["nvidia_smi"] = _nvidia_smi() if args.get("deep") else None
+    if args.get("route_to"):
+        facts["net"] = network.facts(str(args["route_to"]))
+    if args.get("imports"):
+        ask = args["imports"]
+        facts["imports"] = imports.find(list(ask["names"]), ask.get("path0"), env)
+    facts["nvidia_smi"] = _nvidia_smi() if args.get("deep") or args.get("gpu_uuids") else None
     facts["gpu_dev_count"] = _count_gpu_devices()
+    _script_facts(args, facts)
+    facts["torch"] = _torch_facts(deep)
+    if facts["torch"] is None:
+        facts["pip"] = {m: importlib.util.find_spec(m) is not None for m in ("pip", "ensurepip")}
+    return facts, holds
+
+
+def _script_facts(args: Mapping[str, Any], facts: Facts) -> None:
     if args.get("script"):
         facts["script"] = {
             "path": args["script"],
             "exists": os.path.isfile(home_path(args["script"])),
         }
-    return facts, held
 
 
 def _count_gpu_devices() -> Optional[int]:

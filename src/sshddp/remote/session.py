@@ -3,25 +3,31 @@ interpreter: the preflight probe, a wait for the coordinator's go, staging the c
 for the start, then following the node's log.
 
 args: {"probe": probe args, or None to skip the preflight}
-stdin after the header: {"go": true, "boot": boot args} and the code bytes, then later
-{"start": true}; {"go": false} / {"start": false} (or EOF) end it there, and a node staged
-but not started is removed. After the start stdin stays open: its EOF means the
-coordinator went away, and the follower ends (the run goes on).
-stdout, one JSON line each: the probe's facts (if asked); after the go, {"released": true}
-once the probe's listeners are closed (the rendezvous port is free for torchrun); stage()'s
-answer; after the start, start()'s answer; then, if the node started, the raw bytes of
-node.log and, at the end, the node's status record on stderr, as follow.py sends them.
+stdin after the header: first, any number of questions about the probe, each answered at
+once: {"ask": "clock"} (this host's time.time(), for the clock check) and {"ask": "connect",
+"connect": [addr, port], "timeout": s} (a rendezvous connect, when node 0 picked the port);
+then {"go": true, "boot": boot args} and the code bytes, then later {"start": true};
+{"go": false} / {"start": false} (or EOF) end it there, and a node staged but not started is
+removed. After the start stdin stays open: its EOF means the coordinator went away, and the
+follower ends (the run goes on).
+stdout, one JSON line each: the probe's facts (if asked); an answer per question; after the
+go, {"released": true} once the probe's listeners are closed (the rendezvous port is free
+for torchrun); stage()'s answer; after the start, start()'s answer; then, if the node
+started, the raw bytes of node.log and, at the end, the node's status record on stderr, as
+follow.py sends them. A port the probe reserved for the supervisors (a picked pair's P+1)
+stays reserved until just before the supervisor starts.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from sshddp.remote import contract
 from sshddp.remote.common import emit
-from sshddp.remote.probe import Held, probe, release
+from sshddp.remote.probe import Holds, connect, probe
 
 
 def _order() -> dict[str, Any]:
@@ -33,19 +39,33 @@ def _order() -> dict[str, Any]:
     return order if isinstance(order, dict) else {}
 
 
+def _answer(order: dict[str, Any]) -> dict[str, Any]:
+    if order["ask"] == "clock":
+        return {"clock": time.time()}
+    if order["ask"] == "connect":
+        return {"rendezvous": connect(order)}
+    return {"error": f"unknown question {order['ask']!r}"}
+
+
 def main(args: dict[str, Any]) -> None:
-    held: list[Held] = []
+    holds = Holds()
     if args.get("probe") is not None:
-        facts, held = probe(args["probe"])
+        facts, holds = probe(args["probe"])
         emit(facts)
     order = _order()
-    release(held)
-    if order.get("go"):
-        emit({"released": True})
-        _boot(order["boot"])
+    while "ask" in order:
+        emit(_answer(order))
+        order = _order()
+    holds.release_listeners()
+    try:
+        if order.get("go"):
+            emit({"released": True})
+            _boot(order["boot"], holds)
+    finally:
+        holds.release_all()
 
 
-def _boot(boot_args: dict[str, Any]) -> None:
+def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
     from sshddp.remote import boot, follow
 
@@ -53,7 +73,9 @@ def _boot(boot_args: dict[str, Any]) -> None:
     emit(staged)
     if not staged.get("ok"):
         return
-    if not _order().get("start"):
+    start = _order().get("start")
+    holds.release_all()  # the supervisor binds the reserved port as it starts
+    if not start:
         boot.discard(staged["rundir"])
         return
     answer = boot.start(boot_args)

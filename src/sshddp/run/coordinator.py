@@ -24,7 +24,14 @@ from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import SshOptions, node_addr
 from sshddp.model.checks import Context
 from sshddp.model.inventory import Host, Inventory
-from sshddp.model.plan import LaunchOptions, LaunchPlan, describe, make_plan, new_run_id
+from sshddp.model.plan import (
+    LaunchOptions,
+    LaunchPlan,
+    describe,
+    make_plan,
+    new_run_id,
+    with_port,
+)
 from sshddp.model.state import RunResult
 from sshddp.run import preflight, registry
 from sshddp.run.boot import Boot
@@ -32,6 +39,7 @@ from sshddp.run.follow import Followers
 from sshddp.run.payload import build_payload, code_spec
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
+from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sinks import Screen, open_sinks
 from sshddp.run.teardown import Teardown
 
@@ -69,21 +77,24 @@ def launch(
     if mode.dry_run:
         screen.out(describe(plan))
         return None
+    auto = plan.rdzv_port == defaults.AUTO_PORT
+    if auto and not mode.check:
+        raise UsageError(
+            "--port auto (or `rendezvous: {port: auto}`) needs the preflight: node 0's probe "
+            "picks the port; drop --no-check, or give a port with --port N"
+        )
     payload = build_payload(plan.code)
     logs, console = open_sinks(
         plan, Path(plan.log_dir).absolute(), screen.stdout_bytes, screen.color
     )
-    screen.err(_banner(plan, mode.detach))
+    if not auto:
+        screen.err(_banner(plan, mode.detach))
     with HostPool(inventory.hosts, ssh, mode.fanout) as pool:
         state = RunState(plan, pool, logs, console)
         try:
             # preflight: every host's session, opened by the checks (or without them)
-            unreachable: dict[int, BaseException] = {}
-            if mode.check:
-                ctx = Context.for_launch(plan, payload.disk_bytes)
-                state.sessions = preflight.for_launch(pool, ctx, _session_opener(pool, plan))
-            else:
-                state.sessions, unreachable = _open_sessions(pool, plan)
+            unreachable = _preflight(state, inventory, options, mode, payload.disk_bytes, screen)
+            plan = state.plan
             registry.save(RunRecord.of(plan, inventory.source, ssh.ssh_config))
             # boot: stage everywhere, then start everywhere
             teardown = Teardown(state)
@@ -101,6 +112,50 @@ def launch(
         finally:
             state.close_sessions()  # those no follower took over
             logs.close()
+
+
+def _preflight(
+    state: RunState,
+    inventory: Inventory,
+    options: LaunchOptions,
+    mode: LaunchMode,
+    code_bytes: int,
+    screen: Screen,
+) -> dict[int, BaseException]:
+    """Every host's launch session, opened by the checks (or, with --no-check, without
+    them); the hosts that could not be reached. With ``--port auto`` the plan takes the
+    port node 0 picked (and holds until the nodes start), and the banner shows it."""
+    plan = state.plan
+    if not mode.check:
+        state.sessions, unreachable = _open_sessions(state.pool, plan)
+        return unreachable
+    ctx = _checks(plan, code_bytes, inventory, options)
+    gathered = preflight.for_launch(state.pool, ctx, _session_opener(state.pool, plan))
+    state.sessions = gathered.sessions
+    if plan.rdzv_port == defaults.AUTO_PORT:
+        state.plan = with_port(plan, _picked(gathered.rdzv_port))
+        screen.err(_banner(state.plan, mode.detach))
+    return {}
+
+
+def _checks(
+    plan: LaunchPlan, code_bytes: int, inventory: Inventory, options: LaunchOptions
+) -> Context:
+    """What the launch's preflight checks, beyond the plan: --env, the script's imports."""
+    return Context.for_launch(
+        plan,
+        code_bytes,
+        cli_env=options.env,
+        imports=script_imports(plan.code, options.module is not None),
+        inventory=inventory.source,
+        rdzv_host_set=inventory.rendezvous.host is not None,
+    )
+
+
+def _picked(port: Optional[int]) -> int:
+    if port is None:  # the preflight fails first: the port check names why
+        raise UsageError("node 0 picked no rendezvous port")
+    return port
 
 
 def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> RunResult:

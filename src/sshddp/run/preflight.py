@@ -4,7 +4,11 @@ in parallel, each answering the probe; then the checks.
 The first host's probe also listens on the rendezvous port (proving it free) while every
 host, itself included, opens a real TCP connection to the rendezvous address and port; the
 sessions stay open until every host has answered, so the first host holds the port that
-long. Doctor then ends every session. A launch keeps them: the same session boots its node
+long. With ``--port auto`` the first host picks the port (a free pair P, P+1, both held), so
+the others connect once its answer is in: a second round of questions on the same sessions.
+Each session also answers a few clock questions, timed here, for the clock check, and the
+coordinator adds what the connection says of the machine (host key, address and port).
+Doctor then ends every session. A launch keeps them: the same session boots its node
 once the checks pass.
 """
 
@@ -18,6 +22,8 @@ from sshddp import defaults
 from sshddp.errors import CheckFailed, HostUnreachable, InterpreterMissing, SshddpError
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.session import HostSession
+from sshddp.hosts.transport import identity
+from sshddp.model import rankenv
 from sshddp.model.checks import Context, HostFacts, HostReport, evaluate, reports_ok
 from sshddp.model.inventory import Host
 
@@ -43,19 +49,37 @@ class Gathered:
     facts: list[HostFacts]
     sessions: dict[int, HostSession]
 
+    @property
+    def rdzv_port(self) -> Optional[int]:
+        """The rendezvous port the first host listened on (the one it picked, with auto)."""
+        first = self.facts[0].facts if self.facts else None
+        port = (first or {}).get("port") or {}
+        return port.get("port") if port.get("free") else None
+
     def close(self) -> None:
         for session in self.sessions.values():
             session.close()
 
 
 def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool) -> dict[str, Any]:
+    """What a host's probe is asked (``remote/probe.py``): the ranks' environment travels
+    with it, on stdin."""
+    imports = ctx.imports
     return {
         "workdir": host.workdir,
         "deep": deep,
-        "listen_port": ctx.rdzv_port if listen else None,
-        "connect": [ctx.rdzv_addr, ctx.rdzv_port] if rdzv_ok else None,
+        "listen_port": ("auto" if ctx.auto_port else ctx.rdzv_port) if listen else None,
+        "auto_from": defaults.RDZV_PORT,
+        "connect": [ctx.rdzv_addr, ctx.rdzv_port] if rdzv_ok and not ctx.auto_port else None,
         "connect_timeout": defaults.RDZV_CONNECT_WINDOW,
         "script": None if ctx.script_is_local else ctx.script,
+        "env": {**host.env, **dict(ctx.cli_env)},
+        "watch": {"names": list(rankenv.WATCH_NAMES), "prefixes": list(rankenv.WATCH_PREFIXES)},
+        "route_to": ctx.rdzv_addr,
+        "imports": {"names": list(imports.names), "path0": imports.path0}
+        if imports and imports.names and not imports.error
+        else None,
+        "gpu_uuids": bool(host.gpus),
     }
 
 
@@ -70,7 +94,11 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
     def open_one(host: Host) -> tuple[HostSession, Any]:
         session = open_session(host, probe_args(host, ctx, deep, host is first, rdzv_ok))
         try:
-            return session, session.answer("probe")
+            answer = session.answer("probe")
+            answer["ssh"] = identity(pool.transport(host))
+            if not answer.get("too_old"):
+                answer["clock"] = session.clock(defaults.CLOCK_SAMPLES)
+            return session, answer
         except BaseException:
             session.close()
             raise
@@ -84,7 +112,28 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
             facts[index] = HostFacts(host, answer)
         else:
             facts[index] = _error_facts(host, outcome.error)
-    return Gathered(_assemble(pool.hosts, errors, facts), sessions)
+    gathered = Gathered(_assemble(pool.hosts, errors, facts), sessions)
+    if ctx.auto_port:
+        _connect_round(pool, ctx, gathered)
+    return gathered
+
+
+def _connect_round(pool: HostPool, ctx: Context, gathered: Gathered) -> None:
+    """``--port auto``: every host connects to the port the first host picked and holds."""
+    port = gathered.rdzv_port
+    if port is None:
+        return
+    question = {
+        "ask": "connect",
+        "connect": [ctx.rdzv_addr, port],
+        "timeout": defaults.RDZV_CONNECT_WINDOW,
+    }
+    live = [h for h in pool.hosts if h.index in gathered.sessions]
+    answers = pool.map(lambda h: gathered.sessions[h.index].ask(question), live)
+    for index, answer in answers.succeeded.items():
+        facts = gathered.facts[index].facts
+        if facts is not None and answer is not None:
+            facts["rendezvous"] = answer["rendezvous"]
 
 
 def doctor(pool: HostPool, ctx: Context) -> tuple[list[HostFacts], list[HostReport]]:
@@ -98,15 +147,16 @@ def doctor(pool: HostPool, ctx: Context) -> tuple[list[HostFacts], list[HostRepo
     return gathered.facts, evaluate(gathered.facts, ctx)
 
 
-def for_launch(pool: HostPool, ctx: Context, open_session: SessionOpener) -> dict[int, HostSession]:
-    """Every host's launch session, opened by the checks that matter for a launch;
-    ``PreflightFailed`` (nothing started, no session left) when one fails."""
+def for_launch(pool: HostPool, ctx: Context, open_session: SessionOpener) -> Gathered:
+    """Every host's launch session, opened by the checks that matter for a launch, and the
+    rendezvous port (the first host's pick with ``--port auto``); ``PreflightFailed``
+    (nothing started, no session left) when a check fails."""
     gathered = gather(pool, ctx, False, open_session)
     reports = evaluate(gathered.facts, ctx)
     if not reports_ok(reports):
         gathered.close()
         raise PreflightFailed(reports)
-    return gathered.sessions
+    return gathered
 
 
 def _assemble(
