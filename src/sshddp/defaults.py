@@ -23,5 +23,9 @@ CONNECT_TIMEOUT = 10.0  #: seconds to connect, get the SSH banner and authentica
 RECONNECT_WINDOW = 30.0  #: seconds a follower keeps trying to reach a host that dropped
 RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous connect (probe)
 
+# Slurm
+SLURM_TIMEOUT = 30.0  #: seconds a Slurm client command (scontrol, squeue) may take
+SLURM_POLL = 2.0  #: seconds between looks at the job's state while a run over Slurm is followed
+
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report
