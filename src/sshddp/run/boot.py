@@ -104,6 +104,7 @@ class Boot:
             "rank": rank_shim,
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
+            "bound": node.host.transport == "srun",  # the node ends with its job step
         }
 
     def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:
