@@ -40,8 +40,15 @@ class RunState:
         self.root_cause: Optional[int] = None  #: node rank of the first failure
         self.stop_level = StopLevel.NONE
         self.log_error: Optional[str] = None  #: why we detached: a local log stopped growing
+        self.cause: Optional[str] = None  #: what ended the run from outside (its Slurm job)
         self.detached = threading.Event()  #: followers stop; the supervisors keep the run
         self.lock = threading.Lock()
+
+    @property
+    def bound(self) -> bool:
+        """The run lives in job steps this coordinator holds (``transport: srun``): it
+        cannot be detached from."""
+        return any(n.host.transport == "srun" for n in self.plan.nodes)
 
     def transport(self, node: NodePlan) -> Transport:
         return self.pool.transport(node)
@@ -71,4 +78,5 @@ class RunState:
             detached=self.detached.is_set(),
             log_dir=self.logs.directory,
             log_error=self.log_error,
+            cause=self.cause,
         )
