@@ -8,15 +8,23 @@ from typing import Any, Optional
 import click
 
 from sshddp import defaults
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    Exit,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+    transport_option,
+)
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
+from sshddp.model.allocation import check_not_in_step
 from sshddp.model.envvars import parse_env_pairs
 from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_table, run_report
 from sshddp.model.state import RunResult
 from sshddp.run import coordinator
-from sshddp.run.inputs import load_inventory
+from sshddp.run.inputs import load_source
 from sshddp.run.preflight import PreflightFailed
 from sshddp.run.sinks import tail_lines
 
@@ -28,6 +36,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.argument("inventory", type=click.Path())
 @click.argument("script_and_args", nargs=-1, type=click.UNPROCESSED)
 @ssh_options
+@transport_option
 @click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
 @click.option(
     "--nproc-per-node", type=int, metavar="N", help="Processes per node (default: gpus, or nproc)."
@@ -73,12 +82,15 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 def launch(ctx: click.Context, inventory: str, script_and_args: tuple[str, ...], **kw: Any) -> None:
     """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY.
 
-    Options go before INVENTORY; everything after SCRIPT goes to the script verbatim.
+    INVENTORY is a file, or `slurm` (the Slurm allocation sshddp runs in) or `slurm:JOBID`
+    (a running job's nodes). Options go before INVENTORY; everything after SCRIPT goes to
+    the script verbatim.
     """
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     options, secrets = launch_options(script_and_args, kw, terminal)
-    inv = load_inventory(inventory)
+    check_not_in_step(terminal.environ)
+    inv = load_source(inventory, terminal.environ, kw["transport"])
     mode = coordinator.LaunchMode(
         dry_run=kw["dry_run"], check=not kw["no_check"], detach=kw["detach"], fanout=kw["fanout"]
     )

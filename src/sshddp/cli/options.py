@@ -62,6 +62,16 @@ def ssh_options(fn: F) -> F:
     return fn
 
 
+def transport_option(fn: F) -> F:
+    """``--transport``: how every host is reached, over the inventory's ``transport:``."""
+    return click.option(
+        "--transport",
+        type=click.Choice(["ssh", "srun"]),
+        help="Reach every host over SSH, or as steps of its Slurm job (srun; needs INVENTORY "
+        "slurm, slurm:JOBID or hosts: {slurm: ...}). Default: the inventory's, else ssh.",
+    )(fn)
+
+
 def make_ssh(kw: dict[str, Any], fallback_config: Optional[str] = None) -> SshOptions:
     """The connection options given in ``kw``; ``fallback_config`` is the ssh_config to use
     when none was given (a recorded run's)."""
