@@ -25,9 +25,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     Needs root, like the other namespace tests: without it the test fails, never skips.
     Client commands need ``cluster.client_env()`` (or ``cluster.run``).
     """
-    cluster = SlurmCluster(
-        tmp_path_factory.mktemp("slurm"), SLURM_NODES, ssh=True, gpus=SLURM_GPUS
-    )
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES, ssh=True, gpus=SLURM_GPUS)
     try:
         cluster.start()
     except SlurmClusterError as exc:

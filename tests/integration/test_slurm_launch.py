@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -221,7 +220,7 @@ def test_a_rank_failing_on_node2_tears_down_every_node(
 ) -> None:
     argv = [*SSHDDP, "launch", "--transport", "srun", "--port", str(free_port()), "--env", GLOO]
     argv += ["--grace", "2"]
-    proc = run(slurm_cluster, ["salloc", "-N3", *argv, "slurm", str(JOB), "raise", "1"], tmp_path)
+    proc = run(slurm_cluster, ["salloc", "-N3", *argv, "slurm", str(WAIT), "fail", "1"], tmp_path)
     assert proc.returncode == 1, proc.stderr
     report = proc.stderr[proc.stderr.index("sshddp: run ") :]
     assert "node 1   node2                failed" in report, report
@@ -277,8 +276,8 @@ def test_detached_over_ssh_reattached_then_scancel_stops_it(
     logs = [tmp_path / "remote" / "runs" / f"sd{job}" / f"n{k}" / "node.log" for k in range(3)]
     wait_until(lambda: all(p.exists() and b"READY" in p.read_bytes() for p in logs), BOUND, "READY")
     attach = start(slurm_cluster, [*SSHDDP, "attach", *cfg, f"sd{job}"], tmp_path)
-    time.sleep(2)  # attached: its followers stream, its job watch looks
-    assert attach.poll() is None, attach.communicate()
+    assert attach.stderr is not None
+    assert "attached to run" in attach.stderr.readline(), attach.communicate()
     assert slurm_cluster.run(["scancel", job]).returncode == 0
     rc, _, err = finish(attach)
     assert rc == 1, err
@@ -293,12 +292,20 @@ def test_stop_over_srun_leaves_nothing_in_any_step(
     run_no_leak: NoLeak,
     job: str,
 ) -> None:
+    """Ctrl-\\ cannot detach a run over srun (it says so and goes on following); ``ps``
+    reads every node's state through a step; ``stop`` from another terminal ends the run
+    and nothing is left in the job."""
     proc = launch_wait(slurm_cluster, tmp_path, free_port(), job)
     run_id = started_run(proc, tmp_path)
+    os.kill(proc.pid, signal.SIGQUIT)
+    ps = run(slurm_cluster, [*SSHDDP, "ps"], tmp_path)
+    assert ps.returncode == 0 and re.search(rf"{run_id}.*running", ps.stdout), ps.stdout
+    assert proc.poll() is None, "Ctrl-\\ detached from a run over srun"
     stop = run(slurm_cluster, [*SSHDDP, "stop", run_id], tmp_path)
     assert stop.returncode == 0, stop.stderr
-    rc, _, err = finish(proc)
+    rc, out, err = finish(proc)
     assert rc == 1 and err.count("stopped with `sshddp stop`") == 3, err
+    assert "a run over srun cannot be detached" in out
     run_no_leak(run_id, timeout=30)
     no_steps_left(slurm_cluster, job)
 
