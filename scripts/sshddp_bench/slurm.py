@@ -1,0 +1,234 @@
+"""Case ``slurm``: launch into a Slurm allocation over srun, against a hand-written
+``srun ... torchrun`` of the same job; and what one coordinator holds per node over srun.
+
+The cluster is the test lab's (``sshddp_lab.slurm``: a real slurmctld, one slurmd per
+network namespace). One allocation per size (``salloc --no-shell -N N``) serves every
+repetition of both methods, which run as from a shell inside it (``SLURM_JOB_ID`` set):
+
+* sshddp: ``sshddp launch --transport srun slurm RANK latency``, with its preflight, code
+  copy, supervisors and peer mesh;
+* srun: ``srun --jobid J --overlap -N N --ntasks-per-node=1 bash -c 'exec python -m
+  torch.distributed.run --node-rank $SLURM_NODEID ... RANK latency'``, the static
+  rendezvous on the first node's address, as a user's batch script would start it.
+
+Latency is from starting the command to the last rank's READY line. While sshddp runs, its
+srun processes (``--job-name=sshddp``) are sampled: their number and summed RSS are what a
+node costs the coordinator's machine, beside the coordinator's own RSS and threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shlex
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sshddp_bench.case import Case
+from sshddp_bench.harness import (
+    Bench,
+    BenchError,
+    Finished,
+    ReadyWatch,
+    Stat,
+    Watched,
+    expect_rc,
+    progress,
+    stat,
+    verdict,
+)
+from sshddp_lab.slurm import SlurmCluster
+
+METHODS = ("sshddp", "srun")
+SAMPLE_S = 0.05
+
+
+@dataclass(frozen=True)
+class SlurmRow:
+    nodes: int
+    sshddp: Stat  #: start -> every READY (s)
+    srun: Stat
+    rss_mb: Stat  #: coordinator peak RSS
+    threads: Stat  #: coordinator's most threads
+    sruns: Stat  #: sshddp's srun processes, most at once
+    srun_mb: Stat  #: their summed RSS at that moment (MB)
+
+
+@dataclass
+class Allocation:
+    """A running job of the lab's cluster and the environment of a shell inside it."""
+
+    cluster: SlurmCluster
+    job: str
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def allocation(b: Bench, nodes: int) -> Iterator[Allocation]:
+    """A lab cluster of ``nodes`` nodes with a ``nodes``-node job on it."""
+    with SlurmCluster(b.tmp / f"slurm{nodes}", nodes) as cluster:
+        got = cluster.run(["salloc", "--no-shell", "-N", str(nodes)], timeout=60)
+        found = re.search(r"Granted job allocation (\d+)", got.stderr)
+        if got.returncode != 0 or found is None:
+            raise BenchError(f"salloc -N {nodes} failed: {got.stderr}")
+        env = cluster.client_env(b.env)
+        venv = str(Path(sys.executable).parent)  # the nodes' python3: this venv's (PATH)
+        env.update(
+            SLURM_JOB_ID=found.group(1),
+            PATH=f"{venv}:{env.get('PATH', '')}",
+            HOME=str(b.tmp / "home"),  # the nodes' ~/.sshddp: in the suite's directory
+            GLOO_SOCKET_IFNAME="eth0",
+        )
+        yield Allocation(cluster, found.group(1), env)
+
+
+class SrunSampler:
+    """The most of sshddp's srun processes alive at once, and their summed RSS then."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.rss_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            rss = [kb for kb in map(_srun_rss_kb, Path("/proc").iterdir()) if kb is not None]
+            if len(rss) >= self.count:
+                self.count, self.rss_mb = len(rss), sum(rss) / 1024
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _srun_rss_kb(entry: Path) -> int | None:
+    """VmRSS of process ``entry`` if it is one of sshddp's sruns."""
+    if not entry.name.isdigit():
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        argv = (entry / "cmdline").read_bytes().split(b"\0")
+        if argv[0] == b"srun" and b"--job-name=sshddp" in argv:
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    return None
+
+
+def srun_argv(alloc: Allocation, b: Bench, port: int, name: str) -> list[str]:
+    """The hand-written launch: one torchrun per node, its rank from SLURM_NODEID."""
+    n = alloc.cluster.n
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n),
+        "--nproc-per-node", "1", "--rdzv-backend", "static",
+        "--rdzv-endpoint", f"{alloc.cluster.node(1).addr}:{port}", "--rdzv-id", name,
+        "--max-restarts", "0", str(b.rank_script), "latency",
+    ]  # fmt: skip
+    line = f"exec {shlex.join(torchrun[:3])} --node-rank $SLURM_NODEID {shlex.join(torchrun[3:])}"
+    return [
+        "srun", f"--jobid={alloc.job}", "--overlap", "-N", str(n), "--ntasks-per-node=1",
+        "bash", "-c", line,
+    ]  # fmt: skip
+
+
+def sshddp_argv(b: Bench, port: int, name: str) -> list[str]:
+    return [
+        *b.sshddp, "launch", "--transport", "srun", "--log-dir", str(b.tmp / "logs"),
+        "--name", name, "--port", str(port), "--env", "GLOO_SOCKET_IFNAME=eth0",
+        "slurm", str(b.rank_script), "latency",
+    ]  # fmt: skip
+
+
+def launch_once(b: Bench, alloc: Allocation, how: str) -> tuple[float, Finished, SrunSampler]:
+    port, name = b.port(), b.name(f"sl-{how}")
+    argv = sshddp_argv(b, port, name) if how == "sshddp" else srun_argv(alloc, b, port, name)
+    watch = ReadyWatch(alloc.cluster.n)
+    sampler = SrunSampler()
+    proc = Watched(argv, alloc.env, b.tmp, on_line=watch)
+    try:
+        done = expect_rc(proc.finish(), 0, f"{how} into a {alloc.cluster.n}-node allocation")
+    finally:
+        sampler.stop()
+    if watch.all_at is None:
+        raise BenchError(f"{how}: only ranks {sorted(watch.ranks)} printed READY")
+    return watch.all_at - proc.t0, done, sampler
+
+
+def slurm_row(b: Bench, nodes: int, reps: int) -> SlurmRow:
+    """``reps`` runs of each method into one allocation, the first method alternating."""
+    lat: dict[str, list[float]] = {m: [] for m in METHODS}
+    own: dict[str, list[float]] = {k: [] for k in ("rss", "threads", "sruns", "srun_mb")}
+    with allocation(b, nodes) as alloc:
+        for rep in range(reps):
+            for how in METHODS[rep % 2 :] + METHODS[: rep % 2]:
+                seconds, done, sampler = launch_once(b, alloc, how)
+                lat[how].append(seconds)
+                if how == "sshddp":
+                    own["rss"].append(done.maxrss_mb)
+                    own["threads"].append(done.threads)
+                    own["sruns"].append(sampler.count)
+                    own["srun_mb"].append(sampler.rss_mb)
+    return SlurmRow(
+        nodes,
+        stat(lat["sshddp"]),
+        stat(lat["srun"]),
+        stat(own["rss"]),
+        stat(own["threads"]),
+        stat(own["sruns"]),
+        stat(own["srun_mb"]),
+    )
+
+
+def bench_slurm(b: Bench, sizes: Sequence[int], reps: int) -> list[SlurmRow]:
+    rows = []
+    for n in sizes:
+        rows.append(slurm_row(b, n, reps))
+        r = rows[-1]
+        progress(f"slurm {n} nodes: sshddp {r.sshddp.fmt()}, srun {r.srun.fmt()}")
+    return rows
+
+
+def slurm_table(rows: Sequence[SlurmRow]) -> list[str]:
+    out = [
+        "| nodes | sshddp launch slurm, srun (s) | srun torchrun (s) | sshddp − srun (s) "
+        "| target ≤ +0.5 s | coordinator RSS (MB) / threads | sshddp's sruns, most at once "
+        "| their RSS (MB) |",
+        "|---:|---|---|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        over = round(r.sshddp.median - r.srun.median, 2)
+        out.append(
+            f"| {r.nodes} | {r.sshddp.fmt()} | {r.srun.fmt()} | {over:+.2f} "
+            f"| {verdict(over <= 0.5, f'{over - 0.5:.2f} s over')} "
+            f"| {r.rss_mb.fmt(1, 0)} / {r.threads.fmt(1, 0)} | {r.sruns.fmt(1, 0)} "
+            f"| {r.srun_mb.fmt(1, 0)} |"
+        )
+    return out
+
+
+METHOD = """\
+* **slurm**: a real Slurm 22.05 cluster of {slurm} nodes (the test lab: slurmctld, one
+  slurmd per network namespace) and one `salloc --no-shell` allocation per size; both
+  methods run as from a shell inside it, 1 process per node, the launch case's rank
+  (READY, sleep 1 s, exit 0). sshddp: `sshddp launch --transport srun slurm rank.py
+  latency` (preflight, code copy, supervisors, one srun step per node for its launch
+  session). srun: `srun --jobid J --overlap -N N --ntasks-per-node=1 bash -c 'exec python
+  -m torch.distributed.run --node-rank $SLURM_NODEID --rdzv-backend static ...'`, the
+  hand-written equivalent. Latency is start to the last rank's READY line. sshddp's srun
+  processes (`--job-name=sshddp`) are sampled every 50 ms: the most at once and their
+  summed RSS then.
+"""
+
+CASE: Case[list[SlurmRow]] = Case(
+    name="slurm",
+    hosts=lambda sizes: 1,  # its own Slurm cluster; the sshd cluster is not used
+    run=lambda b, sizes, reps: bench_slurm(b, sizes.slurm, reps),
+    title=lambda rows: "Launch into a Slurm allocation over srun (start → every rank's first line)",
+    table=slurm_table,
+    noisy=lambda rows: [f"slurm/{r.nodes}" for r in rows if r.sshddp.noisy or r.srun.noisy],
+    method=lambda sizes: METHOD.format(slurm=", ".join(map(str, sizes.slurm))),
+)
