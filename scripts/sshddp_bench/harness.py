@@ -43,7 +43,8 @@ POLL_S = 0.01  # /proc and log-size polling period
 RUN_TIMEOUT_S = 180.0
 # Every run name of this suite starts with it: leftovers are found (and killed) by it, so
 # another suite running on the same machine at the same time never loses its processes.
-RUN_PREFIX = f"bench-{os.getpid():x}-"
+# (No dash after "bench": older suites reap every run named bench-*.)
+RUN_PREFIX = f"bench{os.getpid():x}-"
 
 
 class BenchError(RuntimeError):
