@@ -116,7 +116,7 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         logs, console = open_sinks(plan, Path(record.log_dir), screen.stdout_bytes, screen.color)
         screen.err(
             f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
-            "Ctrl-\\ detaches"
+            + ("it cannot be detached (transport srun)" if _bound(plan) else "Ctrl-\\ detaches")
         )
         state = RunState(plan, pool, logs, console)
         teardown = Teardown(state)
@@ -151,12 +151,22 @@ def _banner(plan: LaunchPlan, detach: bool) -> str:
         f"sshddp: run {plan.run_id}: {plan.world_size} processes on {len(plan.nodes)} node(s), "
         f"rendezvous {plan.rdzv_addr}:{plan.rdzv_port}, logs in {plan.log_dir}/"
     ]
-    if not detach:
+    if _bound(plan):
+        lines.append(
+            "sshddp: Ctrl-C stops the run on every host; it lives in this sshddp's Slurm job "
+            "steps (transport srun), so it cannot be detached"
+        )
+    elif not detach:
         lines.append(
             "sshddp: Ctrl-C stops the run on every host; Ctrl-\\ (SIGQUIT) or closing the "
             f"terminal detaches and leaves it running (`sshddp attach {plan.run_id}`)"
         )
     return "\n".join(lines)
+
+
+def _bound(plan: LaunchPlan) -> bool:
+    """The run lives in job steps this sshddp holds (transport srun)."""
+    return any(n.host.transport == "srun" for n in plan.nodes)
 
 
 def _session_opener(pool: HostPool, plan: LaunchPlan) -> preflight.SessionOpener:
@@ -190,7 +200,7 @@ def _detach_on(state: RunState) -> Iterator[None]:
     lives in our job steps: Ctrl-\\ says so, and after SIGHUP we follow it on, quietly."""
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
-        if not state.bound:
+        if not _bound(state.plan):
             state.detached.set()
         elif signum == signal.SIGQUIT:  # printed by a thread: the console has a lock
             text = (

@@ -44,12 +44,6 @@ class RunState:
         self.detached = threading.Event()  #: followers stop; the supervisors keep the run
         self.lock = threading.Lock()
 
-    @property
-    def bound(self) -> bool:
-        """The run lives in job steps this coordinator holds (``transport: srun``): it
-        cannot be detached from."""
-        return any(n.host.transport == "srun" for n in self.plan.nodes)
-
     def transport(self, node: NodePlan) -> Transport:
         return self.pool.transport(node)
 
