@@ -292,15 +292,18 @@ def test_stop_over_srun_leaves_nothing_in_any_step(
     run_no_leak: NoLeak,
     job: str,
 ) -> None:
-    """Ctrl-\\ cannot detach a run over srun (it says so and goes on following); ``ps``
-    reads every node's state through a step; ``stop`` from another terminal ends the run
-    and nothing is left in the job."""
+    """Ctrl-\\ cannot detach a run over srun (it says so and goes on following), nor can
+    SIGHUP; ``ps`` and ``logs`` read every node through a step; ``stop`` from another
+    terminal ends the run and nothing is left in the job."""
     proc = launch_wait(slurm_cluster, tmp_path, free_port(), job)
     run_id = started_run(proc, tmp_path)
     os.kill(proc.pid, signal.SIGQUIT)
+    os.kill(proc.pid, signal.SIGHUP)
     ps = run(slurm_cluster, [*SSHDDP, "ps"], tmp_path)
     assert ps.returncode == 0 and re.search(rf"{run_id}.*running", ps.stdout), ps.stdout
-    assert proc.poll() is None, "Ctrl-\\ detached from a run over srun"
+    logs = run(slurm_cluster, [*SSHDDP, "logs", run_id], tmp_path)
+    assert logs.returncode == 0 and logs.stdout.count("READY") == 3, logs.stdout
+    assert proc.poll() is None, "Ctrl-\\ or SIGHUP detached from a run over srun"
     stop = run(slurm_cluster, [*SSHDDP, "stop", run_id], tmp_path)
     assert stop.returncode == 0, stop.stderr
     rc, out, err = finish(proc)
