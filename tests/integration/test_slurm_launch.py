@@ -250,6 +250,8 @@ def test_scancel_ends_a_run_over_srun_and_the_report_says_so(
     assert rc == 1, err
     assert f"root cause: the Slurm job {job} " in err, err
     assert "its Slurm job ended" in err
+    ps = run(slurm_cluster, [*SSHDDP, "ps", "--all"], tmp_path)  # the registry keeps why
+    assert ps.returncode == 0 and "Slurm job" in ps.stdout, ps.stdout
     run_no_leak(run_id, timeout=30)
     assert_cluster_idle(slurm_cluster)
 
