@@ -1,13 +1,16 @@
 """A Slurm allocation as an inventory: which nodes, in which order, with how many processes.
 
 Slurm describes a running job in two places: the environment of a shell inside it
-(``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``, ``SLURM_TASKS_PER_NODE``) and the controller's
-``scontrol -o show job -d JOBID``, whose per-node lines carry the CPUs and GRES each node
-holds (``Nodes=gpu[01-02] CPU_IDs=0-7 Mem=0 GRES=gpu:4(IDX:0-3)``). This module parses both,
-as text handed to it, and decides each node's process count: its GPUs when the job has
-GPUs there, else its tasks. Node rank *i* is the *i*-th name of the node list, so the
-rendezvous is on the first node. Anything unexpected is an ``InventoryError`` that names
-the job and the text; nothing falls back to localhost.
+(``SLURM_JOB_ID``, ``SLURM_TASKS_PER_NODE``) and the controller's ``scontrol -o show job -d
+JOBID``, whose per-node lines carry the CPUs and GRES each node holds (``Nodes=gpu[01-02]
+CPU_IDs=0-7 Mem=0 GRES=gpu:4(IDX:0-3)``). This module parses both, as text handed to it,
+and decides each node's process count: its GPUs when the job has GPUs there, else its
+tasks. The GPUs come from the GRES lines because they are the only source that holds for
+every node, however the allocation was made: ``SLURM_GPUS_ON_NODE`` and ``SLURM_JOB_GPUS``
+are set in a batch script and in job steps, for the one node they run on, and not at all
+in an ``salloc`` shell (Slurm 22.05, measured). Node rank *i* is the *i*-th name of the
+node list, so the rendezvous is on the first node. Anything unexpected is an
+``InventoryError`` that names the job and the text; nothing falls back to localhost.
 
 Pure: no I/O. ``hosts.slurm`` runs the commands, ``run.inputs`` puts the pieces together.
 """
