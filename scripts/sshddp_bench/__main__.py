@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scale-hosts", type=int, metavar="N", help="Hosts of the scale32 case (default 32)."
     )
+    p.add_argument(
+        "--slurm-nodes",
+        type=host_list,
+        metavar="N,N,..",
+        help="Nodes of the slurm case's Slurm cluster (default 3,8,16; 3,8 with --quick).",
+    )
     return p
 
 
@@ -94,6 +100,7 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
         logs8_hosts=args.logs_hosts or 8,
         logs8_mb=L8_MB // 2 if args.quick else L8_MB,
         scale=args.scale_hosts or (16 if args.quick else 32),
+        slurm=tuple(args.slurm_nodes or ([3, 8] if args.quick else [3, 8, 16])),
     )
 
 

@@ -27,6 +27,7 @@ class Sizes:
     logs8_hosts: int
     logs8_mb: int  #: logs8: MB per host
     scale: int  #: scale32: hosts
+    slurm: tuple[int, ...] = (3,)  #: slurm: nodes of the Slurm cluster (its own, in namespaces)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,10 @@ SSHD_PORT = 2222
 FANOUT = 32  # sshddp's default --fanout; pdsh gets the same -f
 POLL_S = 0.01  # /proc and log-size polling period
 RUN_TIMEOUT_S = 180.0
+# Every run name of this suite starts with it: leftovers are found (and killed) by it, so
+# another suite running on the same machine at the same time never loses its processes.
+# (No dash after "bench": older suites reap every run named bench-*.)
+RUN_PREFIX = f"bench{os.getpid():x}-"
 
 
 class BenchError(RuntimeError):
@@ -271,7 +275,7 @@ def kill_pids(pids: Sequence[int]) -> None:
 
 def _suite_processes() -> dict[int, str]:
     """Pid -> command line of every process whose environment has a run id of this suite."""
-    needle = b"SSHDDP_RUN_ID=bench-"
+    needle = f"SSHDDP_RUN_ID={RUN_PREFIX}".encode()
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
@@ -326,8 +330,8 @@ class Bench:
                 return port
 
     def name(self, kind: str) -> str:
-        """A run name unique in this suite; the ``bench-`` prefix finds leftovers."""
-        return f"bench-{kind}-{next(self.counter)}"
+        """A run name unique in this suite; its prefix (``RUN_PREFIX``) finds leftovers."""
+        return f"{RUN_PREFIX}{kind}-{next(self.counter)}"
 
     def inventory(self, name: str, hosts: int, nproc: int, port: int) -> Path:
         """An inventory of hosts h1..hN with its own remote workdir for this run."""

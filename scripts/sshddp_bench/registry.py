@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sshddp_bench import doctor, exec_true, launch, logs, nodeloss, scale, smoke_bw, teardown
+from sshddp_bench import (
+    doctor,
+    exec_true,
+    launch,
+    logs,
+    nodeloss,
+    scale,
+    slurm,
+    smoke_bw,
+    teardown,
+)
 from sshddp_bench.case import Case, Sizes
 from sshddp_bench.harness import Bench
 
@@ -23,6 +33,7 @@ CASES: tuple[Case[Any], ...] = (
     scale.CASE,
     exec_true.CASE,
     smoke_bw.CASE,
+    slurm.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

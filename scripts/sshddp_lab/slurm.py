@@ -14,7 +14,10 @@
 There is no accounting database and no cgroup: ``proctrack/linuxproc`` and ``task/none``,
 and each slurmd sees an empty tmpfs as /sys/fs/cgroup (see ``_HIDE_CGROUPS``).
 Every node claims ``cpus`` CPUs (``SlurmdParameters=config_overrides``), more than this
-machine has, so a job of 3 nodes x 2 tasks runs on a 2-core test machine.
+machine has, so a job of 3 nodes x 2 tasks runs on a 2-core test machine. With ``gpus=N``
+every node also has N GPUs as GRES (``gpu:N``): their device files are character devices
+like ``/dev/null`` under the base directory, so Slurm allocates them, numbers them and sets
+``CUDA_VISIBLE_DEVICES`` in job steps as on a GPU node, and nothing can use them.
 
 ``close()`` cancels every job, stops the daemons it started, SIGKILLs whatever still lives
 in its namespaces (job steps, tasks, ssh sessions) and removes the network; it never
@@ -34,6 +37,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -109,11 +113,15 @@ class SlurmCluster:
         cpus: int = 4,
         ssh: bool = False,
         partition: str = "debug",
+        gpus: int = 0,
     ) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, got {n}")
         if cpus < 1:
             raise ValueError(f"cpus must be positive, got {cpus}")
+        if not 0 <= gpus <= 16:
+            raise ValueError(f"gpus must be between 0 and 16, got {gpus}")
+        self.gpus = gpus
         self.base = Path(base).resolve()
         self.n = n
         self.cpus = cpus
@@ -240,7 +248,20 @@ class SlurmCluster:
         (self.base / "plugstack.conf").write_text("")  # no SPANK plugin of the machine's
         # Read from slurm.conf's directory; see _HIDE_CGROUPS.
         (self.base / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
+        self._write_gres()
         self.conf.write_text(self.render_conf())
+
+    def _write_gres(self) -> None:
+        """gres.conf naming ``gpus`` device files per node (see the module docstring)."""
+        if not self.gpus:
+            return
+        dev = self.base / "dev"
+        dev.mkdir(mode=0o755, exist_ok=True)
+        for i in range(self.gpus):
+            path = dev / f"gpu{i}"
+            if not path.exists():  # a character device like /dev/null (1, 3)
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (self.base / "gres.conf").write_text(f"Name=gpu File={dev}/gpu[0-{self.gpus - 1}]\n")
 
     def _spool(self, name: str) -> Path:
         return self.node_dir(name) / "spool"
@@ -292,9 +313,11 @@ class SlurmCluster:
             "UnkillableStepTimeout=30",
             "TmpFS=/tmp",
         ]
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        lines += ["GresTypes=gpu"] if self.gpus else []
         lines += [
             f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={n.name} "
-            f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
+            f"CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN"
             for n in self.nodes
         ]
         lines.append(

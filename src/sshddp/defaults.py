@@ -28,6 +28,9 @@ RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous co
 CLOCK_WARN = 1.0  #: seconds a host's clock may be off from the coordinator's before a warning
 CLOCK_FAIL = 60.0  #: seconds off that fail the check: no time sync at all
 CLOCK_SAMPLES = 3  #: clock round trips per host; the shortest one is used
+# Slurm
+SLURM_TIMEOUT = 30.0  #: seconds a Slurm client command (scontrol, squeue) may take
+SLURM_POLL = 2.0  #: seconds between looks at the job's state while a run over Slurm is followed
 
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report

@@ -13,17 +13,19 @@ import pytest
 from sshddp_lab.slurm import SlurmCluster, SlurmClusterError
 
 SLURM_NODES = 3
+SLURM_GPUS = 4  # per node, as GRES backed by /dev/null-like device files (no CUDA here)
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """Three idle Slurm nodes ``node1..node3`` (4 CPUs each, partition ``debug``), each in
-    its own network namespace with slurmd and sshd; ``cluster.ssh_config`` names them.
+    """Three idle Slurm nodes ``node1..node3`` (4 CPUs and 4 GRES GPUs each, partition
+    ``debug``), each in its own network namespace with slurmd and sshd;
+    ``cluster.ssh_config`` names them.
 
     Needs root, like the other namespace tests: without it the test fails, never skips.
     Client commands need ``cluster.client_env()`` (or ``cluster.run``).
     """
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES, ssh=True)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES, ssh=True, gpus=SLURM_GPUS)
     try:
         cluster.start()
     except SlurmClusterError as exc:

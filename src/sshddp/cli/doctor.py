@@ -16,6 +16,7 @@ from sshddp.cli.options import (
     make_ssh,
     ssh_options,
     terminal_of,
+    transport_option,
 )
 from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.pool import HostPool
@@ -34,6 +35,7 @@ from sshddp.run.scriptcheck import script_imports
 @click.argument("inventory", required=False, metavar="[INVENTORY]")
 @ssh_options
 @host_list_options
+@transport_option
 @click.option(
     "--script",
     metavar="FILE",
@@ -54,10 +56,11 @@ from sshddp.run.scriptcheck import script_imports
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as JSON.")
 @click.pass_context
 def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
-    """Check every host of INVENTORY (or of -H): reachability, Python/torch/CUDA/NCCL parity, GPUs,
-    the environment the ranks will get, network interfaces, entries that are one machine,
-    the rendezvous port and its reachability from every host, clocks and the script's
-    imports. Exit 0 when all pass, 3 when a check fails."""
+    """Check every host of INVENTORY (or of -H): reachability, Python/torch/CUDA/NCCL
+    parity, GPUs, the environment the ranks will get, network interfaces, entries that are
+    one machine, the rendezvous port and its reachability from every host, clocks and the
+    script's imports; on a Slurm job's nodes (INVENTORY slurm or slurm:JOBID) also the GPUs
+    each step sees. Exit 0 when all pass, 3 when a check fails."""
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     env, secrets = envvars.parse_env_pairs(tuple(kw["env_items"]), terminal.environ.get)

@@ -14,7 +14,7 @@ import click
 
 from sshddp.errors import UsageError
 from sshddp.model.inventory import HOST_LIST_FORM, Inventory
-from sshddp.run.inputs import load_host_list, load_inventory
+from sshddp.run.inputs import load_host_list, load_source
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DASHDASH = "sshddp.dashdash"
@@ -64,7 +64,9 @@ def split_hosts(
             )
         if not rest:
             raise UsageError(f"missing INVENTORY (or -H HOST:N,...) before {what}")
-        inventory = load_inventory(rest.pop(0))
+        # A file, or `slurm` / `slurm:JOBID` (a Slurm job's nodes), on --transport if given.
+        environ = ctx.obj.environ if ctx.obj is not None else {}
+        inventory = load_source(rest.pop(0), environ, kw.get("transport"))
     else:
         inventory = load_host_list(kw["hosts"], kw["python"], kw["user"])
     dashdash = bool(rest) and rest[0] == "--"

@@ -18,9 +18,11 @@ from sshddp.cli.options import (
     make_ssh,
     ssh_options,
     terminal_of,
+    transport_option,
 )
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
+from sshddp.model.allocation import check_not_in_step
 from sshddp.model.envvars import parse_env_pairs
 from sshddp.model.launchers import LAUNCHERS
 from sshddp.model.plan import LaunchOptions
@@ -38,6 +40,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INVENTORY SCRIPT [ARGS]...")
 @ssh_options
 @host_list_options
+@transport_option
 @click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
 @click.option(
     "--launcher",
@@ -91,13 +94,15 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY (or of -H).
 
-    Options go before INVENTORY; everything after SCRIPT goes to the script verbatim.
-    With --launcher node, each node runs SCRIPT once (it spawns its own workers), or the
+    INVENTORY is a file, or `slurm` (the Slurm allocation sshddp runs in) or `slurm:JOBID`
+    (a running job's nodes). Options go before INVENTORY; everything after SCRIPT goes to
+    the script verbatim. With --launcher node, each node runs SCRIPT once (it spawns its own workers), or the
     command after `--`, whose arguments may use {node_rank} {nnodes} {master_addr}
     {master_port} {nproc} {world_size}.
     """
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
+    check_not_in_step(terminal.environ)
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
     options, secrets = launch_options(rest, kw, terminal, dashdash)
     mode = coordinator.LaunchMode(

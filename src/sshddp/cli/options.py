@@ -79,6 +79,14 @@ class PortOrAuto(click.ParamType):
 
 PORT_OR_AUTO = PortOrAuto()
 PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29500 up)."
+def transport_option(fn: F) -> F:
+    """``--transport``: how every host is reached, over the inventory's ``transport:``."""
+    return click.option(
+        "--transport",
+        type=click.Choice(["ssh", "srun"]),
+        help="Reach every host over SSH, or as steps of its Slurm job (srun; needs INVENTORY "
+        "slurm, slurm:JOBID or hosts: {slurm: ...}). Default: the inventory's, else ssh.",
+    )(fn)
 
 
 def make_ssh(kw: dict[str, Any], fallback_config: Optional[str] = None) -> SshOptions:

@@ -23,10 +23,17 @@ def _session_env() -> dict[str, str]:
 
 
 class _LocalProcess:
-    def __init__(self, command: str) -> None:
+    """A command line run here; ``argv`` and ``env`` say how (``bash -c`` by default)."""
+
+    def __init__(
+        self,
+        command: str,
+        argv: Optional[list[str]] = None,
+        env: Optional[dict[str, str]] = None,
+    ) -> None:
         self._popen = subprocess.Popen(
-            ["bash", "-c", command],
-            env=_session_env(),
+            argv or ["bash", "-c", command],
+            env=_session_env() if env is None else env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -55,8 +55,12 @@ class HostResults(dict[int, Outcome[R]]):
 
 
 def open_transport(host: Host, options: SshOptions) -> Transport:
-    """The transport for one inventory host (local for ``localhost``); paramiko is
-    imported only for a host reached over SSH."""
+    """The transport for one inventory host (local for ``localhost``, job steps for
+    ``transport: srun``); paramiko is imported only for a host reached over SSH."""
+    if host.transport == "srun":
+        from sshddp.hosts.srun import SrunTransport
+
+        return SrunTransport(host)
     if host.is_local:
         from sshddp.hosts.local import LocalTransport
 

@@ -47,6 +47,7 @@ CHECKS = (
     "disk",
     "script",
     "imports",
+    "slurm",
 )
 
 
@@ -1094,6 +1095,73 @@ _FLEET_CHECKS: tuple[Callable[[HostFacts, Fleet, Context], Optional[Finding]], .
     _clock,
     _imports,
 )
+def visible_gpus(f: Facts) -> Optional[int]:
+    """GPUs the host's processes would see: CUDA_VISIBLE_DEVICES's list when set (Slurm sets
+    it in a job step), else every GPU found."""
+    cvd = f.get("cuda_visible_devices")
+    if cvd is not None:
+        return len([d for d in cvd.split(",") if d.strip() and d.strip() != "NoDevFiles"])
+    return gpu_count(f)
+
+
+def _slurm(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    """A Slurm node: the GPUs its processes see match the inventory, nobody set
+    CUDA_VISIBLE_DEVICES by hand, and the job was not sized for one torchrun per GPU."""
+    host, f = hf.host, hf.facts or {}
+    if host.slurm_job is None:
+        return None
+    if _no_python(f):
+        return Finding("slurm", Status.SKIP, _NOT_CHECKED)
+    fails = _slurm_gpu_problems(host, f)
+    if fails:
+        text = "; ".join(message for message, _ in fails)
+        return Finding("slurm", Status.FAIL, text, " ".join(fix for _, fix in fails))
+    want = host.gpus or 0
+    if want and (host.nproc or 0) > 1:
+        return Finding(
+            "slurm",
+            Status.WARN,
+            f"job {host.slurm_job} runs {host.nproc} tasks on this node: `srun torchrun` "
+            f"would start {host.nproc} torchruns here, one per GPU, where one per node is "
+            f"meant; sshddp starts one, with {want} processes",
+            "in your own job scripts ask for --ntasks-per-node=1 and let torchrun start one "
+            "process per GPU",
+        )
+    what = f"{want} GPU(s) visible" if want else f"CPU node, {host.procs} process(es)"
+    return Finding("slurm", Status.OK, f"job {host.slurm_job}: {what}")
+
+
+def _slurm_gpu_problems(host: Host, f: Facts) -> list[tuple[str, str]]:
+    """(message, fix) of each GPU mistake on a Slurm node."""
+    problems = []
+    by_hand = host.env.get("CUDA_VISIBLE_DEVICES")
+    session = f.get("cuda_visible_devices")
+    if by_hand is None and host.transport == "ssh" and session is not None:
+        by_hand = session  # over SSH Slurm sets none: the shell's startup files did
+    if by_hand is not None:
+        problems.append(
+            (
+                f"CUDA_VISIBLE_DEVICES={by_hand!r} is set by hand; Slurm gives each job step "
+                "its own GPUs, and a fixed list makes every node use the same GPU numbers, "
+                "allocated to this job or not",
+                "remove CUDA_VISIBLE_DEVICES from the inventory's env and the shell startup "
+                "files; ask Slurm for the GPUs (--gpus-per-node) and use transport: srun.",
+            )
+        )
+    want, seen = host.gpus or 0, visible_gpus(f)
+    if want and seen is not None and seen != want:
+        where = "the job step" if host.transport == "srun" else "an SSH session"
+        fix = (
+            f"set gpus to what job {host.slurm_job} holds on the node (or drop gpus: from "
+            f"defaults), or ask Slurm for {want} per node (--gpus-per-node={want})."
+        )
+        if host.transport == "ssh":
+            fix = (
+                "Slurm binds GPUs to job steps, not to SSH sessions: use transport: srun, "
+                "so each node's ranks see exactly its allocated GPUs."
+            )
+        problems.append((f"{where} sees {seen} GPU(s), the inventory says {want}", fix))
+    return problems
 
 
 _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
@@ -1108,6 +1176,7 @@ _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
     _rdzv,
     _disk,
     _script,
+    _slurm,
 )
 
 

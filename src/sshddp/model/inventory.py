@@ -26,11 +26,15 @@ __all__ = [
     "Host",
     "Inventory",
     "Rendezvous",
+    "SlurmRequest",
+    "Transport",
     "format_of",
     "parse_inventory",
 ]
 
 Format = Literal["auto", "yaml", "hostfile"]
+Transport = Literal["ssh", "srun"]
+TRANSPORTS: tuple[Transport, ...] = ("ssh", "srun")
 
 _SHOW_WIDTH = 60
 _SNIPPET_WIDTH = 120
@@ -56,6 +60,8 @@ class Host:
     env: Mapping[str, str] = field(default_factory=_frozen_env, hash=False)
     workdir: str = defaults.WORKDIR  #: remote base directory for sshddp's files
     line: int = 0  #: 1-based line of the host's entry in the file (0 if unknown)
+    transport: Transport = "ssh"  #: how sshddp reaches it: SSH, or a Slurm job step (srun)
+    slurm_job: Optional[str] = None  #: the Slurm job whose node this is (hosts: {slurm: ...})
 
     def __post_init__(self) -> None:
         # A caller's dict must not change a frozen Host behind its back.
@@ -83,12 +89,23 @@ class Rendezvous:
 
 
 @dataclass(frozen=True)
+class SlurmRequest:
+    """``hosts: {slurm: JOB}``: the hosts are a Slurm job's nodes, known only once asked."""
+
+    job: str  #: a job id, or "current" (the allocation sshddp runs in)
+    source: str  #: where it was asked for: the file, or the command line's ``slurm:JOB``
+    line: int = 0  #: line of ``slurm:`` in the file (0: the command line)
+    defaults: Mapping[str, Any] = field(default_factory=_frozen_env, hash=False)  #: defaults:
+
+
+@dataclass(frozen=True)
 class Inventory:
     """A validated inventory: hosts in node-rank order and the rendezvous."""
 
     source: str  #: path of the file, or "<string>"
-    hosts: tuple[Host, ...]  #: at least one host; hosts[i].index == i
+    hosts: tuple[Host, ...]  #: hosts[i].index == i; at least one, once ``slurm`` is resolved
     rendezvous: Rendezvous  #: rendezvous settings (defaults if the file has none)
+    slurm: Optional[SlurmRequest] = None  #: the hosts are this Slurm job's nodes
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -264,6 +281,9 @@ _RULES: dict[str, _Rule] = {
         _is_workdir,
         text=True,
     ),
+    "transport": _Rule(
+        "ssh or srun (srun needs hosts: {slurm: ...})", lambda v: v in TRANSPORTS, text=True
+    ),
 }
 # `rendezvous: {port: auto}`: the preflight picks a free pair on the first host.
 _AUTO_PORT = defaults.AUTO_PORT
@@ -271,6 +291,12 @@ _RDZV_PORT_RULE = _Rule(
     "an integer port from 1 to 65535, or auto",
     lambda value: value == "auto" or _is_port(value),
     text=False,
+)
+_SLURM_RULE = _Rule(
+    "a Slurm job id (digits, or 123_4 for an array task) or 'current' (the allocation "
+    "sshddp runs in)",
+    _matches(r"current|[0-9]{1,10}(?:_[0-9]{1,10})?"),
+    text=True,
 )
 _ENV_NAME_RULE = _Rule(
     "an environment variable name (letters, digits and '_', not starting with a digit)",
@@ -280,16 +306,19 @@ _ENV_NAME_RULE = _Rule(
 _ENV_VALUE_RULE = _Rule("a string or a number", lambda value: isinstance(value, str), text=True)
 
 _HOST_KEYS = ("host", "user", "port", "gpus", "nproc", "python", "addr", "env", "workdir")
-_DEFAULT_KEYS = tuple(key for key in _HOST_KEYS if key != "host")
+_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport")
 _TOP_KEYS = ("defaults", "rendezvous", "hosts")
 _RDZV_KEYS = ("port", "host")
-_HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key != "host"))
+_HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key not in ("host", "transport")))
 
 _YAML_HINTS = MappingProxyType(
     {"<<": "YAML merge keys are not supported; put shared values under 'defaults'."}
 )
 _DEFAULTS_HINTS = MappingProxyType(
     {**_YAML_HINTS, "host": "'host' has no default; each entry under 'hosts' names its own."}
+)
+_HOST_HINTS = MappingProxyType(
+    {**_YAML_HINTS, "transport": "'transport' applies to every host: put it under 'defaults'."}
 )
 _HOSTFILE_HINTS = MappingProxyType(
     {
@@ -421,9 +450,38 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     if rdzv.get("port") == "auto":
         rdzv["port"] = _AUTO_PORT
     rendezvous = Rendezvous(**rdzv)
-    entries = _hosts_list(doc, root, top.get("hosts"))
+    hosts = top.get("hosts")
+    if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
+        return Inventory(doc.source, (), rendezvous, _slurm_request(doc, hosts, defaults))
+    if defaults.get("transport") == "srun":
+        doc.fail(
+            _at("defaults.transport", top["defaults"][1]),
+            "transport: srun reaches hosts as steps of a Slurm job; list them as "
+            "`hosts: {slurm: JOBID}` (or `slurm: current`), not by name.",
+        )
+    entries = _hosts_list(doc, root, hosts)
     pairs = [_yaml_host(doc, node, index, defaults) for index, node in enumerate(entries)]
     return _inventory(doc, pairs, rendezvous)
+
+
+def _slurm_request(
+    doc: _Doc, entry: tuple[yaml.Node, yaml.Node], defaults: Mapping[str, Any]
+) -> SlurmRequest:
+    """``hosts: {slurm: JOB}``: a Slurm job's nodes, resolved later (``run.inputs``)."""
+    key_node, node = entry
+    assert isinstance(node, yaml.MappingNode)
+    items = _items(doc, node, "hosts", None)
+    other = next((name for name in items if name != "slurm"), None)
+    if other is not None or "slurm" not in items:
+        keys = f"with key {_show(other)}" if other is not None else "that is empty"
+        doc.fail(
+            _value_where("hosts", key_node, node),
+            f"expected a list of hosts, got a mapping {keys}; the only mapping `hosts:` takes "
+            "is `{slurm: JOBID}` (or `{slurm: current}`), for the nodes of a Slurm job.",
+        )
+    slurm_key, value = items["slurm"]
+    job = _read_scalar(doc, _SLURM_RULE, value, _value_where("hosts.slurm", slurm_key, value))
+    return SlurmRequest(str(job), doc.source, slurm_key.start_mark.line + 1, dict(defaults))
 
 
 def _read_section(
@@ -478,7 +536,7 @@ def _hosts_list(
     if _is_null(node) or (isinstance(node, yaml.SequenceNode) and not node.value):
         doc.fail(where, "the list of hosts is empty; expected at least one host.")
     if not isinstance(node, yaml.SequenceNode):
-        doc.fail(where, f"expected a list of hosts, got {_kind(node)}.")
+        doc.fail(where, f"expected a list of hosts (or {{slurm: JOBID}}), got {_kind(node)}.")
     return list(node.value)
 
 
@@ -490,7 +548,7 @@ def _yaml_host(
         where = _at(path, node)
         own = {"host": _read_scalar(doc, _HOST_RULE, node, where)}
     elif isinstance(node, yaml.MappingNode):
-        items = _items(doc, node, path, _HOST_KEYS)
+        items = _items(doc, node, path, _HOST_KEYS, _HOST_HINTS)
         if "host" not in items:
             doc.fail(_at(path, node), "missing 'host' (an ssh alias, hostname or IP address).")
         own = _read_fields(doc, items, path)

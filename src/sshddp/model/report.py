@@ -197,6 +197,9 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
         if n.returncode not in (None, 0) and not n.reason:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
+    if result.cause and not result.ok:
+        out.append(f"root cause: {result.cause}")
+        return "\n".join(out)
     node = result.root
     if node is None:
         cause = peer_cause(result)
@@ -246,6 +249,8 @@ def _verdict(result: RunResult) -> str:
         )
     if result.detached:
         return "goes on without us (detached)"
+    if result.cause:
+        return "was ended from outside: its Slurm job ended"
     if any(n.state is NodeState.UNREACHABLE for n in result.nodes):
         if peer_cause(result):  # a cut-off supervisor stops its own node
             return "failed; lost contact with some hosts, whose supervisors stop on their own"

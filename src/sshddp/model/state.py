@@ -98,6 +98,7 @@ class RunResult:
     detached: bool = False  #: we stopped following; the run goes on
     log_dir: Optional[Path] = None
     log_error: Optional[str] = None  #: why we detached: a local log stopped taking bytes
+    cause: Optional[str] = None  #: what ended the run from outside its nodes (its Slurm job)
 
     @property
     def ok(self) -> bool:
@@ -119,6 +120,8 @@ class RunResult:
             return ExitCode.LOG_WRITE_FAILED
         if self.detached:
             return ExitCode.OK
+        if self.cause:
+            return ExitCode.RUN_FAILED
         unreachable = any(n.state is NodeState.UNREACHABLE for n in self.nodes)
         if self.root_cause is None and unreachable and not peer_cause(self):
             return ExitCode.UNREACHABLE

@@ -6,7 +6,8 @@ has staged; ``discard`` removes a node that staged but will not start.
 args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
        "name", "size", "sha256"}, "supervisor": text of RUNDIR/supervisor.py,
        "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
-       "site": source of the ranks' sitecustomize.py (remote/ranksite.py)}
+       "site": source of the ranks' sitecustomize.py (remote/ranksite.py),
+       "bound": the node ends with this session (over srun; see bound.py)}
 The code stream holds exactly payload["size"] bytes.
 """
 
@@ -17,7 +18,7 @@ import os
 import shutil
 import sys
 import time
-from typing import IO, Any, Dict
+from typing import IO, Any, Dict, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import atomic_write_json, home_path, listdir, read_json
@@ -89,7 +90,7 @@ def _prune(runs_root: str, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_supervisor(rundir: str, standalone: str) -> dict[str, Any]:
+def _start_supervisor(rundir: str, standalone: str, bound: bool = False) -> dict[str, Any]:
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
@@ -101,8 +102,9 @@ def _start_supervisor(rundir: str, standalone: str) -> dict[str, Any]:
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid() if bound else None
     if os.fork() == 0:
-        _supervise(rundir, log)  # never returns
+        _supervise(rundir, log, parent)  # never returns
     os.close(log)
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
@@ -132,15 +134,15 @@ def _detach(rundir: str, log: int) -> None:
                 pass
 
 
-def _supervise(rundir: str, log: int) -> None:
-    """The forked child: become the supervisor, then exit without running anything of the
-    session's again."""
+def _supervise(rundir: str, log: int, parent: Optional[int]) -> None:
+    """The forked child: become the supervisor (bound to ``parent``, the session, over
+    srun), then exit without running anything of the session's again."""
     status = 1
     try:
         _detach(rundir, log)
         from sshddp.remote.supervisor import run_supervisor
 
-        run_supervisor(rundir)
+        run_supervisor(rundir, parent)
         status = 0
     except BaseException:  # it goes to supervisor.log, never to the session
         import traceback
@@ -210,7 +212,7 @@ def start(args: dict[str, Any]) -> Answer:
     try:
         if read_json(os.path.join(rundir, contract.SPEC)) is None:
             raise BootError(f"run directory {rundir} is not staged")
-        state = _start_supervisor(rundir, args["supervisor"])
+        state = _start_supervisor(rundir, args["supervisor"], bool(args.get("bound")))
         # The retention count includes this run: once it ends the host holds keep_runs.
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args["keep_runs"]) - 1)
         return {"ok": True, "state": state, "rundir": rundir}

@@ -9,7 +9,8 @@ once: {"ask": "clock"} (this host's time.time(), for the clock check) and {"ask"
 then {"go": true, "boot": boot args} and the code bytes, then later {"start": true};
 {"go": false} / {"start": false} (or EOF) end it there, and a node staged but not started is
 removed. After the start stdin stays open: its EOF means the coordinator went away, and the
-follower ends (the run goes on).
+follower ends (the run goes on; with boot args "bound", over srun, the node stops first: see
+bound.py).
 stdout, one JSON line each: the probe's facts (if asked); an answer per question; after the
 go, {"released": true} once the probe's listeners are closed (the rendezvous port is free
 for torchrun); stage()'s answer; after the start, start()'s answer; then, if the node
@@ -67,7 +68,7 @@ def main(args: dict[str, Any]) -> None:
 
 def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
-    from sshddp.remote import boot, follow
+    from sshddp.remote import boot, bound, follow
 
     staged = boot.stage(boot_args, sys.stdin.buffer)
     emit(staged)
@@ -82,4 +83,8 @@ def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
     emit(answer)
     state = answer.get("state") or {}
     if answer.get("ok") and state.get("state") == contract.RUNNING:
+        if boot_args.get("bound"):
+            bound.hold_signals()
         follow.main({"rundir": answer["rundir"], "offset": 0})
+        if boot_args.get("bound"):
+            bound.end_with_session(answer["rundir"], state)

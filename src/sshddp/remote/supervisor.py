@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any, Optional
 
 from sshddp.remote import contract
+from sshddp.remote.bound import session_gone
 from sshddp.remote.common import atomic_write_json, kill_run, read_json, start_time
 from sshddp.remote.contract import ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput
@@ -61,8 +62,9 @@ class Wakeup:
 
 
 class Supervisor:
-    def __init__(self, rundir: str) -> None:
+    def __init__(self, rundir: str, parent: Optional[int] = None) -> None:
         self.rundir = rundir
+        self.parent = parent  #: the launch session it is bound to (over srun), if any
         self.spec: SpecRecord = read_json(self.path(contract.SPEC))
         self.stop_signal: Optional[int] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
@@ -140,6 +142,9 @@ class Supervisor:
             if rc is not None:
                 return rc
             if self.stop_signal is not None or self.peers.abort is not None or self.output.full:
+                return None
+            if session_gone(self.rundir, self.parent):
+                self.stop_signal = signal.SIGTERM  # stopped as if signalled
                 return None
             if not self._pump(wait):
                 time.sleep(0.02)
@@ -289,9 +294,9 @@ def _describe(rc: int, what: str = "torchrun") -> str:
     return f"{what} exited with code {rc}"
 
 
-def run_supervisor(rundir: str) -> None:
+def run_supervisor(rundir: str, parent: Optional[int] = None) -> None:
     os.umask(0o077)
-    Supervisor(rundir).run()
+    Supervisor(rundir, parent).run()
 
 
 def main(args: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from sshddp.errors import HostUnreachable, UsageError
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import SshOptions, node_addr
+from sshddp.model.allocation import refuse_detach
 from sshddp.model.checks import Context
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.plan import (
@@ -36,6 +38,7 @@ from sshddp.model.state import RunResult
 from sshddp.run import preflight, registry
 from sshddp.run.boot import Boot
 from sshddp.run.follow import Followers
+from sshddp.run.jobwatch import JobWatch
 from sshddp.run.payload import build_payload, code_spec
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
@@ -73,6 +76,8 @@ def launch(
     secrets: frozenset[str] = frozenset(),
 ) -> Optional[RunResult]:
     """Run it. None for --dry-run and --detach, else the finished run's result."""
+    if mode.detach:
+        refuse_detach(inventory.hosts)
     plan = build_plan(inventory, options, ssh, secrets)
     if mode.dry_run:
         screen.out(describe(plan))
@@ -106,9 +111,9 @@ def launch(
                     f"follow it with `sshddp attach {plan.run_id}`"
                 )
                 return None
-            # follow, and tear down on the first failure
-            with _detach_on(state):
-                return _recorded(Followers(state, teardown).run())
+            # follow, and tear down on the first failure (or when the Slurm job ends)
+            with _detach_on(state), JobWatch(state, teardown) as job:
+                return _recorded(job.settle(Followers(state, teardown).run()))
         finally:
             state.close_sessions()  # those no follower took over
             logs.close()
@@ -166,12 +171,13 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         logs, console = open_sinks(plan, Path(record.log_dir), screen.stdout_bytes, screen.color)
         screen.err(
             f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
-            "Ctrl-\\ detaches"
+            + ("it cannot be detached (transport srun)" if _bound(plan) else "Ctrl-\\ detaches")
         )
         state = RunState(plan, pool, logs, console)
+        teardown = Teardown(state)
         try:
-            with _detach_on(state):
-                return _recorded(Followers(state, Teardown(state)).run())
+            with _detach_on(state), JobWatch(state, teardown) as job:
+                return _recorded(job.settle(Followers(state, teardown).run()))
         finally:
             logs.close()
 
@@ -200,12 +206,22 @@ def _banner(plan: LaunchPlan, detach: bool) -> str:
         f"sshddp: run {plan.run_id}: {plan.world_size} processes on {len(plan.nodes)} node(s), "
         f"rendezvous {plan.rdzv_addr}:{plan.rdzv_port}, logs in {plan.log_dir}/"
     ]
-    if not detach:
+    if _bound(plan):
+        lines.append(
+            "sshddp: Ctrl-C stops the run on every host; it lives in this sshddp's Slurm job "
+            "steps (transport srun), so it cannot be detached"
+        )
+    elif not detach:
         lines.append(
             "sshddp: Ctrl-C stops the run on every host; Ctrl-\\ (SIGQUIT) or closing the "
             f"terminal detaches and leaves it running (`sshddp attach {plan.run_id}`)"
         )
     return "\n".join(lines)
+
+
+def _bound(plan: LaunchPlan) -> bool:
+    """The run lives in job steps this sshddp holds (transport srun)."""
+    return any(n.host.transport == "srun" for n in plan.nodes)
 
 
 def _session_opener(pool: HostPool, plan: LaunchPlan) -> preflight.SessionOpener:
@@ -235,10 +251,19 @@ def _open_sessions(
 
 @contextmanager
 def _detach_on(state: RunState) -> Iterator[None]:
-    """SIGQUIT (Ctrl-\\) and SIGHUP detach: the run goes on without us."""
+    """SIGQUIT (Ctrl-\\) and SIGHUP detach: the run goes on without us. A run over srun
+    lives in our job steps: Ctrl-\\ says so, and after SIGHUP we follow it on, quietly."""
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
-        state.detached.set()
+        if not _bound(state.plan):
+            state.detached.set()
+        elif signum == signal.SIGQUIT:  # printed by a thread: the console has a lock
+            text = (
+                "sshddp: a run over srun cannot be detached: its processes live in the job "
+                "steps this sshddp holds. Ctrl-C stops it; `sshddp logs --follow "
+                f"{state.plan.run_id}` follows it from another terminal"
+            )
+            threading.Thread(target=state.console.message, args=(text,), daemon=True).start()
 
     old: dict[signal.Signals, Any] = {}
     if os.name == "posix":

@@ -92,6 +92,9 @@ class Followers:
             if record is not None:
                 self._done(node, record)
                 return
+            if state.cause is not None:  # its Slurm job ended: there is nothing to reach
+                self._unreachable(node, error, state.cause)
+                return
             if deadline is None and not state.detached.is_set():
                 state.console.message(
                     f"sshddp: lost the connection to node {node.node_rank} ({node.host.host}); "
@@ -145,13 +148,19 @@ class Followers:
                 False, f"node {node.node_rank} ({node.host.host}) {result.state.value}"
             )
 
-    def _unreachable(self, node: NodePlan, error: Optional[BaseException]) -> None:
+    def _unreachable(
+        self, node: NodePlan, error: Optional[BaseException], ended: Optional[str] = None
+    ) -> None:
+        """The node cannot be reached; ``ended``: because its Slurm job ended (so it is
+        lost, not merely out of reach)."""
         state = self.state
         state.console.flush_node(node.node_rank)
         with state.lock:
             result = state.results[node.node_rank]
-            result.state = NodeState.UNREACHABLE
+            result.state = NodeState.UNREACHABLE if ended is None else NodeState.LOST
             result.reason = _message(error) if error else "lost contact with the host"
+            if ended is not None:
+                result.reason = f"ended with its job: {ended}"
 
 
 def _reset(transport: Transport) -> None:

@@ -1,26 +1,78 @@
-"""What a run starts from on this machine: the inventory file and the local paths of the code.
+"""What a run starts from on this machine: the inventory (a file, or a Slurm job's nodes)
+and the local paths of the code.
 
-The model parses and decides (``model.inventory``, ``model.plan.decide_code``); this module
-reads the file and looks at the local filesystem for it.
+The model parses and decides (``model.inventory``, ``model.allocation``,
+``model.plan.decide_code``); this module reads the file, asks Slurm, and looks at the local
+filesystem for it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from sshddp.errors import InventoryError
-from sshddp.model.inventory import Inventory, format_of, parse_host_list, parse_inventory
+from sshddp.hosts import slurm
+from sshddp.model import allocation
+from sshddp.model.inventory import (
+    Inventory,
+    Rendezvous,
+    SlurmRequest,
+    Transport,
+    format_of,
+    parse_host_list,
+    parse_inventory,
+)
 from sshddp.model.plan import PathKind
 
 MAX_INVENTORY_BYTES = 1 << 20  # an inventory is a few hundred lines; refuse to slurp a wrong path
+SLURM_SOURCE = "slurm"  #: INVENTORY ``slurm`` (the current allocation) or ``slurm:JOBID``
 
 
-def load_inventory(path: str | os.PathLike[str]) -> Inventory:
-    """Read and validate an inventory file; the format follows the name (``format_of``)."""
+def load_inventory(
+    path: str | os.PathLike[str], environ: Optional[Mapping[str, str]] = None
+) -> Inventory:
+    """Read and validate an inventory file; the format follows the name (``format_of``).
+    ``hosts: {slurm: ...}`` is resolved here, asking Slurm with ``environ``'s settings."""
     name = os.fspath(path)
-    return parse_inventory(_read_text(name), source=name, fmt=format_of(name))
+    inv = parse_inventory(_read_text(name), source=name, fmt=format_of(name))
+    return _resolve_slurm(inv, os.environ if environ is None else environ)
+
+
+def load_source(
+    arg: str, environ: Mapping[str, str], transport: Optional[Transport] = None
+) -> Inventory:
+    """The inventory an INVENTORY argument names: ``slurm`` (the allocation sshddp runs in),
+    ``slurm:JOBID`` (a running job's nodes) or a file; every host on ``transport`` if given
+    (``--transport``)."""
+    if arg == SLURM_SOURCE or arg.startswith(SLURM_SOURCE + ":"):
+        job = arg.partition(":")[2] or allocation.CURRENT
+        inv = _resolve_slurm(Inventory(arg, (), Rendezvous(), SlurmRequest(job, arg)), environ)
+    else:
+        inv = load_inventory(arg, environ)
+    return allocation.with_transport(inv, transport)
+
+
+def _resolve_slurm(inv: Inventory, environ: Mapping[str, str]) -> Inventory:
+    """The inventory with a ``slurm`` request replaced by the job's nodes."""
+    request = inv.slurm
+    if request is None:
+        return inv
+    where = f"{request.source}:{request.line}" if request.line else request.source
+    if request.job == allocation.CURRENT:
+        job = allocation.current_job(environ, where)
+    else:
+        job = allocation.valid_job_id(request.job, where)
+    inside = environ.get("SLURM_JOB_ID") == job  # this shell's own job: exact task counts
+    tasks = environ.get("SLURM_TASKS_PER_NODE") if inside else None
+    alloc = allocation.parse_job(slurm.show_job(job, environ, where), job, tasks)
+    names = [node.name for node in alloc.nodes]
+    addrs = allocation.parse_node_addrs(slurm.node_addrs(names, environ))
+    nodes = tuple(replace(node, addr=addrs.get(node.name)) for node in alloc.nodes)
+    return allocation.slurm_inventory(replace(alloc, nodes=nodes), request, inv.rendezvous)
 
 
 def load_host_list(

@@ -63,6 +63,7 @@ class RunRecord:
     nodes: tuple[NodeRecord, ...]
     result: Optional[tuple[NodeEnd, ...]] = None  #: every node's end, once seen
     root_cause: Optional[int] = None  #: node rank of the first failure, once seen
+    cause: Optional[str] = None  #: what ended the run from outside (its Slurm job), once seen
 
     @classmethod
     def of(cls, plan: LaunchPlan, inventory: str, ssh_config: Optional[str]) -> RunRecord:
@@ -88,7 +89,7 @@ class RunRecord:
         ends = tuple(
             NodeEnd(n.node_rank, n.state.value, n.returncode, n.reason) for n in result.nodes
         )
-        return replace(self, result=ends, root_cause=result.root_cause)
+        return replace(self, result=ends, root_cause=result.root_cause, cause=result.cause)
 
     def plan(self) -> LaunchPlan:
         """Enough of the run's plan to follow, fetch and stop it."""
@@ -154,6 +155,7 @@ class RunRecord:
             nodes=tuple(_node_of(n) for n in data["nodes"]),
             result=None if result is None else tuple(NodeEnd(**n) for n in result["nodes"]),
             root_cause=None if result is None else result.get("root_cause"),
+            cause=None if result is None else result.get("cause"),
         )
 
 
@@ -173,7 +175,7 @@ def _result_json(record: RunRecord) -> dict[str, Any]:
         {"node_rank": e.node_rank, "state": e.state, "returncode": e.returncode, "reason": e.reason}
         for e in record.result or ()
     ]
-    return {"nodes": nodes, "root_cause": record.root_cause}
+    return {"nodes": nodes, "root_cause": record.root_cause, "cause": record.cause}
 
 
 def state_dir() -> Path:

@@ -54,9 +54,8 @@ def ps_rows(show_all: bool, ssh_of: Callable[[RunRecord], SshOptions], fanout: i
         ended = max((s.get("ended") or 0 for s in states), default=0)
         live = any(not NodeState.of(s.get("state")).final for s in states)
         duration = (time.time() if live else ended or time.time()) - record.created
-        rows.append(
-            PsRow(record.run_id, record.created, duration, tuple(states), root_cause(states, hosts))
-        )
+        cause = record.cause or root_cause(states, hosts)
+        rows.append(PsRow(record.run_id, record.created, duration, tuple(states), cause))
     return rows
 
 

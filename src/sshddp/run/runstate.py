@@ -40,6 +40,7 @@ class RunState:
         self.root_cause: Optional[int] = None  #: node rank of the first failure
         self.stop_level = StopLevel.NONE
         self.log_error: Optional[str] = None  #: why we detached: a local log stopped growing
+        self.cause: Optional[str] = None  #: what ended the run from outside (its Slurm job)
         self.detached = threading.Event()  #: followers stop; the supervisors keep the run
         self.lock = threading.Lock()
 
@@ -71,4 +72,5 @@ class RunState:
             detached=self.detached.is_set(),
             log_dir=self.logs.directory,
             log_error=self.log_error,
+            cause=self.cause,
         )

@@ -80,7 +80,7 @@ class Console:
             try:
                 self._stream.write(out)
                 self._stream.flush()
-            except (BrokenPipeError, ValueError):
+            except (OSError, ValueError):  # BrokenPipeError, or EIO: the terminal closed
                 self._quiet = True  # the reader went away (`| head`); the log files go on
 
     def message(self, text: str) -> None:

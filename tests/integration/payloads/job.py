@@ -42,6 +42,8 @@ def summary(rank: int, world: int, value: float) -> None:
                 "argv": ARGS,
                 "host": socket.gethostname(),
                 "run_id": os.environ.get("SSHDDP_RUN_ID"),
+                "netns": os.readlink("/proc/self/ns/net"),
+                "slurm_vars": sorted(k for k in os.environ if k.startswith("SLURM")),
             },
             ensure_ascii=False,
         ),
