@@ -96,9 +96,9 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
 
     INVENTORY is a file, or `slurm` (the Slurm allocation sshddp runs in) or `slurm:JOBID`
     (a running job's nodes). Options go before INVENTORY; everything after SCRIPT goes to
-    the script verbatim. With --launcher node, each node runs SCRIPT once (it spawns its own workers), or the
-    command after `--`, whose arguments may use {node_rank} {nnodes} {master_addr}
-    {master_port} {nproc} {world_size}.
+    the script verbatim. With --launcher node, each node runs SCRIPT once (it spawns its
+    own workers), or the command after `--`, whose arguments may use {node_rank} {nnodes}
+    {master_addr} {master_port} {nproc} {world_size}.
     """
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
