@@ -79,6 +79,8 @@ class PortOrAuto(click.ParamType):
 
 PORT_OR_AUTO = PortOrAuto()
 PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29500 up)."
+
+
 def transport_option(fn: F) -> F:
     """``--transport``: how every host is reached, over the inventory's ``transport:``."""
     return click.option(

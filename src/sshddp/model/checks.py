@@ -1095,6 +1095,8 @@ _FLEET_CHECKS: tuple[Callable[[HostFacts, Fleet, Context], Optional[Finding]], .
     _clock,
     _imports,
 )
+
+
 def visible_gpus(f: Facts) -> Optional[int]:
     """GPUs the host's processes would see: CUDA_VISIBLE_DEVICES's list when set (Slurm sets
     it in a job step), else every GPU found."""
