@@ -8,6 +8,7 @@ the caller supplies (``LocalPaths``).
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 import secrets
@@ -24,6 +25,7 @@ from sshddp.model import envvars
 from sshddp.model.commands import endpoint, torchrun_argv
 from sshddp.model.envvars import MASK, EnvPairs
 from sshddp.model.inventory import Host, Inventory
+from sshddp.model.torchrun import torchrun_args
 from sshddp.remote import contract
 
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
@@ -49,6 +51,9 @@ class LaunchOptions:
     grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
+    torchrun_args: tuple[str, ...] = ()  #: ``--torchrun-arg`` options, passed to torchrun
+    local_rank_arg: bool = False  #: append ``--local_rank=N`` to the script's arguments
+    fresh_cwd: bool = False  #: a new working directory per run instead of the workspace
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class CodeSpec:
     kind: CodeKind  #: file: one local file; tar: a local directory; remote/none: nothing shipped
     target: str  #: what torchrun runs: a script path relative to the code dir, or a module
     local_path: Optional[str] = None  #: the local file or directory to ship
+    home: Optional[str] = None  #: the local directory (resolved) whose workspace the ranks use
 
 
 class LocalPaths(Protocol):
@@ -79,6 +85,7 @@ class NodePlan:
     env: Mapping[str, str]  #: inventory env, then ``--env``; the supervisor adds SSHDDP_*
     argv: tuple[str, ...]  #: the torchrun command (argv[0] is the host's python)
     cwd: str  #: working directory of torchrun on the host
+    workspace: Optional[str] = None  #: the cwd when it outlives the run: code is linked in
 
     @property
     def index(self) -> int:
@@ -155,6 +162,7 @@ def make_plan(
 ) -> LaunchPlan:
     """Decide node ranks, process counts, the rendezvous endpoint and every command."""
     validate_options(options, run_id)
+    _check_fresh_cwd(options, code)
     hosts = inventory.hosts
     rdzv = (inventory.rendezvous.host or addr_of(hosts[0]), _rdzv_port(inventory, options))
     nprocs = [options.nproc_per_node or h.procs for h in hosts]
@@ -163,9 +171,8 @@ def make_plan(
     nodes = []
     for i, h in enumerate(hosts):
         rundir = run_dir(h.workdir, run_id, i)
-        argv = torchrun_argv(
-            h.python, i, len(hosts), nprocs[i], rdzv, run_id, options.max_restarts, rundir, program
-        )
+        argv = _node_argv(options, h, i, len(hosts), nprocs[i], rdzv, run_id, rundir, program)
+        space = None if options.fresh_cwd else workspace_dir(h.workdir, code)
         env = MappingProxyType({**h.env, **extra_env})
         node = NodePlan(
             host=h,
@@ -175,7 +182,8 @@ def make_plan(
             rundir=rundir,
             env=env,
             argv=argv,
-            cwd=_cwd(code, rundir),
+            cwd=space or _cwd(code, rundir),
+            workspace=space,
         )
         nodes.append(node)
     return LaunchPlan(
@@ -193,6 +201,40 @@ def make_plan(
         tty=options.tty,
         nproc_per_node=options.nproc_per_node,
     )
+
+
+def _node_argv(
+    options: LaunchOptions,
+    host: Host,
+    node_rank: int,
+    nnodes: int,
+    nproc: int,
+    rdzv: tuple[str, int],
+    run_id: str,
+    rundir: str,
+    program: tuple[str, ...],
+) -> tuple[str, ...]:
+    return torchrun_argv(
+        host.python,
+        node_rank,
+        nnodes,
+        nproc,
+        rdzv,
+        run_id,
+        options.max_restarts,
+        rundir,
+        program,
+        options.torchrun_args,
+        options.local_rank_arg,
+    )
+
+
+def _check_fresh_cwd(options: LaunchOptions, code: CodeSpec) -> None:
+    if options.fresh_cwd and code.kind not in ("file", "tar"):
+        raise UsageError(
+            "--fresh-cwd: only for code sshddp ships (a local script or --workdir); a script "
+            "or module already on the hosts runs in the home directory"
+        )
 
 
 def _rdzv_port(inventory: Inventory, options: LaunchOptions) -> int:
@@ -222,6 +264,7 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
         raise UsageError("--heartbeat-timeout must be positive")
     if options.grace < 0 or options.max_restarts < 0:
         raise UsageError("--grace and --max-restarts must not be negative")
+    torchrun_args(options.torchrun_args)
 
 
 def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
@@ -231,6 +274,19 @@ def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
 
 def _cwd(code: CodeSpec, rundir: str) -> str:
     return f"{rundir}/{contract.CODE}" if code.kind in ("file", "tar") else "~"
+
+
+def workspace_dir(workdir: str, code: CodeSpec) -> Optional[str]:
+    """The host directory that a shipped script's local directory (or a ``--workdir``) runs
+    in, run after run: ``<workdir>/work/<name>-<hash>``, named after the local directory and
+    keyed by its resolved path, so the same local directory always finds it again. None when
+    nothing is shipped: a script or module already on the host runs in the home directory,
+    which outlives every run anyway."""
+    if code.kind not in ("file", "tar") or not code.home:
+        return None
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(code.home.rstrip("/"))).lstrip(".")
+    key = hashlib.sha256(code.home.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return f"{workdir.rstrip('/')}/{contract.WORKSPACES}/{name or 'root'}-{key}"
 
 
 # --- which code ships ------------------------------------------------------------------------
@@ -248,7 +304,7 @@ def decide_code(options: LaunchOptions, paths: LocalPaths) -> CodeSpec:
         raise UsageError(f"{options.script}: is a directory; pass a script, or use --workdir")
     if kind == "file":
         local = PurePosixPath(options.script)
-        return CodeSpec("file", local.name, str(local))
+        return CodeSpec("file", local.name, str(local), paths.resolve(str(local.parent)))
     # Not here: taken as a path on the hosts, relative to the remote home directory.
     target = options.script[2:] if options.script.startswith("~/") else options.script
     return CodeSpec("remote", target)
@@ -260,14 +316,14 @@ def _workdir_code(options: LaunchOptions, workdir: str, paths: LocalPaths) -> Co
     if paths.kind(root) != "dir":
         raise UsageError(f"--workdir {workdir}: not a local directory")
     if options.module:
-        return CodeSpec("tar", options.module, root)
+        return CodeSpec("tar", options.module, root, root)
     assert options.script is not None
     script = options.script
     candidates = [script] if posixpath.isabs(script) else [posixpath.join(root, script), script]
     for candidate in (paths.resolve(c) for c in candidates):
         inside = candidate.startswith(root.rstrip("/") + "/")
         if inside and paths.kind(candidate) == "file":
-            return CodeSpec("tar", posixpath.relpath(candidate, root), root)
+            return CodeSpec("tar", posixpath.relpath(candidate, root), root, root)
     raise UsageError(
         f"{options.script}: not a file inside --workdir {workdir} (give the script "
         "relative to that directory)"

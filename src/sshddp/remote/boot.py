@@ -6,7 +6,8 @@ has staged; ``discard`` removes a node that staged but will not start.
 args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
        "name", "size", "sha256"}, "supervisor": text of RUNDIR/supervisor.py,
        "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
-       "site": source of the ranks' sitecustomize.py (remote/ranksite.py)}
+       "site": source of the ranks' sitecustomize.py (remote/ranksite.py),
+       "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None}
 The code stream holds exactly payload["size"] bytes.
 """
 
@@ -21,6 +22,7 @@ from typing import IO, Any, Dict
 
 from sshddp.remote import contract
 from sshddp.remote.common import atomic_write_json, home_path, listdir, read_json
+from sshddp.remote.workspace import fill
 
 Answer = Dict[str, Any]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
@@ -180,6 +182,8 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
     payload = args["payload"]
     if payload["kind"] != "none":
         _receive_code(rundir, payload, stream)
+        if args.get("workspace"):  # the ranks run in it: it keeps what earlier runs wrote
+            fill(os.path.join(rundir, contract.CODE), os.path.expanduser(args["workspace"]))
     remote = args.get("remote_script")
     if remote and not os.path.isfile(home_path(remote)):
         raise BootError(f"the script {remote} does not exist on this host")

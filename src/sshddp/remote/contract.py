@@ -29,7 +29,8 @@ SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the sup
 SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
-CODE = "code"  #: the shipped code, unpacked; the ranks' cwd when code was shipped
+CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
+WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept across runs
 
 # Environment variables every process of a node carries.
 RUN_ID_VAR = "SSHDDP_RUN_ID"

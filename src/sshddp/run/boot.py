@@ -110,6 +110,7 @@ class Boot:
             "site": site,
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
+            "workspace": node.workspace,
         }
 
     def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:
