@@ -216,6 +216,15 @@ def load(run_id: str) -> RunRecord:
         return RunRecord.from_json(json.load(fh))
 
 
+def run_ids() -> list[str]:
+    """Every recorded run id, newest first, from the file names alone (for completion)."""
+    try:
+        paths = [(p.stat().st_mtime, p.stem) for p in runs_dir().glob("*.json")]
+    except OSError:
+        return []
+    return [stem for _, stem in sorted(paths, reverse=True)]
+
+
 def all_runs() -> list[RunRecord]:
     """Every readable record, oldest first (an unreadable one is skipped)."""
     out = []
