@@ -5,13 +5,15 @@ then puts every file of it into the workspace (``<workdir>/work/<name>``), where
 run. Each file is hard-linked in (copied where a link cannot be made) under a temporary
 name, then renamed over the file of the same name: a process still reading the old file
 keeps it whole, and everything else in the workspace, such as what earlier runs wrote
-there, stays. Retention removes run directories only, never a workspace.
+there, stays. Retention removes run directories only, never a workspace. Nodes whose hosts
+share a disk (an NFS home) share the workspace, as torchrun's nodes share a directory there.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 
 SHA_FILE = ".sha256"  #: the code's digest, kept in RUNDIR/code only
 
@@ -48,7 +50,11 @@ def _make_dir(path: str, workspace: str) -> None:
             f"{path} is a file in the workspace {workspace} but a directory in the shipped "
             "code: remove it, or launch with --fresh-cwd"
         )
-    os.mkdir(path, 0o700)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # another node sharing this disk made it just now
+        if not os.path.isdir(path) or os.path.islink(path):
+            raise
 
 
 def _place(source: str, target: str, workspace: str) -> None:
@@ -57,7 +63,7 @@ def _place(source: str, target: str, workspace: str) -> None:
             f"{target} is a directory in the workspace {workspace} but a file in the shipped "
             "code: remove it, or launch with --fresh-cwd"
         )
-    tmp = f"{target}.sshddp-{os.getpid()}"
+    tmp = f"{target}.sshddp-{socket.gethostname()}-{os.getpid()}"  # hosts may share a disk
     try:
         os.link(source, tmp)
     except OSError:  # a filesystem without hard links, or another one

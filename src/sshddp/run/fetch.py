@@ -157,11 +157,10 @@ def _receive(node: NodePlan, stream: FetchStream, into: Path, progress: Progress
     progress.begin(node.node_rank, f"{node_dir(node)}/{header['name']}", int(header["size"]))
     received = Received(stream, node.node_rank, progress)
     try:
-        if header["kind"] == "dir":
-            _unpack(received, tmp, host)
-        else:
-            _write(received, tmp)
+        damaged = _unpack(received, tmp, host) if header["kind"] == "dir" else _write(received, tmp)
         _verify(received, stream, host, header["path"])
+        if damaged:  # the host's own archive is broken (it matched what was sent)
+            raise RemoteError(f"{host}: the archive of {header['path']} is damaged: {damaged}")
         target = into / header["name"]
         _put(tmp, target)
     finally:
@@ -177,23 +176,33 @@ def _receive(node: NodePlan, stream: FetchStream, into: Path, progress: Progress
     )
 
 
-def _write(received: Received, tmp: Path) -> None:
+def _write(received: Received, tmp: Path) -> str:
     with open(tmp, "wb") as fh:
         while data := received.read():
             fh.write(data)
+    return ""
 
 
-def _unpack(received: Received, tmp: Path, host: str) -> None:
+def _unpack(received: Received, tmp: Path, host: str) -> str:
     """Unpack the host's tar stream under ``tmp``: directories and plain files only, every
-    one inside it."""
+    one inside it. What is wrong with the archive, or "" (a damaged one is read to its end,
+    so the check of what arrived can say whether the link or the host damaged it)."""
     tmp.mkdir()
+    try:
+        _extract(received, tmp, host)
+    except tarfile.TarError as exc:
+        received.drain()
+        return str(exc) or type(exc).__name__
+    received.drain()  # the end-of-archive blocks: the hash covers every byte sent
+    return ""
+
+
+def _extract(received: Received, tmp: Path, host: str) -> None:
     with tarfile.open(fileobj=received, mode="r|") as tar:  # type: ignore[call-overload]
         for member in tar:
-            parts = member.name.split("/")
-            inside = not member.name.startswith("/") and ".." not in parts and len(parts) > 1
-            if not inside or not (member.isfile() or member.isdir()):
-                raise RemoteError(f"{host}: refusing archive member {member.name!r}")
-            local = tmp.joinpath(*parts[1:])
+            local = _member_path(member, tmp, host)
+            if local is None:  # the directory itself
+                continue
             if member.isdir():
                 local.mkdir(parents=True, exist_ok=True)
                 continue
@@ -202,7 +211,17 @@ def _unpack(received: Received, tmp: Path, host: str) -> None:
             local.parent.mkdir(parents=True, exist_ok=True)
             with open(local, "wb") as fh:
                 shutil.copyfileobj(source, fh, 1 << 20)
-    received.drain()  # the end-of-archive blocks: the hash covers every byte sent
+
+
+def _member_path(member: tarfile.TarInfo, tmp: Path, host: str) -> Optional[Path]:
+    """Where an archive member goes under ``tmp`` (None for the directory itself), or
+    ``RemoteError`` for one that is not a plain file or directory inside it."""
+    parts = member.name.split("/")  # the first is the directory's own name
+    plain = member.isfile() or member.isdir()
+    inside = not member.name.startswith("/") and ".." not in parts and "" not in parts
+    if not (plain and inside) or (len(parts) == 1 and not member.isdir()):
+        raise RemoteError(f"{host}: refusing archive member {member.name!r}")
+    return tmp.joinpath(*parts[1:]) if len(parts) > 1 else None
 
 
 def _verify(received: Received, stream: FetchStream, host: str, path: str) -> None:
