@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from launch_helpers import write_inventory
 
 from cli_helpers import sshddp
-from launch_helpers import write_inventory
 from sshddp_lab.sshd import SshdCluster
 
 RESUME = Path(__file__).parent / "payloads" / "resume.py"

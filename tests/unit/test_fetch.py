@@ -18,7 +18,7 @@ from sshddp.hosts.calls import FetchStream
 from sshddp.hosts.local import LocalTransport
 from sshddp.model.inventory import Host
 from sshddp.model.plan import NodePlan
-from sshddp.run.fetch import TMP_PREFIX, NoProgress, NodeCopy, _receive, summary
+from sshddp.run.fetch import TMP_PREFIX, NodeCopy, NoProgress, _receive, summary
 
 
 def node_on(python: str) -> NodePlan:

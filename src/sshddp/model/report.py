@@ -63,6 +63,17 @@ def _problems(reports: Sequence[HostReport]) -> list[RenderableType]:
     return lines
 
 
+def launch_warnings(reports: Sequence[HostReport]) -> list[str]:
+    """The preflight's warnings, as a launch prints them before it starts (plain text)."""
+    lines = []
+    for r in reports:
+        for f in r.findings:
+            if f.status is Status.WARN:
+                fix = f"\n  fix: {f.fix}" if f.fix else ""
+                lines.append(f"sshddp: warning: {r.host.host} {f.check}: {f.message}{fix}")
+    return lines
+
+
 def doctor_json(facts: Sequence[HostFacts], reports: Sequence[HostReport]) -> str:
     hosts: list[dict[str, Any]] = []
     for hf, r in zip(facts, reports):

@@ -194,6 +194,7 @@ def probe(args: dict[str, Any]) -> tuple[Facts, list[Held]]:
         "os": f"{os.uname().sysname} {os.uname().release} {os.uname().machine}",
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cpus": _cpus(),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
     }
     held: list[Held] = []
@@ -218,6 +219,14 @@ def probe(args: dict[str, Any]) -> tuple[Facts, list[Held]]:
             "exists": os.path.isfile(home_path(args["script"])),
         }
     return facts, held
+
+
+def _cpus() -> Optional[int]:
+    """CPUs this host lets its processes use, as `nproc` counts them (the affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def _count_gpu_devices() -> Optional[int]:

@@ -81,7 +81,8 @@ def launch(
             unreachable: dict[int, BaseException] = {}
             if mode.check:
                 ctx = Context.for_launch(plan, payload.disk_bytes)
-                state.sessions = preflight.for_launch(pool, ctx, _session_opener(pool, plan))
+                opener = _session_opener(pool, plan)
+                state.sessions = preflight.for_launch(pool, ctx, opener, screen.err)
             else:
                 state.sessions, unreachable = _open_sessions(pool, plan)
             registry.save(RunRecord.of(plan, inventory.source, ssh.ssh_config))
