@@ -3,6 +3,7 @@ completes run ids for attach, logs, ps, stop and fetch from the local registry a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,3 +78,19 @@ def test_every_documented_shell_gets_a_script(shell: str) -> None:
     env = {**os.environ, "_SSHDDP_COMPLETE": f"{shell}_source"}
     done = subprocess.run([SSHDDP_BIN], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "_SSHDDP_COMPLETE" in done.stdout, done.stderr
+
+
+def test_ps_of_one_run_shows_it_even_when_finished() -> None:
+    record_runs()
+    for run_id in RUN_IDS:  # every run ended (as a coordinator that followed it recorded)
+        path = registry.runs_dir() / f"{run_id}.json"
+        data = json.loads(path.read_text())
+        node = {"node_rank": 0, "state": "succeeded", "returncode": 0, "reason": ""}
+        data["result"] = {"nodes": [node], "root_cause": None}
+        path.write_text(json.dumps(data))
+    assert sshddp(["ps"]).out.startswith("no runs in progress")
+    one = sshddp(["ps", "abd"])
+    assert one.code == 0, one.explain()
+    assert "abd456" in one.out and "0:succeeded" in one.out
+    assert "abc123" not in one.out and "zzz999" not in one.out
+    assert sshddp(["ps", "ab"]).code == 2  # ambiguous, as for every command taking RUN
