@@ -128,3 +128,35 @@ def test_a_large_transfer_shows_a_progress_bar_on_a_terminal(
     assert screen.returncode == 0, out
     assert "node2-h3/big.bin" in out and "━" in out and "52.4/52.4 MB" in out, out
     assert sha(tmp_path / "d" / "node2-h3" / "big.bin") == sha(cwds[2] / "out" / "big.bin")
+
+
+def test_an_unreachable_host_fails_only_its_own_copy(
+    make_cluster: Callable[..., SshdCluster], tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    cluster = make_cluster(2)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "defaults": {"python": sys.executable, "nproc": 1},
+                "rendezvous": {"port": free_port()},
+                "hosts": [
+                    {"host": h.alias, "workdir": str(tmp_path / h.alias)} for h in cluster.hosts
+                ],
+            }
+        )
+    )
+    opts = ["--ssh-config", cluster.ssh_config]
+    launched = sshddp(["launch", *opts, inv, OUTPUTS, "1"])
+    assert launched.code == 0, launched.explain()
+    run_id = launched.err.split("sshddp: run ", 1)[1].split(":", 1)[0]
+    cluster.stop_host(2)
+    result = sshddp(
+        ["fetch", *opts, "--connect-timeout", "3", run_id, "out/big.bin", tmp_path / "d"]
+    )
+    assert_clean_failure(result, ExitCode.UNREACHABLE)
+    first, second = (h.alias for h in cluster.hosts)
+    assert (tmp_path / "d" / f"node0-{first}" / "big.bin").stat().st_size == 1 << 20
+    assert f"node 0 ({first}): file" in result.out
+    assert f"sshddp: node 1 ({second}): NOT fetched: " in result.err
+    assert not (tmp_path / "d" / f"node1-{second}").exists()
