@@ -147,3 +147,18 @@ def test_a_relative_path_is_taken_from_the_run_s_spec_when_no_cwd_was_recorded(
         fetch(sys.executable, "", "ckpt.pt", tmp_path / "dest", str(tmp_path / "gone"))
     absolute = fetch(sys.executable, "", str(tmp_path / "space" / "ckpt.pt"), tmp_path)
     assert absolute.target is not None and absolute.target.read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("name", ["..", "../escape", "a/b", ""])
+def test_a_name_that_would_leave_dest_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / "space").mkdir()
+    (tmp_path / "space" / "f").write_bytes(b"x")
+    node = node_on(sys.executable)
+    stream = calls.fetch_path(LocalTransport(node.host), "", str(tmp_path / "space"), "f")
+    stream.header["name"] = name  # what a hostile host could send
+    try:
+        with pytest.raises(RemoteError, match="refusing the name"):
+            _receive(node, stream, tmp_path / "dest" / "node0-localhost", NoProgress())
+    finally:
+        stream.close()
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "escape").exists()

@@ -152,16 +152,19 @@ def _receive(node: NodePlan, stream: FetchStream, into: Path, progress: Progress
     host = node.host.host
     if not header.get("ok"):
         raise UsageError(f"{host}: {header.get('error', 'nothing to copy')}")
+    name = str(header.get("name", ""))
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise RemoteError(f"{host}: refusing the name {name!r} for the copy")
     into.mkdir(parents=True, exist_ok=True)
-    tmp = into / f"{TMP_PREFIX}{os.getpid()}-{header['name']}"
-    progress.begin(node.node_rank, f"{node_dir(node)}/{header['name']}", int(header["size"]))
+    tmp = into / f"{TMP_PREFIX}{os.getpid()}-{name}"
+    progress.begin(node.node_rank, f"{node_dir(node)}/{name}", int(header.get("size", 0)))
     received = Received(stream, node.node_rank, progress)
     try:
         damaged = _unpack(received, tmp, host) if header["kind"] == "dir" else _write(received, tmp)
         _verify(received, stream, host, header["path"])
         if damaged:  # the host's own archive is broken (it matched what was sent)
             raise RemoteError(f"{host}: the archive of {header['path']} is damaged: {damaged}")
-        target = into / header["name"]
+        target = into / name
         _put(tmp, target)
     finally:
         _remove(tmp)
