@@ -12,6 +12,7 @@ from typing import Any
 from sshddp_bench import (
     doctor,
     exec_true,
+    fetch,
     launch,
     logs,
     nodeloss,
@@ -34,6 +35,7 @@ CASES: tuple[Case[Any], ...] = (
     exec_true.CASE,
     smoke_bw.CASE,
     slurm.CASE,
+    fetch.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -84,6 +84,12 @@ class LogWriteFailed(SshddpError):
     exit_code = ExitCode.LOG_WRITE_FAILED
 
 
+class LocalWriteFailed(SshddpError):
+    """A local copy (``fetch``'s DEST) could not be written (disk full, I/O error)."""
+
+    exit_code = ExitCode.LOG_WRITE_FAILED
+
+
 class NodeFailed(SshddpError):
     """The run failed: the report names the root cause."""
 

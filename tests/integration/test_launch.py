@@ -243,4 +243,7 @@ def test_localhost_default_from_readme(tmp_path: Path, run_no_leak) -> None:
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(ln.split("] ", 1)[1]) for ln in proc.stdout.splitlines() if '"sum"' in ln]
     assert sorted(r["rank"] for r in results) == [0, 1] and all(r["ok"] for r in results)
+    # installed as the README says (numpy too), the example prints its results and nothing else
+    assert [ln for ln in proc.stdout.splitlines() if '"sum"' not in ln] == [], proc.stdout
+    assert "warning" not in proc.stderr.lower(), proc.stderr
     run_no_leak(run_id_of(proc.stderr))

@@ -367,7 +367,7 @@ def test_local_script_is_a_file(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     code = code_spec(LaunchOptions(script=str(script)))
-    assert code == CodeSpec("file", "train.py", str(script))
+    assert code == CodeSpec("file", "train.py", str(script), str(tmp_path.resolve()))
     payload = build_payload(code)
     assert (payload.kind, payload.name, payload.data) == ("file", "train.py", b"print('hi')\n")
     assert payload.sha256 == hashlib.sha256(b"print('hi')\n").hexdigest()
@@ -435,7 +435,7 @@ def test_workdir_payload_is_a_tar_of_the_shipped_files(tmp_path: Path) -> None:
     root = tmp_path / "proj"
     make_project(root)
     code = code_spec(LaunchOptions(script=str(root / "train.py"), workdir=str(root)))
-    assert code == CodeSpec("tar", "train.py", str(root))
+    assert code == CodeSpec("tar", "train.py", str(root), str(root))
     payload = build_payload(code)
     assert payload.kind == "tar"
     assert payload.sha256 == hashlib.sha256(payload.data).hexdigest()
@@ -459,10 +459,11 @@ def test_workdir_relative_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_workdir_with_module(tmp_path: Path) -> None:
     make_project(tmp_path)
     code = code_spec(LaunchOptions(module="pkg.model", workdir=str(tmp_path)))
-    assert code == CodeSpec("tar", "pkg.model", str(tmp_path))
+    assert code == CodeSpec("tar", "pkg.model", str(tmp_path), str(tmp_path))
     plan = plan_of(LaunchOptions(module="pkg.model"), code=code)
     assert plan.nodes[0].argv[-2:] == ("-m", "pkg.model")
-    assert plan.nodes[0].cwd.endswith("/code")
+    assert plan.nodes[0].cwd == plan.nodes[0].workspace
+    assert plan.nodes[0].cwd.startswith(f"/scratch/sshddp/work/{tmp_path.name}-")
 
 
 def test_workdir_errors(tmp_path: Path) -> None:

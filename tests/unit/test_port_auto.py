@@ -33,17 +33,26 @@ def test_inventory_port_auto_is_the_auto_port() -> None:
 
 
 def test_the_pick_reaches_every_node_argv_and_spec() -> None:
+    inv = parse_inventory(INV, source="inv.yaml")
     before = plan()
     assert before.rdzv_port == defaults.AUTO_PORT
-    after = with_port(before, 29502)
+    after = with_port(inv, SCRIPT, before, 29502)
     assert after.rdzv_port == 29502 and after.peer_port == 29503
     for node in after.nodes:
         argv = list(node.argv)
         assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29502"
         spec = after.spec(node)
         assert spec["peers"]["port"] == 29503 and "10.0.0.1:29502" in spec["argv"]
-    fixed = plan(LaunchOptions(script="train.py", port=29400))
-    assert with_port(fixed, 29400) == fixed
+    fixed = LaunchOptions(script="train.py", port=29400)
+    assert with_port(inv, fixed, plan(fixed), 29400) == plan(fixed)
+
+
+def test_the_pick_reaches_a_node_launchers_environment_and_placeholders() -> None:
+    inv = parse_inventory(INV, source="inv.yaml")
+    node = LaunchOptions(launcher="node", command=("run", "--port", "{master_port}"))
+    after = with_port(inv, node, plan(node), 29502)
+    for n in after.nodes:
+        assert n.env["MASTER_PORT"] == "29502" and n.argv[-2:] == ("--port", "29502")
 
 
 def test_port_auto_on_the_command_line_overrides_the_inventory() -> None:

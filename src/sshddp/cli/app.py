@@ -18,6 +18,7 @@ import click
 from sshddp import __version__
 from sshddp.cli.doctor import doctor
 from sshddp.cli.exec import exec_
+from sshddp.cli.fetch import fetch
 from sshddp.cli.launch import launch
 from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.runs import attach, logs, ps, stop
@@ -27,7 +28,7 @@ from sshddp.errors import ExitCode, SshddpError
 
 
 @click.group(context_settings=CONTEXT)
-@click.version_option(__version__, prog_name="sshddp")
+@click.version_option(__version__, "-V", "--version", prog_name="sshddp")
 @click.option(
     "--traceback",
     is_flag=True,
@@ -40,7 +41,7 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     ctx.meta["traceback"] = traceback
 
 
-for _command in (doctor, launch, attach, logs, ps, stop, exec_, smoke):
+for _command in (doctor, launch, attach, logs, ps, stop, exec_, smoke, fetch):
     cli.add_command(_command)
 
 

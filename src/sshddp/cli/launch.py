@@ -90,6 +90,27 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="Give the ranks a terminal (isatty() true: colours, progress bars) instead of a "
     "pipe; caps a node's output near 100 MB/s.",
 )
+@click.option(
+    "--torchrun-arg",
+    "torchrun_args",
+    multiple=True,
+    metavar="--OPT=VALUE",
+    help="Pass one option to torchrun (repeatable), e.g. --torchrun-arg=--local-ranks-filter=0. "
+    "Options sshddp sets itself (--nnodes, --node-rank, --nproc-per-node, --rdzv-endpoint...) "
+    "are refused.",
+)
+@click.option(
+    "--local-rank-arg",
+    is_flag=True,
+    help="Append --local_rank=N to the script's arguments (scripts written for "
+    "torch.distributed.launch).",
+)
+@click.option(
+    "--fresh-cwd",
+    is_flag=True,
+    help="Run in a new directory for this run only (removed by retention), not in the "
+    "workspace that the script's directory keeps on each host.",
+)
 @click.pass_context
 def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY (or of -H).
@@ -155,6 +176,9 @@ def launch_options(
         heartbeat_timeout=kw["heartbeat_timeout"],
         tty=kw["tty"],
         launcher=kw["launcher"],
+        torchrun_args=tuple(kw["torchrun_args"]),
+        local_rank_arg=kw["local_rank_arg"],
+        fresh_cwd=kw["fresh_cwd"],
     )
     return options, secrets
 

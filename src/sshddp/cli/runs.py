@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Optional
 
 import click
 
+from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.launch import report_result
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
 from sshddp.errors import ExitCode
@@ -21,7 +22,7 @@ def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
 
 
 @click.command(name="attach", context_settings=CONTEXT)
-@click.argument("run")
+@click.argument("run", shell_complete=complete_run_ids)
 @ssh_options
 @click.pass_context
 def attach(ctx: click.Context, run: str, **kw: Any) -> None:
@@ -33,7 +34,7 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
 
 
 @click.command(name="logs", context_settings=CONTEXT)
-@click.argument("run")
+@click.argument("run", shell_complete=complete_run_ids)
 @click.option("--node", type=click.IntRange(min=0), metavar="K", help="Only node K (raw).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Last N lines per node.")
@@ -53,15 +54,17 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
 
 
 @click.command(name="ps", context_settings=CONTEXT)
+@click.argument("run", required=False, shell_complete=complete_run_ids)
 @click.option("--all", "show_all", is_flag=True, help="Also finished runs.")
 @ssh_options
 @click.pass_context
-def ps(ctx: click.Context, show_all: bool, **kw: Any) -> None:
-    """List the runs this machine started, with each node's state read live."""
+def ps(ctx: click.Context, run: Optional[str], show_all: bool, **kw: Any) -> None:
+    """List the runs this machine started (or only RUN), with each node's state read live."""
     from rich.table import Table
 
     terminal = terminal_of(ctx)
-    rows = runs.ps_rows(show_all, lambda record: _ssh_for(record, kw), kw["fanout"])
+    only = registry.resolve(run).run_id if run is not None else None
+    rows = runs.ps_rows(show_all, lambda record: _ssh_for(record, kw), kw["fanout"], only)
     if not rows:
         terminal.out("no runs" + ("" if show_all else " in progress (`sshddp ps --all` lists all)"))
         raise Exit(ExitCode.OK)
@@ -84,7 +87,7 @@ def _duration(seconds: float) -> str:
 
 
 @click.command(name="stop", context_settings=CONTEXT)
-@click.argument("run")
+@click.argument("run", shell_complete=complete_run_ids)
 @click.option("--force", is_flag=True, help="SIGKILL at once, no grace period.")
 @ssh_options
 @click.pass_context

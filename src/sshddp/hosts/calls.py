@@ -1,6 +1,6 @@
 """The calls that look at or act on one node of a run on its host: stop it, read its status
-and its log (once, or following it). Each runs one host-side module and decodes its answer
-into the host contract's records."""
+and its log (once, or following it), copy back what it wrote. Each runs one host-side module
+and decodes its answer into the host contract's records."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Callable, Optional
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.remote import contract
-from sshddp.remote.contract import ExitRecord, StopAnswer
+from sshddp.remote.contract import ExitRecord, FetchHeader, FetchTrailer, StopAnswer
 
 
 def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> StopAnswer:
@@ -60,3 +60,60 @@ def status_record(stderr: bytes) -> Optional[ExitRecord]:
         found: ExitRecord = record  # type: ignore[assignment]
         return found
     return None
+
+
+class FetchStream:
+    """The bytes of one ``fetch`` call after its header: ``read`` them to the end, then
+    ``trailer`` says what the host sent."""
+
+    def __init__(self, proc: RemoteProcess, header: FetchHeader, rest: bytes) -> None:
+        self.proc = proc
+        self.header = header
+        self._rest = rest
+
+    def read(self, n: int = 1 << 20) -> bytes:
+        if self._rest:
+            data, self._rest = self._rest[:n], self._rest[n:]
+            return data
+        return self.proc.read(n)
+
+    def trailer(self) -> Optional[FetchTrailer]:
+        """The host's account of what it sent, or None when its answer was cut short."""
+        lines = self.proc.read_stderr().decode("utf-8", "replace").strip().splitlines()
+        self.proc.wait()
+        try:
+            record = json.loads(lines[-1]) if lines else None
+        except ValueError:
+            return None
+        if isinstance(record, dict) and "sha256" in record:
+            found: FetchTrailer = record  # type: ignore[assignment]
+            return found
+        return None
+
+    def close(self) -> None:
+        self.proc.close()
+
+
+def fetch_path(transport: Transport, rundir: str, cwd: str, path: str) -> FetchStream:
+    """Start copying ``path`` (relative to the node's ``cwd``) from the host; the header has
+    come when this returns (``header["ok"]`` false: nothing follows, and why)."""
+    proc = shipped.start(transport, "fetch", {"rundir": rundir, "cwd": cwd, "path": path})
+    try:
+        proc.close_stdin()
+        buf = b""
+        while b"\n" not in buf:
+            chunk = proc.read(1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+        line, _, rest = buf.partition(b"\n")
+        try:
+            header = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            header = None
+        if not isinstance(header, dict):  # no answer: say why (the interpreter, its error)
+            shipped.decode(transport, "fetch", line, proc.read_stderr(), proc.wait())
+    except BaseException:
+        proc.close()
+        raise
+    return FetchStream(proc, header, rest)

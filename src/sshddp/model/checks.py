@@ -147,6 +147,7 @@ class ProbeFacts(TypedDict, total=False):
     os: str
     python: PythonFacts
     cuda_visible_devices: Optional[str]
+    cpus: Optional[int]  #: CPUs the host's processes may use (what `nproc` prints)
     disk: DiskFacts
     port: PortFacts  #: only from the rendezvous host
     rendezvous: RendezvousFacts
@@ -495,8 +496,7 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
     f = hf.facts or {}
     want = hf.host.gpus or 0
     if want == 0:
-        procs = ctx.nproc_override or hf.host.procs
-        return Finding("gpus", Status.OK, f"CPU host, {procs} process(es)")
+        return _cpu_host(hf, f, ctx.nproc_override or hf.host.procs)
     if _no_python(f):
         return Finding("gpus", Status.SKIP, _NOT_CHECKED)
     have = gpu_count(f)
@@ -515,6 +515,14 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
         fix = _drop_var(cvd, hf.host, ctx) if cvd else ""
         fix = fix or f"set `gpus: {have}` for {hf.host.host} in the inventory"
         return Finding("gpus", Status.FAIL, f"{have} GPUs visible, {want} expected{why}", fix)
+    procs = ctx.nproc_override or want
+    if procs > have:
+        return Finding(
+            "gpus",
+            Status.WARN,
+            f"{procs} processes on {have} GPUs: ranks would share GPUs (NCCL refuses that)",
+            f"--nproc-per-node {have} or fewer for {hf.host.host}",
+        )
     busy = ((f.get("nvidia_smi") or {}).get("processes")) or []
     if busy:
         pids = ", ".join(f"{p['pid']} ({p['name']}, {p['mib']} MiB)" for p in busy[:4])
@@ -525,6 +533,19 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
             f"stop those processes on {hf.host.host} if they are left over from an old run",
         )
     return Finding("gpus", Status.OK, f"{have} GPUs")
+
+
+def _cpu_host(hf: HostFacts, f: Facts, procs: int) -> Finding:
+    cpus = f.get("cpus")
+    if cpus and procs > cpus:
+        return Finding(
+            "gpus",
+            Status.WARN,
+            f"CPU host, {procs} processes on {cpus} CPUs: they will slow each other down",
+            f"`nproc: {cpus}` or fewer for {hf.host.host} in the inventory (or "
+            f"--nproc-per-node {cpus})",
+        )
+    return Finding("gpus", Status.OK, f"CPU host, {procs} process(es)")
 
 
 def _port(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:

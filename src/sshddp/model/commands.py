@@ -13,6 +13,10 @@ from typing import Optional
 
 from sshddp.remote import contract
 
+#: For --local-rank-arg: torchrun puts each worker's local rank in it (the one argument
+#: sshddp lets torchrun template).
+LOCAL_RANK_ARG = "--local_rank=${local_rank}"
+
 # The ``python -c`` program that runs shipped code: it reads one JSON header line from stdin
 # and hands it to the shipped importer (sshddp/remote/importer.py). Kept free of single
 # quotes and backslashes so it survives any POSIX-ish login shell (fish too). An interpreter
@@ -65,14 +69,18 @@ def torchrun_argv(
     max_restarts: int,
     rundir: str,
     program: tuple[str, ...],
+    options: tuple[str, ...] = (),
+    local_rank_arg: bool = False,
 ) -> tuple[str, ...]:
     """torchrun with a static rendezvous, so host i gets node rank i deterministically.
 
     ``program`` is the script and its arguments (or ``-m MODULE`` and its arguments), as the
-    script must receive them. Ranks start through ``rank.py`` in the run directory rather
-    than torchrun's default ``python -u``: it runs the script unchanged but line-buffers
-    stdout and stderr, so each line is one write and lines of the ranks sharing the node's
-    log pipe never mix.
+    script must receive them. ``options`` are the user's own torchrun options (checked by
+    ``model.torchrun``), placed before the program; ``local_rank_arg`` appends
+    ``--local_rank=N`` for scripts written for ``torch.distributed.launch``. Ranks start
+    through ``rank.py`` in the run directory rather than torchrun's default ``python -u``:
+    it runs the script unchanged but line-buffers stdout and stderr, so each line is one
+    write and lines of the ranks sharing the node's log pipe never mix.
     """
     argv = [
         python,
@@ -92,11 +100,14 @@ def torchrun_argv(
         run_id,
         "--max-restarts",
         str(max_restarts),
+        *options,
         "--no-python",
         python,
         f"{rundir}/{contract.RANK_SHIM}",
     ]
-    return (*argv, *(torchrun_literal(a) for a in program))
+    # The one argument torchrun may template: it puts each worker's local rank in it.
+    last = (LOCAL_RANK_ARG,) if local_rank_arg else ()
+    return (*argv, *(torchrun_literal(a) for a in program), *last)
 
 
 def torchrun_literal(arg: str) -> str:

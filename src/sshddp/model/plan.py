@@ -8,6 +8,7 @@ the caller supplies (``LocalPaths``).
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 import secrets
@@ -32,6 +33,7 @@ from sshddp.model.launchers import (
     node_argv,
     spec_launcher,
 )
+from sshddp.model.torchrun import torchrun_args
 from sshddp.remote import contract
 
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
@@ -59,6 +61,9 @@ class LaunchOptions:
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
     launcher: Launcher = "torchrun"  #: torchrun, or one process per node (``node``)
     command: tuple[str, ...] = ()  #: ``--launcher node -- COMMAND``, placeholders unexpanded
+    torchrun_args: tuple[str, ...] = ()  #: ``--torchrun-arg`` options, passed to torchrun
+    local_rank_arg: bool = False  #: append ``--local_rank=N`` to the script's arguments
+    fresh_cwd: bool = False  #: a new working directory per run instead of the workspace
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class CodeSpec:
     kind: CodeKind  #: file: one local file; tar: a local directory; remote/none: nothing shipped
     target: str  #: what torchrun runs: a script path relative to the code dir, or a module
     local_path: Optional[str] = None  #: the local file or directory to ship
+    home: Optional[str] = None  #: the local directory (resolved) whose workspace the ranks use
 
 
 class LocalPaths(Protocol):
@@ -89,6 +95,7 @@ class NodePlan:
     env: Mapping[str, str]  #: inventory env, then ``--env``; the supervisor adds SSHDDP_*
     argv: tuple[str, ...]  #: the torchrun command (argv[0] is the host's python)
     cwd: str  #: working directory of torchrun on the host
+    workspace: Optional[str] = None  #: the cwd when it outlives the run: code is linked in
 
     @property
     def index(self) -> int:
@@ -168,6 +175,7 @@ def make_plan(
 ) -> LaunchPlan:
     """Decide node ranks, process counts, the rendezvous endpoint and every command."""
     validate_options(options, run_id)
+    _check_fresh_cwd(options, code)
     hosts = inventory.hosts
     rdzv = (inventory.rendezvous.host or addr_of(hosts[0]), _rdzv_port(inventory, options))
     nprocs = [options.nproc_per_node or h.procs for h in hosts]
@@ -175,6 +183,7 @@ def make_plan(
     for i, h in enumerate(hosts):
         figures = NodeFigures(i, len(hosts), nprocs[i], sum(nprocs), *rdzv)
         rundir = run_dir(h.workdir, run_id, i)
+        space = None if options.fresh_cwd else workspace_dir(h.workdir, code)
         env = MappingProxyType(
             {**h.env, **dict(options.env), **launcher_env(options.launcher, figures)}
         )
@@ -186,7 +195,8 @@ def make_plan(
             rundir=rundir,
             env=env,
             argv=_argv(options, code, figures, rundir, h.python, run_id),
-            cwd=_cwd(code, rundir),
+            cwd=space or _cwd(code, rundir),
+            workspace=space,
         )
         nodes.append(node)
     return LaunchPlan(
@@ -221,26 +231,38 @@ def _argv(
     if options.launcher == "node":
         command = expand(options.command, node.placeholders())
         return node_argv(python, rundir, program, command)
-    rdzv = (node.master_addr, node.master_port)
-    nnodes, nproc, restarts = node.nnodes, node.nproc, options.max_restarts
     return torchrun_argv(
-        python, node.node_rank, nnodes, nproc, rdzv, run_id, restarts, rundir, program
+        python,
+        node.node_rank,
+        node.nnodes,
+        node.nproc,
+        (node.master_addr, node.master_port),
+        run_id,
+        options.max_restarts,
+        rundir,
+        program,
+        options.torchrun_args,
+        options.local_rank_arg,
     )
 
 
-def with_port(plan: LaunchPlan, port: int) -> LaunchPlan:
-    """The plan with the rendezvous port node 0 picked (``--port auto``): every node's
-    torchrun endpoint and the supervisors' port (``peer_port``) follow it."""
-    old = f"--rdzv-endpoint {endpoint(plan.rdzv_addr, plan.rdzv_port)}"
-    new = endpoint(plan.rdzv_addr, port)
-    nodes = []
-    for node in plan.nodes:
-        argv = list(node.argv)
-        for i in range(len(argv) - 1):
-            if f"{argv[i]} {argv[i + 1]}" == old:
-                argv[i + 1] = new
-        nodes.append(replace(node, argv=tuple(argv)))
-    return replace(plan, rdzv_port=port, nodes=tuple(nodes))
+def _check_fresh_cwd(options: LaunchOptions, code: CodeSpec) -> None:
+    if options.fresh_cwd and code.kind not in ("file", "tar"):
+        raise UsageError(
+            "--fresh-cwd: only for code sshddp ships (a local script or --workdir); a script "
+            "or module already on the hosts runs in the home directory"
+        )
+
+
+def with_port(
+    inventory: Inventory, options: LaunchOptions, plan: LaunchPlan, port: int
+) -> LaunchPlan:
+    """The plan again, with the rendezvous port node 0 picked (``--port auto``): torchrun's
+    endpoint, the supervisors' port (``peer_port``), and a node launcher's MASTER_PORT and
+    ``{master_port}`` all follow it."""
+    picked = replace(options, port=port)
+    addr = plan.rdzv_addr
+    return make_plan(inventory, picked, plan.run_id, plan.code, lambda h: addr, plan.secret_names)
 
 
 def _rdzv_port(inventory: Inventory, options: LaunchOptions) -> int:
@@ -277,6 +299,12 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
             "--max-restarts is torchrun's: with --launcher node the node's own launcher "
             "decides about restarts"
         )
+    if options.launcher == "node" and (options.torchrun_args or options.local_rank_arg):
+        raise UsageError(
+            "--torchrun-arg and --local-rank-arg are for torchrun launches; with --launcher "
+            "node the node's own launcher starts the workers"
+        )
+    torchrun_args(options.torchrun_args)
 
 
 def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
@@ -286,6 +314,19 @@ def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
 
 def _cwd(code: CodeSpec, rundir: str) -> str:
     return f"{rundir}/{contract.CODE}" if code.kind in ("file", "tar") else "~"
+
+
+def workspace_dir(workdir: str, code: CodeSpec) -> Optional[str]:
+    """The host directory that a shipped script's local directory (or a ``--workdir``) runs
+    in, run after run: ``<workdir>/work/<name>-<hash>``, named after the local directory and
+    keyed by its resolved path, so the same local directory always finds it again. None when
+    nothing is shipped: a script or module already on the host runs in the home directory,
+    which outlives every run anyway."""
+    if code.kind not in ("file", "tar") or not code.home:
+        return None
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(code.home.rstrip("/"))).lstrip(".")
+    key = hashlib.sha256(code.home.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return f"{workdir.rstrip('/')}/{contract.WORKSPACES}/{name or 'root'}-{key}"
 
 
 # --- which code ships ------------------------------------------------------------------------
@@ -310,7 +351,7 @@ def decide_code(options: LaunchOptions, paths: LocalPaths) -> CodeSpec:
         raise UsageError(f"{options.script}: is a directory; pass a script, or use --workdir")
     if kind == "file":
         local = PurePosixPath(options.script)
-        return CodeSpec("file", local.name, str(local))
+        return CodeSpec("file", local.name, str(local), paths.resolve(str(local.parent)))
     # Not here: taken as a path on the hosts, relative to the remote home directory.
     target = options.script[2:] if options.script.startswith("~/") else options.script
     return CodeSpec("remote", target)
@@ -322,14 +363,14 @@ def _workdir_code(options: LaunchOptions, workdir: str, paths: LocalPaths) -> Co
     if paths.kind(root) != "dir":
         raise UsageError(f"--workdir {workdir}: not a local directory")
     if options.module:
-        return CodeSpec("tar", options.module, root)
+        return CodeSpec("tar", options.module, root, root)
     assert options.script is not None
     script = options.script
     candidates = [script] if posixpath.isabs(script) else [posixpath.join(root, script), script]
     for candidate in (paths.resolve(c) for c in candidates):
         inside = candidate.startswith(root.rstrip("/") + "/")
         if inside and paths.kind(candidate) == "file":
-            return CodeSpec("tar", posixpath.relpath(candidate, root), root)
+            return CodeSpec("tar", posixpath.relpath(candidate, root), root, root)
     raise UsageError(
         f"{options.script}: not a file inside --workdir {workdir} (give the script "
         "relative to that directory)"

@@ -64,6 +64,17 @@ def _problems(reports: Sequence[HostReport]) -> list[RenderableType]:
     return lines
 
 
+def launch_warnings(reports: Sequence[HostReport]) -> list[str]:
+    """The preflight's warnings, as a launch prints them before it starts (plain text)."""
+    lines = []
+    for r in reports:
+        for f in r.findings:
+            if f.status is Status.WARN:
+                fix = f"\n  fix: {f.fix}" if f.fix else ""
+                lines.append(f"sshddp: warning: {r.host.host} {f.check}: {f.message}{fix}")
+    return lines
+
+
 #: Version of ``sshddp doctor --json``'s document; bump it when its shape changes. Output
 #: without ``schema`` came from version 1 (no env, net, unique, clock or imports checks).
 DOCTOR_JSON_SCHEMA = 2

@@ -7,7 +7,8 @@ args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"t
        "name", "size", "sha256"}, "supervisor": text of RUNDIR/supervisor.py,
        "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
        "site": source of the ranks' sitecustomize.py (remote/ranksite.py),
-       "bound": the node ends with this session (over srun; see bound.py)}
+       "bound": the node ends with this session (over srun; see bound.py),
+       "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None}
 The code stream holds exactly payload["size"] bytes.
 """
 
@@ -22,6 +23,7 @@ from typing import IO, Any, Dict, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import atomic_write_json, home_path, listdir, read_json
+from sshddp.remote.workspace import fill
 
 Answer = Dict[str, Any]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
@@ -182,6 +184,8 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
     payload = args["payload"]
     if payload["kind"] != "none":
         _receive_code(rundir, payload, stream)
+        if args.get("workspace"):  # the ranks run in it: it keeps what earlier runs wrote
+            fill(os.path.join(rundir, contract.CODE), os.path.expanduser(args["workspace"]))
     remote = args.get("remote_script")
     if remote and not os.path.isfile(home_path(remote)):
         raise BootError(f"the script {remote} does not exist on this host")

@@ -29,7 +29,8 @@ SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the sup
 SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
-CODE = "code"  #: the shipped code, unpacked; the ranks' cwd when code was shipped
+CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
+WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept across runs
 
 # Environment variables every process of a node carries.
 RUN_ID_VAR = "SSHDDP_RUN_ID"
@@ -106,3 +107,24 @@ class StopAnswer(ExitRecord, total=False):
     """What ``stop`` answers: the node's exit record, and whether it had ended already."""
 
     already: bool
+
+
+class FetchHeader(TypedDict, total=False):
+    """What ``fetch`` (remote/fetch.py) sends first: what follows, or why nothing does."""
+
+    ok: bool
+    error: str  #: nothing follows, and why
+    kind: str  #: "file" (its bytes follow) or "dir" (an uncompressed tar stream follows)
+    path: str  #: the absolute path on the host
+    name: str  #: its last component: the name it gets locally
+    size: int  #: bytes to expect (a directory's is an estimate, for a progress bar)
+    skipped: list[str]  #: names in a directory that are not sent (links, devices, unreadable)
+    skipped_count: int
+
+
+class FetchTrailer(TypedDict, total=False):
+    """What ``fetch`` sends last, on stderr: what it sent, to check what arrived."""
+
+    bytes: int
+    sha256: str
+    error: str  #: the stream was cut short on the host (a file shrank while it was read)

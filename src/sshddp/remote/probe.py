@@ -321,6 +321,7 @@ def _basics(args: Mapping[str, Any]) -> Facts:
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "login_env": _watched(args.get("watch")),
+        "cpus": _cpus(),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
     }
 
@@ -359,6 +360,14 @@ def _script_facts(args: Mapping[str, Any], facts: Facts) -> None:
             "path": args["script"],
             "exists": os.path.isfile(home_path(args["script"])),
         }
+
+
+def _cpus() -> Optional[int]:
+    """CPUs this host lets its processes use, as `nproc` counts them (the affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def _count_gpu_devices() -> Optional[int]:

@@ -111,6 +111,7 @@ class Boot:
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
             "bound": node.host.transport == "srun",  # the node ends with its job step
+            "workspace": node.workspace,
         }
 
     def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:

@@ -135,10 +135,11 @@ def _preflight(
         state.sessions, unreachable = _open_sessions(state.pool, plan)
         return unreachable
     ctx = _checks(plan, code_bytes, inventory, options)
-    gathered = preflight.for_launch(state.pool, ctx, _session_opener(state.pool, plan))
+    opener = _session_opener(state.pool, plan)
+    gathered = preflight.for_launch(state.pool, ctx, opener, screen.err)
     state.sessions = gathered.sessions
     if plan.rdzv_port == defaults.AUTO_PORT:
-        state.plan = with_port(plan, _picked(gathered.rdzv_port))
+        state.plan = with_port(inventory, options, plan, _picked(gathered.rdzv_port))
         screen.err(_banner(state.plan, mode.detach))
     return {}
 

@@ -26,6 +26,7 @@ from sshddp.hosts.transport import identity
 from sshddp.model import rankenv
 from sshddp.model.checks import Context, HostFacts, HostReport, evaluate, reports_ok
 from sshddp.model.inventory import Host
+from sshddp.model.report import launch_warnings
 
 #: Opens a host's session given the probe's arguments (None: no probe, for --no-check).
 SessionOpener = Callable[[Host, Optional[dict[str, Any]]], HostSession]
@@ -147,15 +148,23 @@ def doctor(pool: HostPool, ctx: Context) -> tuple[list[HostFacts], list[HostRepo
     return gathered.facts, evaluate(gathered.facts, ctx)
 
 
-def for_launch(pool: HostPool, ctx: Context, open_session: SessionOpener) -> Gathered:
+def for_launch(
+    pool: HostPool,
+    ctx: Context,
+    open_session: SessionOpener,
+    warn: Callable[[str], None] = lambda text: None,
+) -> Gathered:
     """Every host's launch session, opened by the checks that matter for a launch, and the
     rendezvous port (the first host's pick with ``--port auto``); ``PreflightFailed``
-    (nothing started, no session left) when a check fails."""
+    (nothing started, no session left) when a check fails. Warnings (the checks that passed
+    with one) go to ``warn``."""
     gathered = gather(pool, ctx, False, open_session)
     reports = evaluate(gathered.facts, ctx)
     if not reports_ok(reports):
         gathered.close()
         raise PreflightFailed(reports)
+    for line in launch_warnings(reports):
+        warn(line)
     return gathered
 
 

@@ -33,6 +33,7 @@ class NodeRecord:
     nproc: int
     rundir: str
     host: Host  #: as the inventory gave it, with the env's names only (values are not kept)
+    cwd: str = ""  #: the ranks' working directory on the host ("" in older records)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class RunRecord:
     @classmethod
     def of(cls, plan: LaunchPlan, inventory: str, ssh_config: Optional[str]) -> RunRecord:
         """The record of a run about to start."""
-        nodes = tuple(NodeRecord(n.node_rank, n.nproc, n.rundir, n.host) for n in plan.nodes)
+        nodes = tuple(NodeRecord(n.node_rank, n.nproc, n.rundir, n.host, n.cwd) for n in plan.nodes)
         return cls(
             run_id=plan.run_id,
             created=time.time(),
@@ -102,7 +103,7 @@ class RunRecord:
                 rundir=n.rundir,
                 env={},
                 argv=(),
-                cwd="",
+                cwd=n.cwd,
             )
             for n in self.nodes
         )
@@ -162,12 +163,18 @@ class RunRecord:
 def _node_json(node: NodeRecord) -> dict[str, Any]:
     host = {f.name: getattr(node.host, f.name) for f in fields(node.host)}
     host["env"] = sorted(node.host.env)  # names only
-    return {"node_rank": node.node_rank, "nproc": node.nproc, "rundir": node.rundir, "host": host}
+    return {
+        "node_rank": node.node_rank,
+        "nproc": node.nproc,
+        "rundir": node.rundir,
+        "host": host,
+        "cwd": node.cwd,
+    }
 
 
 def _node_of(data: Mapping[str, Any]) -> NodeRecord:
     host = Host(**{**data["host"], "env": {}})  # env values are not kept, nor needed
-    return NodeRecord(data["node_rank"], data["nproc"], data["rundir"], host)
+    return NodeRecord(data["node_rank"], data["nproc"], data["rundir"], host, data.get("cwd", ""))
 
 
 def _result_json(record: RunRecord) -> dict[str, Any]:
@@ -209,6 +216,15 @@ def save(record: RunRecord) -> None:
 def load(run_id: str) -> RunRecord:
     with open(runs_dir() / f"{run_id}.json") as fh:
         return RunRecord.from_json(json.load(fh))
+
+
+def run_ids() -> list[str]:
+    """Every recorded run id, newest first, from the file names alone (for completion)."""
+    try:
+        paths = [(p.stat().st_mtime, p.stem) for p in runs_dir().glob("*.json")]
+    except OSError:
+        return []
+    return [stem for _, stem in sorted(paths, reverse=True)]
 
 
 def all_runs() -> list[RunRecord]:

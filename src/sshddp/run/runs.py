@@ -37,14 +37,21 @@ class PsRow:
     root_cause: str  #: the earliest node to fail or be lost, in words
 
 
-def ps_rows(show_all: bool, ssh_of: Callable[[RunRecord], SshOptions], fanout: int) -> list[PsRow]:
-    """The runs this machine launched: unfinished ones read live, others as recorded.
-    ``ssh_of`` says how to reach a recorded run's hosts."""
+def ps_rows(
+    show_all: bool,
+    ssh_of: Callable[[RunRecord], SshOptions],
+    fanout: int,
+    only: Optional[str] = None,
+) -> list[PsRow]:
+    """The runs this machine launched (or only run ``only``, finished or not): unfinished
+    ones read live, others as recorded. ``ssh_of`` says how to reach a recorded run's hosts."""
     rows = []
     for record in registry.all_runs():
+        if only is not None and record.run_id != only:
+            continue
         recorded = record.result or ()
         finished = bool(recorded) and all(NodeState.of(e.state).final for e in recorded)
-        if finished and not show_all:
+        if finished and not (show_all or only):
             continue
         if finished:
             states: list[ExitRecord] = [{"state": e.state, "reason": e.reason} for e in recorded]

@@ -1,0 +1,147 @@
+"""The working directory that outlives a run (remote/workspace.py), run here and on Python
+3.8: the shipped code replaces its own files there and leaves everything else alone."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sshddp.remote import boot
+from sshddp.remote.workspace import WorkspaceError, fill
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def code_dir(tmp_path: Path, files: dict[str, bytes], name: str = "code") -> Path:
+    code = tmp_path / name
+    for rel, data in files.items():
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_bytes(data)
+    (code / ".sha256").write_text("digest\n")
+    return code
+
+
+def test_code_lands_in_an_empty_workspace_without_the_digest_file(tmp_path: Path) -> None:
+    code = code_dir(tmp_path, {"train.py": b"print(1)\n", "pkg/m.py": b"W = 1\n"})
+    space = tmp_path / "work" / "proj-abc"
+    fill(str(code), str(space))
+    assert tree(space) == {"train.py": b"print(1)\n", "pkg/m.py": b"W = 1\n"}
+    assert (space / "train.py").stat().st_ino == (code / "train.py").stat().st_ino  # a link
+
+
+def test_new_code_replaces_old_code_and_keeps_everything_else(tmp_path: Path) -> None:
+    space = tmp_path / "space"
+    fill(str(code_dir(tmp_path, {"train.py": b"v1", "pkg/m.py": b"v1"}, "c1")), str(space))
+    (space / "checkpoint.pt").write_bytes(b"weights of run 1")
+    (space / "pkg" / "cache.bin").write_bytes(b"cache")
+    reader = open(space / "train.py", "rb")  # a process of the older run still has it open
+    fill(str(code_dir(tmp_path, {"train.py": b"v2", "pkg/m.py": b"v2"}, "c2")), str(space))
+    assert tree(space) == {
+        "checkpoint.pt": b"weights of run 1",
+        "pkg/cache.bin": b"cache",
+        "pkg/m.py": b"v2",
+        "train.py": b"v2",
+    }
+    assert reader.read() == b"v1"  # renamed over, never rewritten in place
+    reader.close()
+    assert (tmp_path / "c1" / "train.py").read_bytes() == b"v1"  # each run's copy stays
+
+
+@pytest.mark.parametrize(
+    ("files", "make", "why"),
+    [
+        ({"pkg/m.py": b"x"}, lambda s: (s / "pkg").write_bytes(b"a file"), "is a file in"),
+        ({"data": b"x"}, lambda s: (s / "data").mkdir(), "is a directory in"),
+        (
+            {"out/m.py": b"x"},
+            lambda s: (s / "out").symlink_to(s.parent / "elsewhere"),
+            "is a symbolic link in",
+        ),
+    ],
+)
+def test_paths_the_workspace_cannot_take_are_refused(
+    tmp_path: Path, files: dict[str, bytes], make: Any, why: str
+) -> None:
+    space = tmp_path / "space"
+    space.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    make(space)
+    with pytest.raises(WorkspaceError, match=why) as caught:
+        fill(str(code_dir(tmp_path, files)), str(space))
+    assert "--fresh-cwd" in str(caught.value)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_staging_fills_the_workspace_and_a_refusal_fails_the_stage(tmp_path: Path) -> None:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for name, body in (("train.py", b"print(2)\n"), ("pkg/m.py", b"W = 2\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    payload = data.getvalue()
+    space = tmp_path / "work" / "proj-abc"
+    space.mkdir(parents=True)
+    (space / "ckpt.pt").write_bytes(b"kept")
+
+    def stage(run: str) -> dict[str, Any]:
+        args = {
+            "rundir": str(tmp_path / "runs" / run / "n0"),
+            "spec": {"run_id": run, "node_rank": 0, "cwd": str(space)},
+            "env": {},
+            "payload": {
+                "kind": "tar",
+                "name": "",
+                "size": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest(),
+            },
+            "rank": "# rank shim\n",
+            "site": "# sitecustomize\n",
+            "remote_script": None,
+            "workspace": str(space),
+        }
+        answer: dict[str, Any] = boot.stage(args, io.BytesIO(payload))
+        return answer
+
+    assert stage("r1")["ok"]
+    assert tree(space) == {"ckpt.pt": b"kept", "pkg/m.py": b"W = 2\n", "train.py": b"print(2)\n"}
+    (space / "pkg" / "m.py").unlink()
+    (space / "pkg").rmdir()
+    (space / "pkg").write_bytes(b"now a file")
+    answer = stage("r2")
+    assert not answer["ok"] and "is a file in the workspace" in answer["error"], answer
+    assert not (tmp_path / "runs" / "r2").exists()  # a failed stage leaves no run directory
+
+
+def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> None:
+    code = code_dir(tmp_path, {"train.py": b"v2", "a/b/c.txt": b"deep"})
+    space = tmp_path / "space"
+    space.mkdir()
+    (space / "train.py").write_bytes(b"v1")
+    (space / "out.log").write_bytes(b"kept")
+    program = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from sshddp.remote.workspace import fill; fill(sys.argv[2], sys.argv[3])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    subprocess.run(
+        [str(oldest_python), "-S", "-c", program, str(SRC), str(code), str(space)],
+        check=True,
+        env=env,
+        timeout=60,
+    )
+    assert tree(space) == {"a/b/c.txt": b"deep", "out.log": b"kept", "train.py": b"v2"}
