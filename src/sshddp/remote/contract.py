@@ -30,11 +30,16 @@ SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
 CODE = "code"  #: the shipped code, unpacked; the ranks' cwd when code was shipped
+STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, appended
 
 # Environment variables every process of a node carries.
 RUN_ID_VAR = "SSHDDP_RUN_ID"
 NODE_RANK_VAR = "SSHDDP_NODE_RANK"
 MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
+
+#: Every Python process of a node dumps its threads' stacks into STACKS on SIGRTMIN + this
+#: (``remote/ranksite.py``, which stands alone, repeats it as DUMP_SIGNAL_OFFSET).
+STACKS_SIGNAL_OFFSET = 6
 
 # The states a host reports for a node (see sshddp.model.state.NodeState).
 STARTING = "starting"
@@ -100,3 +105,57 @@ class StopAnswer(ExitRecord, total=False):
     """What ``stop`` answers: the node's exit record, and whether it had ended already."""
 
     already: bool
+
+
+# What a process of a node is, in ``sshddp stacks``.
+RANK = "rank"  #: a rank torchrun started (it has RANK in its environment)
+WORKER = "worker"  #: a process a rank started (a DataLoader worker, mp.spawn): same RANK
+AGENT = "agent"  #: the node's torchrun
+OTHER = "other"  #: any other process of the node's run
+
+
+class FrameRecord(TypedDict):
+    """One frame of a thread's stack."""
+
+    file: str  #: the code's file name as Python (or py-spy) names it; "" for a note
+    line: int  #: 0 when unknown
+    func: str  #: the function, or the note ("..." where a deep stack was cut)
+    code: str  #: the source line, read on the host ("" when unknown)
+    native: bool  #: a C / C++ frame (py-spy --native)
+
+
+class ThreadRecord(TypedDict):
+    """One thread of a process and its stack, outermost frame first."""
+
+    id: str  #: the thread's id as the dump gives it
+    name: str  #: its name, when py-spy gave one
+    status: str  #: "active", "idle", "active, holds the GIL", or "" when unknown
+    current: bool  #: the thread that ran the dump handler
+    frames: list[FrameRecord]
+
+
+class ProcessStacks(TypedDict):
+    """One process of a node and every thread's stack (or why there is none)."""
+
+    pid: int
+    ppid: int
+    role: str  #: RANK, WORKER, AGENT or OTHER
+    rank: Optional[int]  #: the global rank it is or belongs to (RANK in its environment)
+    local_rank: Optional[int]
+    cmdline: str
+    source: str  #: "faulthandler", "py-spy", or "" when it has no stack
+    threads: list[ThreadRecord]  #: the oldest (usually the main) thread first
+    raw: str  #: the dump as the process (faulthandler) or py-spy wrote it
+    error: str  #: why it has no stack ("" when it has one)
+
+
+class NodeStacks(TypedDict):
+    """What ``stacks`` answers for one node: every process of its run, or its end."""
+
+    schema: int
+    node_rank: int
+    state: str  #: the node's state (RUNNING, or how it ended: then no processes)
+    processes: list[ProcessStacks]
+    py_spy: Optional[str]  #: with native: the py-spy used, "" when missing; None otherwise
+    note: str  #: what the user should know (py-spy missing, and where it was looked for)
+    elapsed: float  #: seconds the host took
