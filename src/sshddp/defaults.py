@@ -25,3 +25,4 @@ RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous co
 
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report
+STACKS_TIMEOUT = 2.0  #: seconds each process of a run has to write its stacks (``stacks``)

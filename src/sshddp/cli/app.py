@@ -20,6 +20,7 @@ from sshddp.cli.doctor import doctor
 from sshddp.cli.launch import launch
 from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.runs import attach, logs, ps, stop
+from sshddp.cli.stacks import stacks
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 
@@ -38,7 +39,7 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     ctx.meta["traceback"] = traceback
 
 
-for _command in (doctor, launch, attach, logs, ps, stop):
+for _command in (doctor, launch, attach, logs, ps, stop, stacks):
     cli.add_command(_command)
 
 
