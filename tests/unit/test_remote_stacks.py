@@ -222,3 +222,32 @@ def test_a_node_that_has_ended_has_no_processes_to_read(tmp_path: Path, python: 
         [python, "-c", BOOTSTRAP], input=shipped.header("stacks", args), capture_output=True
     )
     assert json.loads(done.stdout)["state"] == contract.UNKNOWN
+
+
+def test_native_reads_through_py_spy_where_it_is_beside_the_interpreter(node: Node) -> None:
+    """This environment has py-spy beside its interpreter (the test extras pin it); pyenv's
+    3.8 has none, nor has PATH: there the answer says so and the signal reads Python frames."""
+    answer = node.collect(native=True)
+    (rank,) = by_role(answer, contract.RANK)
+    beside = str(Path(node.python).parent / "py-spy")
+    if node.python == sys.executable:
+        assert answer["py_spy"] == beside and answer["note"] == ""
+        assert rank["source"] == "py-spy"
+        main = rank["threads"][0]
+        assert main["name"] == "MainThread" and main["status"].startswith("idle")
+        assert main["frames"][-1] == {
+            "file": main["frames"][-1]["file"],
+            "line": 0,
+            "func": "recv",
+            "code": "",
+            "native": True,
+        }
+        python = [f for f in main["frames"] if not f["native"]]
+        assert python[-1]["func"] == "recv_in_c" and python[-1]["code"].startswith("got = libc")
+        (sleep,) = [p for p in answer["processes"] if p["cmdline"] == "sleep 600"]
+        assert sleep["error"] == "not a Python process (sleep)"  # py-spy is not even tried
+    else:
+        assert answer["py_spy"] == "" and rank["source"] == "faulthandler"
+        assert answer["note"].startswith(f"py-spy is not installed (looked for {beside} and on")
+    (node.cwd / "release").write_text("go")
+    assert node.wait_for("recv") == "5 0"  # py-spy's ptrace did not cut the recv short
