@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scale-hosts", type=int, metavar="N", help="Hosts of the scale32 case (default 32)."
     )
+    p.add_argument(
+        "--stacks-hosts", type=int, metavar="N", help="Hosts of the stacks case (default 8)."
+    )
     return p
 
 
@@ -78,7 +81,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error(f"--only: unknown case(s) {', '.join(sorted(unknown))}")
     if args.logs_mb is not None and args.logs_mb < 1:
         p.error("--logs-mb must be at least 1")
-    for opt in ("logs_hosts", "scale_hosts"):
+    for opt in ("logs_hosts", "scale_hosts", "stacks_hosts"):
         value = getattr(args, opt)
         if value is not None and not 1 <= value <= MAX_HOSTS:
             p.error(f"--{opt.replace('_', '-')} must be between 1 and 64")
@@ -94,6 +97,7 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
         logs8_hosts=args.logs_hosts or 8,
         logs8_mb=L8_MB // 2 if args.quick else L8_MB,
         scale=args.scale_hosts or (16 if args.quick else 32),
+        stacks=args.stacks_hosts or 8,
     )
 
 

@@ -27,6 +27,7 @@ class Sizes:
     logs8_hosts: int
     logs8_mb: int  #: logs8: MB per host
     scale: int  #: scale32: hosts
+    stacks: int = 8  #: stacks: hosts (2 ranks each)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import signal
 import time
 from typing import Any, NamedTuple, Optional, Tuple
 
-from sshddp.remote import contract, pyspy
+from sshddp.remote import contract
 from sshddp.remote.common import emit, listdir, pid_alive, read_json, run_pids, start_time
 from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 from sshddp.remote.follow import node_status
@@ -90,15 +90,22 @@ def collect(rundir: str, native: bool = False, timeout: float = DUMP_TIMEOUT) ->
     if spec is not None:
         found = processes(spec["mark"], read_json(os.path.join(rundir, contract.STATE)) or {})
         if native:
-            answer["py_spy"] = pyspy.find() or ""
-            answer["note"] = "" if answer["py_spy"] else pyspy.missing()
-        if answer["py_spy"]:
-            pyspy.dump_all(answer["py_spy"], [r for p, r in found if is_python(p, dump_signal())])
+            _native(answer, found)
         by_signal(rundir, [(p, r) for p, r in found if not r["threads"]], timeout)
         prune(os.path.join(rundir, contract.STACKS))
         answer["processes"] = [record for _, record in found]
     answer["elapsed"] = round(time.time() - began, 3)
     return answer
+
+
+def _native(answer: NodeStacks, found: list[Found]) -> None:
+    """Read every Python process through py-spy, where this host has it."""
+    from sshddp.remote import pyspy  # subprocess and threads: only --native pays for them
+
+    answer["py_spy"] = pyspy.find() or ""
+    answer["note"] = "" if answer["py_spy"] else pyspy.missing()
+    if answer["py_spy"]:
+        pyspy.dump_all(answer["py_spy"], [r for p, r in found if is_python(p, dump_signal())])
 
 
 def processes(mark: str, state: dict[str, Any]) -> list[Found]:
@@ -276,9 +283,12 @@ def _size(path: str) -> int:
 
 
 def wait_written(files: dict[int, tuple[str, int]], timeout: float) -> None:
-    """Wait until every file has grown past its offset and then stayed the same size for
-    SETTLE seconds (faulthandler's dump is written in one go, with no end mark), or until
-    its process is gone, or ``timeout``."""
+    """Wait until every process's dump is whole, or its process is gone, or ``timeout``.
+
+    faulthandler writes a dump in one go but with no end mark. It writes the main thread
+    last (the oldest), and that stack ends with the outermost frame: ``<module>`` of the
+    script, or runpy's ``_run_module_as_main`` under ``python -m``. A dump that ends
+    otherwise is whole once its file has stayed the same size for SETTLE seconds."""
     deadline = time.time() + timeout
     seen: dict[int, tuple[int, float]] = {}  # pid -> (size, since)
     left = dict(files)
@@ -288,10 +298,24 @@ def wait_written(files: dict[int, tuple[str, int]], timeout: float) -> None:
         for pid, (path, offset) in list(left.items()):
             size = _size(path)
             last = seen.get(pid)
-            if last is None or last[0] != size:
+            if size > offset and _ends_whole(path, size):
+                del left[pid]
+            elif last is None or last[0] != size:
                 seen[pid] = (size, now)
             elif (size > offset and now - last[1] >= SETTLE) or not pid_alive(pid):
                 del left[pid]
+
+
+_OUTERMOST = (b" in <module>\n", b" in _run_module_as_main\n")
+
+
+def _ends_whole(path: str, size: int) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, size - 64))
+            return fh.read(64).endswith(_OUTERMOST)
+    except OSError:
+        return False
 
 
 def parse_faulthandler(text: str, cwd: str = "") -> list[ThreadRecord]:
