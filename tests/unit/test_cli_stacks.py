@@ -62,6 +62,13 @@ def test_a_run_that_has_ended_has_no_stacks(tmp_path: Path) -> None:
     assert not (tmp_path / "logs" / "r1" / "stacks").exists()
 
 
+def test_a_run_whose_directories_are_gone_is_not_running(tmp_path: Path) -> None:
+    record(tmp_path, local(0))  # its run directory was never made, or was removed
+    result = sshddp(["stacks", "r1"])
+    assert_clean_failure(result, ExitCode.NOT_RUNNING)
+    assert "run r1 is not running (node 0 (localhost) unknown)" in result.err
+
+
 def test_unknown_run_and_node_out_of_range_are_bad_input(tmp_path: Path) -> None:
     record(tmp_path, local(0))
     missing = sshddp(["stacks", "nosuch"])

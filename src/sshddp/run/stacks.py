@@ -23,7 +23,7 @@ from sshddp.hosts.transport import SshOptions
 from sshddp.model import stacks
 from sshddp.model.plan import NodePlan
 from sshddp.model.stacks import HostStacks
-from sshddp.model.state import NodeState
+from sshddp.remote import contract
 from sshddp.remote.contract import NodeStacks
 from sshddp.run.registry import RunRecord
 
@@ -45,12 +45,14 @@ class Collected:
 
     @property
     def live(self) -> list[HostStacks]:
-        """The nodes that still have processes (or are running)."""
+        """The nodes that are starting or running, or still have processes."""
         return [
             h
             for h in self.nodes
             if h.record is not None
-            and (h.record["processes"] or not NodeState.of(h.record["state"]).final)
+            and (
+                h.record["processes"] or h.record["state"] in (contract.STARTING, contract.RUNNING)
+            )
         ]
 
 
