@@ -69,5 +69,7 @@ def _notes(terminal: Terminal, got: Collected, groups: list[model.Group], saved:
         elif h.record["note"]:
             terminal.err(f"sshddp: node {h.node_rank} ({h.host}): {h.record['note']}")
         elif not h.record["processes"]:
-            terminal.err(f"sshddp: node {h.node_rank} ({h.host}): {h.record['state']}")
+            terminal.err(
+                f"sshddp: node {h.node_rank} ({h.host}) is {h.record['state']}: no process left"
+            )
     terminal.err(f"sshddp: full dumps (one file per process): {saved}/")

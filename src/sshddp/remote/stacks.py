@@ -73,8 +73,8 @@ def main(args: dict[str, Any]) -> None:
 
 def collect(rundir: str, native: bool = False, timeout: float = DUMP_TIMEOUT) -> NodeStacks:
     """Every process of the node's run with every thread's stack, or why it has none;
-    ``native``: through py-spy where it is installed. Takes about SETTLE seconds, at most
-    ``timeout`` (plus py-spy's own time)."""
+    ``native``: through py-spy where it is installed. Takes as long as the slowest process
+    takes to dump (milliseconds), at most ``timeout`` (plus py-spy's own time)."""
     began = time.time()
     rundir = os.path.expanduser(rundir)
     spec = read_json(os.path.join(rundir, contract.SPEC))
@@ -113,7 +113,7 @@ def processes(mark: str, state: dict[str, Any]) -> list[Found]:
     agent = state.get("pid")
     procs = {}
     for pid in run_pids(state.get("pgid"), mark):
-        proc = inspect(pid)
+        proc = describe(pid)
         if proc is not None:
             procs[pid] = proc
     found = []
@@ -148,7 +148,7 @@ def role(proc: Proc, procs: dict[int, Proc], agent: Optional[int]) -> str:
     return contract.WORKER if parent is not None and parent.rank == proc.rank else contract.RANK
 
 
-def inspect(pid: int) -> Optional[Proc]:
+def describe(pid: int) -> Optional[Proc]:
     """What /proc says of a process, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -266,7 +266,7 @@ def _read_dump(record: ProcessStacks, path: str, offset: int, proc: Proc, timeou
     if record["threads"]:
         record["source"] = "faulthandler"
     else:
-        now = inspect(proc.pid)
+        now = describe(proc.pid)
         state = f"its state: {now.state}" if now else "it has exited"
         record["error"] = _with(record["error"], f"no dump within {timeout:.1f} s ({state})")
 
