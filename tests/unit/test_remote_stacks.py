@@ -251,3 +251,15 @@ def test_native_reads_through_py_spy_where_it_is_beside_the_interpreter(node: No
         assert answer["note"].startswith(f"py-spy is not installed (looked for {beside} and on")
     (node.cwd / "release").write_text("go")
     assert node.wait_for("recv") == "5 0"  # py-spy's ptrace did not cut the recv short
+
+
+def test_two_collections_at_once_each_read_one_whole_dump(node: Node) -> None:
+    """Two terminals at the same moment: each collector reads exactly one dump per process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: node.collect(), range(2)))
+    for answer in answers:
+        (rank,) = by_role(answer, contract.RANK)
+        assert len(rank["threads"]) == 3
+        assert rank["raw"].count("most recent call first") == 3, rank["raw"]

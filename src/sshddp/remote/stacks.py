@@ -19,11 +19,13 @@ where py-spy is installed (``pyspy``); a process it cannot read falls back to th
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import signal
 import time
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Iterator, NamedTuple, Optional, Tuple
 
 from sshddp.remote import contract
 from sshddp.remote.common import emit, listdir, pid_alive, read_json, run_pids, start_time
@@ -232,26 +234,43 @@ def holds(pid: int, path: str) -> bool:
 
 
 def by_signal(rundir: str, todo: list[Found], timeout: float) -> None:
-    """Signal each process that has sshddp's dump handler, then read what each wrote."""
+    """Signal each process that has sshddp's dump handler, then read what each wrote. One
+    collection at a time per node (two terminals at once): each reads exactly one dump."""
     signum = dump_signal()
     files: dict[int, tuple[str, int]] = {}
-    for proc, record in todo:
-        path = dump_path(rundir, proc)
-        why = refusal(proc, path, signum)
-        if why:
-            record["error"] = _with(record["error"], why)
-            continue
-        offset = _size(path)
-        try:
-            os.kill(proc.pid, signum)
-        except OSError:
-            record["error"] = "it exited before it could dump its stacks"
-            continue
-        files[proc.pid] = (path, offset)
-    wait_written(files, timeout)
-    for proc, record in todo:
-        if proc.pid in files:
-            _read_dump(record, *files[proc.pid], proc, timeout)
+    with _one_at_a_time(os.path.join(rundir, contract.STACKS)):
+        for proc, record in todo:
+            path = dump_path(rundir, proc)
+            why = refusal(proc, path, signum)
+            if why:
+                record["error"] = _with(record["error"], why)
+                continue
+            offset = _size(path)
+            try:
+                os.kill(proc.pid, signum)
+            except OSError:
+                record["error"] = "it exited before it could dump its stacks"
+                continue
+            files[proc.pid] = (path, offset)
+        wait_written(files, timeout)
+        for proc, record in todo:
+            if proc.pid in files:
+                _read_dump(record, *files[proc.pid], proc, timeout)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(directory: str) -> Iterator[None]:
+    """An exclusive lock on DIRECTORY/.lock (none when it cannot be made: no dumps there)."""
+    try:
+        fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _read_dump(record: ProcessStacks, path: str, offset: int, proc: Proc, timeout: float) -> None:
