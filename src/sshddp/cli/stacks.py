@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import click
 
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
-from sshddp.errors import ExitCode
+from sshddp.errors import ExitCode, SshddpError
 from sshddp.model import stacks as model
 from sshddp.run import registry
 from sshddp.run import stacks as run_stacks
@@ -44,20 +44,29 @@ def stacks(ctx: click.Context, run: str, **kw: Any) -> None:
     ssh = make_ssh(kw, fallback_config=record.ssh_config)
     got = run_stacks.collect(record, ssh, kw["fanout"], node, kw["native"])
     run_stacks.check_live(got)
-    saved = run_stacks.save(got, Path(record.log_dir))
+    unsaved: Optional[SshddpError] = None
+    try:
+        saved: Optional[Path] = run_stacks.save(got, Path(record.log_dir))
+    except SshddpError as exc:  # the stacks are printed all the same, then the error
+        saved, unsaved = None, exc
     groups = model.group(got.nodes)
     if kw["as_json"]:
+        where = str(saved) if saved else None
         doc = model.json_doc(
-            got.run_id, got.nodes, groups, collected=got.at, elapsed=got.elapsed, saved=str(saved)
+            got.run_id, got.nodes, groups, collected=got.at, elapsed=got.elapsed, saved=where
         )
         terminal.out(json.dumps(doc, indent=1))
     else:
         terminal.out(model.render(groups, model.without_stacks(got.nodes)))
-    _notes(terminal, got, groups, str(saved))
+    _notes(terminal, got, groups, saved)
+    if unsaved is not None:
+        raise unsaved
     raise Exit(ExitCode.UNREACHABLE if got.unreachable else ExitCode.OK)
 
 
-def _notes(terminal: Terminal, got: Collected, groups: list[model.Group], saved: str) -> None:
+def _notes(
+    terminal: Terminal, got: Collected, groups: list[model.Group], saved: Optional[Path]
+) -> None:
     """What the user should know besides the stacks, on stderr."""
     terminal.err(
         f"sshddp: run {got.run_id}: {model.summary(got.nodes, groups)}, "
@@ -72,4 +81,5 @@ def _notes(terminal: Terminal, got: Collected, groups: list[model.Group], saved:
             terminal.err(
                 f"sshddp: node {h.node_rank} ({h.host}) is {h.record['state']}: no process left"
             )
-    terminal.err(f"sshddp: full dumps (one file per process): {saved}/")
+    if saved is not None:
+        terminal.err(f"sshddp: full dumps (one file per process): {saved}/")
