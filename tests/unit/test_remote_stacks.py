@@ -263,3 +263,17 @@ def test_two_collections_at_once_each_read_one_whole_dump(node: Node) -> None:
         (rank,) = by_role(answer, contract.RANK)
         assert len(rank["threads"]) == 3
         assert rank["raw"].count("most recent call first") == 3, rank["raw"]
+
+
+def test_a_supervisor_can_collect_in_process_from_a_thread(node: Node) -> None:
+    """What a supervisor's watchdog does: import the collector and call it, off its main
+    thread, with the node's run directory; it gets the same records back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sshddp.remote.stacks import collect
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(collect, str(node.rundir)).result(timeout=60)
+    (rank,) = by_role(answer, contract.RANK)
+    assert rank["pid"] == node.rank.pid and rank["source"] == "faulthandler"
+    assert "recv_in_c" in funcs(rank)[0]
