@@ -164,7 +164,8 @@ def test_stacks_of_ranks_blocked_in_c_with_threads_signal_handlers_and_workers(
     """Detached run, 2 hosts x 2 ranks that installed their own SIGUSR1/SIGUSR2 handlers:
     rank 0 blocked in libc recv, rank 1 on a lock with two more threads, rank 2 with a forked
     and a spawned worker. Every stack is read; none of it disturbs the ranks: the recv
-    still returns its bytes, and the script's own handlers still run."""
+    still returns its bytes, and the script's own handlers still run. With h2 unreachable,
+    h1's stacks still come, and the exit status says a host was missed."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
     started = sshddp(
         ssh_env, tmp_path, "launch", "--detach", "--name", "blk", str(inv), str(HANG), "blocked"
@@ -197,9 +198,23 @@ def test_stacks_of_ranks_blocked_in_c_with_threads_signal_handlers_and_workers(
         assert "=== rank 0 on h1 (1 rank) ===" in text.stdout and "in after_recv" in text.stdout
         assert "=== worker of rank 2 on h2 (1 process: pid " in text.stdout, text.stdout
         assert "=== torchrun agents of nodes 0-1 on h1,h2 (2 processes) ===" in text.stdout
+        _one_host_unreachable(ssh_env, tmp_path)
     finally:
         assert sshddp(ssh_env, tmp_path, "stop", "blk").returncode == 0
     run_no_leak("blk")
+
+
+def _one_host_unreachable(cluster: SshdCluster, cwd: Path) -> None:
+    """h2's sshd is down: h1's stacks are printed, h2 is named, and the exit status is 4."""
+    cluster.stop_host(2)
+    try:
+        part = sshddp(cluster, cwd, "stacks", "blk", "--connect-timeout", "3")
+    finally:
+        cluster.start_host(2)
+    assert part.returncode == 4, part.stderr
+    assert "=== rank 0 on h1 (1 rank) ===" in part.stdout and "h2" not in part.stdout
+    assert "sshddp: node 1 (h2): NO stacks: " in part.stderr, part.stderr
+    assert "2 ranks on 1 host in 2 groups" in part.stderr and "Traceback" not in part.stderr
 
 
 def _script_handlers_still_run(workdir: Path, ranks: dict[int, dict[str, Any]]) -> None:
