@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="N,N,..",
         help="Nodes of the slurm case's Slurm cluster (default 3,8,16; 3,8 with --quick).",
     )
+    p.add_argument(
+        "--stacks-hosts", type=int, metavar="N", help="Hosts of the stacks case (default 8)."
+    )
     return p
 
 
@@ -84,7 +87,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error(f"--only: unknown case(s) {', '.join(sorted(unknown))}")
     if args.logs_mb is not None and args.logs_mb < 1:
         p.error("--logs-mb must be at least 1")
-    for opt in ("logs_hosts", "scale_hosts"):
+    for opt in ("logs_hosts", "scale_hosts", "stacks_hosts"):
         value = getattr(args, opt)
         if value is not None and not 1 <= value <= MAX_HOSTS:
             p.error(f"--{opt.replace('_', '-')} must be between 1 and 64")
@@ -101,6 +104,7 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
         logs8_mb=L8_MB // 2 if args.quick else L8_MB,
         scale=args.scale_hosts or (16 if args.quick else 32),
         slurm=tuple(args.slurm_nodes or ([3, 8] if args.quick else [3, 8, 16])),
+        stacks=args.stacks_hosts or 8,
     )
 
 

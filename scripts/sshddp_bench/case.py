@@ -28,6 +28,7 @@ class Sizes:
     logs8_mb: int  #: logs8: MB per host
     scale: int  #: scale32: hosts
     slurm: tuple[int, ...] = (3,)  #: slurm: nodes of the Slurm cluster (its own, in namespaces)
+    stacks: int = 8  #: stacks: hosts (2 ranks each)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from sshddp_bench import (
     scale,
     slurm,
     smoke_bw,
+    stacks,
     teardown,
 )
 from sshddp_bench.case import Case, Sizes
@@ -36,6 +37,7 @@ CASES: tuple[Case[Any], ...] = (
     smoke_bw.CASE,
     slurm.CASE,
     fetch.CASE,
+    stacks.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

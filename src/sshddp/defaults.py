@@ -34,3 +34,4 @@ SLURM_POLL = 2.0  #: seconds between looks at the job's state while a run over S
 
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report
+STACKS_TIMEOUT = 2.0  #: seconds each process of a run has to write its stacks (``stacks``)

@@ -17,6 +17,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2  #: bad command line, inventory, run id or local file
     CHECK_FAILED = 3  #: doctor or the launch preflight found a failing check
     UNREACHABLE = 4  #: a host needed for the command could not be reached
+    NOT_RUNNING = 5  #: the run has ended: nothing to look at live (``stacks``)
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
     LOG_WRITE_FAILED = 74  #: a local log stopped taking bytes mid-run (EX_IOERR); run detached
     INTERRUPTED = 130  #: Ctrl-C
@@ -49,6 +50,12 @@ class InventoryError(SshddpError):
 
 class RunNotFound(UsageError):
     """A run id (or prefix) that names no run, or more than one."""
+
+
+class RunNotRunning(SshddpError):
+    """The run has ended on every node: there is no live process to look at."""
+
+    exit_code = ExitCode.NOT_RUNNING
 
 
 class CheckFailed(SshddpError):

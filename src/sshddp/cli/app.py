@@ -23,6 +23,7 @@ from sshddp.cli.launch import launch
 from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.runs import attach, logs, ps, stop
 from sshddp.cli.smoke import smoke
+from sshddp.cli.stacks import stacks
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 
@@ -41,7 +42,7 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     ctx.meta["traceback"] = traceback
 
 
-for _command in (doctor, launch, attach, logs, ps, stop, exec_, smoke, fetch):
+for _command in (doctor, launch, attach, logs, ps, stop, exec_, smoke, fetch, stacks):
     cli.add_command(_command)
 
 

@@ -1,6 +1,6 @@
 """The calls that look at or act on one node of a run on its host: stop it, read its status
-and its log (once, or following it), copy back what it wrote. Each runs one host-side module
-and decodes its answer into the host contract's records."""
+and its log (once, or following it), copy back what it wrote, collect its stacks. Each runs
+one host-side module and decodes its answer into the host contract's records."""
 
 from __future__ import annotations
 
@@ -10,13 +10,27 @@ from typing import Callable, Optional
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.remote import contract
-from sshddp.remote.contract import ExitRecord, FetchHeader, FetchTrailer, StopAnswer
+from sshddp.remote.contract import (
+    ExitRecord,
+    FetchHeader,
+    FetchTrailer,
+    NodeStacks,
+    StopAnswer,
+)
 
 
 def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> StopAnswer:
     """Stop one node's run; its final exit record."""
     answer: StopAnswer = shipped.call(
         transport, "stop", {"rundir": rundir, "force": force, "reason": reason}
+    )
+    return answer
+
+
+def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float) -> NodeStacks:
+    """Every thread's stack of every process of the node's run (``remote/stacks.py``)."""
+    answer: NodeStacks = shipped.call(
+        transport, "stacks", {"rundir": rundir, "native": native, "timeout": timeout}
     )
     return answer
 

@@ -8,7 +8,9 @@ them from memory to ``import`` like any installed package, then runs the entry m
 the tests import it like any module.
 
 Entry modules: ``session`` (a launch: probe, stage, start, follow), ``follow`` (a node's log
-and status), ``stop``, and ``supervisor`` (forked by ``boot``, or ``python -S supervisor.py
-RUNDIR``). ``rank`` is the shim every rank starts through; it stands alone. ``contract``
-names the files a node's run directory holds, with their records and schema version.
+and status), ``stop``, ``stacks`` (every process's stacks), and ``supervisor`` (forked by
+``boot``, or ``python -S supervisor.py RUNDIR``). ``rank`` is the shim every rank starts
+through, ``ranksite`` the sitecustomize of every Python process of a node; both stand alone.
+``contract`` names the files a node's run directory holds, with their records and schema
+version.
 """

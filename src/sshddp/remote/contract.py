@@ -31,6 +31,7 @@ RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
 CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
 WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept across runs
+STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, appended
 
 # Environment variables every process of a node carries.
 RUN_ID_VAR = "SSHDDP_RUN_ID"
@@ -41,6 +42,9 @@ MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
 LAUNCH_TORCHRUN = "torchrun"  #: torchrun; its ``--no-python`` is followed by python and rank.py
 LAUNCH_NODE = "node"  #: the node's one process: python, rank.py, then the script or -m MODULE
 LAUNCH_COMMAND = "command"  #: a user's command, run as it is (``--launcher node -- CMD``)
+#: Every Python process of a node dumps its threads' stacks into STACKS on SIGRTMIN + this
+#: (``remote/ranksite.py``, which stands alone, repeats it as DUMP_SIGNAL_OFFSET).
+STACKS_SIGNAL_OFFSET = 6
 
 # The states a host reports for a node (see sshddp.model.state.NodeState).
 STARTING = "starting"
@@ -128,3 +132,55 @@ class FetchTrailer(TypedDict, total=False):
     bytes: int
     sha256: str
     error: str  #: the stream was cut short on the host (a file shrank while it was read)
+# What a process of a node is, in ``sshddp stacks``.
+RANK = "rank"  #: a rank torchrun started (it has RANK in its environment)
+WORKER = "worker"  #: a process a rank started (a DataLoader worker, mp.spawn): same RANK
+AGENT = "agent"  #: the node's torchrun
+OTHER = "other"  #: any other process of the node's run
+
+
+class FrameRecord(TypedDict):
+    """One frame of a thread's stack."""
+
+    file: str  #: the code's file name as Python (or py-spy) names it; "" for a note
+    line: int  #: 0 when unknown
+    func: str  #: the function, or the note ("..." where a deep stack was cut)
+    code: str  #: the source line, read on the host ("" when unknown)
+    native: bool  #: a C / C++ frame (py-spy --native)
+
+
+class ThreadRecord(TypedDict):
+    """One thread of a process and its stack, outermost frame first."""
+
+    id: str  #: the thread's id as the dump gives it
+    name: str  #: its name, when py-spy gave one
+    status: str  #: "active", "idle", "active, holds the GIL", or "" when unknown
+    current: bool  #: the thread that ran the dump handler
+    frames: list[FrameRecord]
+
+
+class ProcessStacks(TypedDict):
+    """One process of a node and every thread's stack (or why there is none)."""
+
+    pid: int
+    ppid: int
+    role: str  #: RANK, WORKER, AGENT or OTHER
+    rank: Optional[int]  #: the global rank it is or belongs to (RANK in its environment)
+    local_rank: Optional[int]
+    cmdline: str
+    source: str  #: "faulthandler", "py-spy", or "" when it has no stack
+    threads: list[ThreadRecord]  #: the oldest (usually the main) thread first
+    raw: str  #: the dump as the process (faulthandler) or py-spy wrote it
+    error: str  #: why it has no stack ("" when it has one)
+
+
+class NodeStacks(TypedDict):
+    """What ``stacks`` answers for one node: every process of its run, or its end."""
+
+    schema: int
+    node_rank: int
+    state: str  #: the node's state (RUNNING, or how it ended: then no processes)
+    processes: list[ProcessStacks]
+    py_spy: Optional[str]  #: with native: the py-spy used, "" when missing; None otherwise
+    note: str  #: what the user should know (py-spy missing, and where it was looked for)
+    elapsed: float  #: seconds the host took

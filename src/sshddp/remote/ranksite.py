@@ -8,13 +8,28 @@ stderr line-buffered, as the rank shim does for the ranks themselves: a spawned 
 print is then live and one write per line, so its lines stay whole in the node's pipe,
 without PYTHONUNBUFFERED (which writes a line's text and its newline separately). Then it
 runs the sitecustomize it shadows, if the interpreter has one (a site's or a venv's).
-Standalone: it imports nothing of sshddp. Python 3.8+.
+
+It also makes every such process answer ``sshddp stacks``: ``faulthandler`` writes the stack
+of every thread to RUNDIR/stacks/<pid>-<start time> when the process gets SIGRTMIN+6, even
+while it is blocked inside C code (a collective, a socket, a lock). A real-time signal,
+because no library of the stack uses one (scripts, torch, Lightning and Slurm use SIGUSR1,
+SIGUSR2, SIGTERM, SIGINT, SIGCHLD, SIGHUP and SIGCONT), so a script's own handlers are never
+touched. Registered without ``chain``: chaining re-raises the signal to the handler that was
+there before, the default one, which ends a process on a real-time signal, and it drops
+SA_RESTART, so a C call blocked in the receiving thread would fail with EINTR. A forked
+child (a DataLoader worker) opens its own file. Standalone: it imports nothing of sshddp.
+Python 3.8+.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+TYPE_CHECKING = False  # every process of the node starts here: it never imports typing
+if TYPE_CHECKING:
+    from typing import IO, Optional
 
 
 def _line_buffered() -> None:
@@ -40,5 +55,47 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
+DUMP_SIGNAL_OFFSET = 6  #: dumps on SIGRTMIN+6 (sshddp.remote.contract.STACKS_SIGNAL_OFFSET)
+_dump: Optional[IO[bytes]] = None  # the open file faulthandler writes this process's stacks to
+
+
+def _register_dumps() -> None:
+    """faulthandler on SIGRTMIN+6 into RUNDIR/stacks/<pid>-<start time>, opened to append;
+    the collector names the process by that file and reads what the signal added. A forked
+    child holds the signal back until its own file is in place: meanwhile its dump would go
+    to its parent's file."""
+    signum = getattr(signal, "SIGRTMIN", None)
+    rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if signum is None or not os.path.isfile(os.path.join(rundir, "spec.json")):
+        return
+    signum += DUMP_SIGNAL_OFFSET
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        _open_dump(os.path.join(rundir, "stacks"), signum)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+
+
+def _open_dump(directory: str, signum: int) -> None:
+    global _dump
+    import faulthandler
+
+    try:
+        with open("/proc/self/stat") as fh:
+            start = fh.read().rsplit(")", 1)[1].split()[19]
+        os.makedirs(directory, 0o700, exist_ok=True)
+        dump = open(os.path.join(directory, f"{os.getpid()}-{start}"), "ab", buffering=0)
+    except (OSError, IndexError):  # no room, no /proc: this process has no dumps
+        if _dump is not None:  # a forked child must not write into its parent's file
+            faulthandler.unregister(signum)
+        return
+    faulthandler.register(signum, file=dump, all_threads=True, chain=False)
+    if _dump is not None:
+        _dump.close()  # the parent's file, inherited through fork: this copy only
+    _dump = dump
+
+
 _line_buffered()
+_register_dumps()
+os.register_at_fork(after_in_child=_register_dumps)
 _chain()

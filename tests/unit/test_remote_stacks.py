@@ -1,0 +1,279 @@
+"""The host side of ``sshddp stacks`` (remote/stacks.py, with the ranks' sitecustomize),
+run here as a host runs it, on this Python and on Python 3.8: a real process tree set up as
+a node's (the node's marker, RANK, the run directory's site/ on PYTHONPATH), read by the
+collector shipped as the coordinator ships it. Nothing it does may disturb the processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from sshddp.hosts import shipped
+from sshddp.model.commands import BOOTSTRAP
+from sshddp.remote import contract
+
+TREE = """
+import ctypes, multiprocessing as mp, os, signal, socket, subprocess, sys, threading, time
+
+def forever():
+    while True:
+        time.sleep(3600)
+
+def side_thread():
+    forever()
+
+def forked_child():
+    forever()
+
+def spawned_child():
+    forever()
+
+def on_signal(num, frame):
+    with open("handled", "a") as fh:
+        fh.write(signal.Signals(num).name + "\\n")
+
+def recv_in_c():
+    ours, theirs = socket.socketpair()
+
+    def release():
+        while not os.path.exists("release"):
+            time.sleep(0.05)
+        theirs.send(b"hello")
+
+    threading.Thread(target=release, daemon=True).start()
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(16)
+    with open("ready", "w") as fh:
+        fh.write("ready")
+    got = libc.recv(ours.fileno(), buf, 16, 0)
+    with open("recv", "w") as fh:
+        fh.write("%d %d" % (got, ctypes.get_errno()))
+    forever()
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGUSR1, on_signal)
+    signal.signal(signal.SIGUSR2, on_signal)
+    threading.Thread(target=side_thread, name="side", daemon=True).start()
+    mp.get_context("fork").Process(target=forked_child, daemon=True).start()
+    mp.get_context("spawn").Process(target=spawned_child, daemon=True).start()
+    subprocess.Popen(["sleep", "600"])
+    subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(600)"])
+    recv_in_c()
+"""
+
+
+@pytest.fixture(params=["this", "3.8"])
+def python(request: pytest.FixtureRequest, oldest_python: Path) -> str:
+    return sys.executable if request.param == "this" else str(oldest_python)
+
+
+class Node:
+    """A node's run directory and a process tree standing in for one of its ranks."""
+
+    def __init__(self, tmp: Path, python: str) -> None:
+        self.python = python
+        self.rundir = tmp / "runs" / "r1" / "n0"
+        (self.rundir / contract.SITE).mkdir(parents=True)
+        (self.rundir / contract.SITE / "sitecustomize.py").write_text(
+            shipped.source("sshddp.remote.ranksite")
+        )
+        self.mark = f"r1/n0-{tmp.name}"
+        spec = {"run_id": "r1", "node_rank": 0, "mark": self.mark}
+        (self.rundir / contract.SPEC).write_text(json.dumps(spec))
+        self.cwd = tmp / "cwd"
+        self.cwd.mkdir()
+        (self.cwd / "tree.py").write_text(TREE)
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(self.rundir / contract.SITE),
+            contract.MARK_VAR: self.mark,
+            "RANK": "3",
+            "LOCAL_RANK": "1",
+        }
+        self.rank = subprocess.Popen(
+            [python, "tree.py"], cwd=self.cwd, env=env, start_new_session=True
+        )
+
+    def wait_for(self, name: str, done: Callable[[str], bool] = bool, timeout: float = 60) -> str:
+        """The text of file ``name`` in the tree's cwd, once ``done`` says it is there."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            path = self.cwd / name
+            if path.exists() and done(path.read_text()):
+                return path.read_text()
+            time.sleep(0.05)
+        raise AssertionError(f"{name} never written as expected by the process tree")
+
+    def collect(self, native: bool = False) -> dict[str, Any]:
+        """The collector's answer, run with the node's Python as a host runs it."""
+        args = {"rundir": str(self.rundir), "native": native, "timeout": 10.0}
+        done = subprocess.run(
+            [self.python, "-c", BOOTSTRAP],
+            input=shipped.header("stacks", args),
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        return dict(json.loads(done.stdout))
+
+    def close(self) -> None:
+        os.killpg(self.rank.pid, signal.SIGKILL)
+        self.rank.wait()
+        for pid in _marked(self.mark):  # anything that left the process group
+            os.kill(pid, signal.SIGKILL)
+
+
+def _marked(mark: str) -> list[int]:
+    from sshddp_lab.sshd import processes_with_env
+
+    return [pid for pid, _ in processes_with_env(contract.MARK_VAR, mark)]
+
+
+@pytest.fixture
+def node(tmp_path: Path, python: str) -> Iterator[Node]:
+    made = Node(tmp_path, python)
+    try:
+        made.wait_for("ready")
+        time.sleep(0.5)  # the spawned child is up by now (it imports little)
+        yield made
+    finally:
+        made.close()
+
+
+def funcs(proc: dict[str, Any]) -> list[set[str]]:
+    return [{f["func"] for f in t["frames"]} for t in proc["threads"]]
+
+
+def by_role(answer: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [p for p in answer["processes"] if p["role"] == role]
+
+
+def test_every_process_is_read_and_none_is_disturbed(node: Node) -> None:
+    first = node.collect()
+    assert first["state"] == contract.STARTING and first["node_rank"] == 0
+    (rank,) = by_role(first, contract.RANK)
+    assert rank["pid"] == node.rank.pid and rank["rank"] == 3 and rank["local_rank"] == 1
+    assert rank["source"] == "faulthandler" and rank["error"] == ""
+    main, side, release = funcs(rank)  # the oldest first
+    assert {"recv_in_c", "<module>"} <= main and {"side_thread", "forever"} <= side
+    assert "release" in release
+    recv = rank["threads"][0]["frames"][-1]
+    assert (
+        recv["func"] == "recv_in_c" and recv["code"] == "got = libc.recv(ours.fileno(), buf, 16, 0)"
+    )
+    # As the process names it: Python 3.8 keeps the relative name, read from its cwd.
+    assert recv["file"] in ("tree.py", str(node.cwd / "tree.py"))
+    workers = {
+        frozenset().union(*funcs(w)): w for w in by_role(first, contract.WORKER) if w["threads"]
+    }
+    assert any("forked_child" in f for f in workers) and any("spawned_child" in f for f in workers)
+    assert all(w["rank"] == 3 and w["ppid"] == node.rank.pid for w in workers.values())
+    silent = {p["cmdline"]: p["error"] for p in first["processes"] if not p["threads"]}
+    assert silent["sleep 600"] == "not a Python process (sleep)"
+    (bare,) = [e for c, e in silent.items() if " -S -c " in c]
+    assert bare.startswith("a Python process without sshddp's dump handler")
+
+    second = node.collect()  # a second look reads only the new dump
+    (again,) = by_role(second, contract.RANK)
+    assert again["raw"].count("most recent call first") == 3 and funcs(again) == funcs(rank)
+
+    (node.cwd / "release").write_text("go")
+    assert node.wait_for("recv") == "5 0"  # libc's recv was not cut short (EINTR) by a dump
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # the script's own handlers still run
+        os.kill(node.rank.pid, sig)
+        node.wait_for("handled", lambda text, sig=sig: sig.name in text.split())
+    assert node.rank.poll() is None and len(_marked(node.mark)) == len(first["processes"])
+
+
+def test_a_dump_file_is_removed_once_its_process_is_gone(node: Node) -> None:
+    answer = node.collect()
+    worker = next(w for w in by_role(answer, contract.WORKER) if w["threads"])
+    stacks = node.rundir / contract.STACKS
+    assert any(name.startswith(f"{worker['pid']}-") for name in os.listdir(stacks))
+    os.kill(worker["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(p["pid"] == worker["pid"] for p in node.collect()["processes"]):
+        assert time.monotonic() < deadline, "the killed worker is still listed"
+    assert not any(name.startswith(f"{worker['pid']}-") for name in os.listdir(stacks))
+
+
+def test_a_node_that_has_ended_has_no_processes_to_read(tmp_path: Path, python: str) -> None:
+    rundir = tmp_path / "runs" / "r1" / "n2"
+    rundir.mkdir(parents=True)
+    (rundir / contract.SPEC).write_text(json.dumps({"node_rank": 2, "mark": f"r1/n2-{tmp_path}"}))
+    (rundir / contract.EXIT).write_text(json.dumps({"state": contract.SUCCEEDED}))
+    args = {"rundir": str(rundir), "native": False, "timeout": 1.0}
+    done = subprocess.run(
+        [python, "-c", BOOTSTRAP], input=shipped.header("stacks", args), capture_output=True
+    )
+    answer = json.loads(done.stdout)
+    assert answer["state"] == contract.SUCCEEDED and answer["processes"] == []
+    args["rundir"] = str(tmp_path / "nowhere")
+    done = subprocess.run(
+        [python, "-c", BOOTSTRAP], input=shipped.header("stacks", args), capture_output=True
+    )
+    assert json.loads(done.stdout)["state"] == contract.UNKNOWN
+
+
+def test_native_reads_through_py_spy_where_it_is_beside_the_interpreter(node: Node) -> None:
+    """This environment has py-spy beside its interpreter (the test extras pin it); pyenv's
+    3.8 has none, nor has PATH: there the answer says so and the signal reads Python frames."""
+    answer = node.collect(native=True)
+    (rank,) = by_role(answer, contract.RANK)
+    beside = str(Path(node.python).parent / "py-spy")
+    if node.python == sys.executable:
+        assert answer["py_spy"] == beside and answer["note"] == ""
+        assert rank["source"] == "py-spy"
+        main = rank["threads"][0]
+        assert main["name"] == "MainThread" and main["status"].startswith("idle")
+        assert main["frames"][-1] == {
+            "file": main["frames"][-1]["file"],
+            "line": 0,
+            "func": "recv",
+            "code": "",
+            "native": True,
+        }
+        python = [f for f in main["frames"] if not f["native"]]
+        assert python[-1]["func"] == "recv_in_c" and python[-1]["code"].startswith("got = libc")
+        (sleep,) = [p for p in answer["processes"] if p["cmdline"] == "sleep 600"]
+        assert sleep["error"] == "not a Python process (sleep)"  # py-spy is not even tried
+    else:
+        assert answer["py_spy"] == "" and rank["source"] == "faulthandler"
+        assert answer["note"].startswith(f"py-spy is not installed (looked for {beside} and on")
+    (node.cwd / "release").write_text("go")
+    assert node.wait_for("recv") == "5 0"  # py-spy's ptrace did not cut the recv short
+
+
+def test_two_collections_at_once_each_read_one_whole_dump(node: Node) -> None:
+    """Two terminals at the same moment: each collector reads exactly one dump per process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: node.collect(), range(2)))
+    for answer in answers:
+        (rank,) = by_role(answer, contract.RANK)
+        assert len(rank["threads"]) == 3
+        assert rank["raw"].count("most recent call first") == 3, rank["raw"]
+
+
+def test_a_supervisor_can_collect_in_process_from_a_thread(node: Node) -> None:
+    """What a supervisor's watchdog does: import the collector and call it, off its main
+    thread, with the node's run directory; it gets the same records back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sshddp.remote.stacks import collect
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(collect, str(node.rundir)).result(timeout=60)
+    (rank,) = by_role(answer, contract.RANK)
+    assert rank["pid"] == node.rank.pid and rank["source"] == "faulthandler"
+    assert "recv_in_c" in funcs(rank)[0]
