@@ -22,6 +22,7 @@ from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.runs import attach, logs, ps, stop
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
+from sshddp.model.escape import visible
 
 
 @click.group(context_settings=CONTEXT)
@@ -85,10 +86,11 @@ def run(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = Non
 def _failed(terminal: Terminal, exc: SshddpError, show_tb: bool) -> int:
     if show_tb:
         traceback.print_exc(file=terminal.stderr)
-    terminal.err(f"sshddp: error: {exc.message}")
+    # A message may quote what a host said: its control characters are shown, not obeyed.
+    terminal.err(f"sshddp: error: {visible(exc.message, multiline=True)}")
     hint = getattr(exc, "hint", "")
     if hint:
-        terminal.err(f"  fix: {hint}")
+        terminal.err(f"  fix: {visible(hint, multiline=True)}")
     return int(exc.exit_code)
 
 
