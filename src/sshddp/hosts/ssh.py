@@ -131,16 +131,17 @@ class SshTransport:
                 _detect_dead_link(transport.sock)
 
     def _prepare_host_keys(self) -> None:
-        from sshddp.hosts.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
+        from sshddp.hosts.hostkeys import AcceptNewPolicy, KnownHosts, RefuseUnknownPolicy
 
         client = self._conn.client
         path = self.known_hosts_path()
-        if path.is_file():
-            client.load_host_keys(str(path))
+        known = KnownHosts.load(path)
+        known.install(client)
         if self._options.accept_new_host_keys:
-            client.set_missing_host_key_policy(AcceptNewPolicy(path))
+            hashing = str(self._conn.ssh_config.get("hashknownhosts", "no")).lower() == "yes"
+            client.set_missing_host_key_policy(AcceptNewPolicy(path, known, hashing))
         else:
-            client.set_missing_host_key_policy(RefuseUnknownPolicy(path))
+            client.set_missing_host_key_policy(RefuseUnknownPolicy(path, known))
 
     def start(self, command: str) -> RemoteProcess:
         self.connect()
@@ -183,15 +184,16 @@ def _explain(exc: BaseException, host: str, label: str, known_hosts: Path) -> Ho
     """Turn a connection failure into a message that names the host and what to try."""
     import paramiko
 
-    from sshddp.hosts.hostkeys import UnknownHostKey
+    from sshddp.hosts.hostkeys import RevokedHostKey, UnknownHostKey, fingerprint
 
-    if isinstance(exc, UnknownHostKey):
+    if isinstance(exc, (UnknownHostKey, RevokedHostKey)):
         return HostUnreachable(host, f"{label}: {exc.message}", exc.hint)
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostUnreachable(
             host,
-            f"{label}: the host key CHANGED (got {exc.key.get_name()} "
-            f"{exc.key.get_fingerprint().hex()}); this may be an attack (man in the middle)",
+            f"{label}: the host key CHANGED (got {exc.key.get_name()} {fingerprint(exc.key)}, "
+            f"known_hosts has {fingerprint(exc.expected_key)}); this may be an attack (man in "
+            "the middle)",
             f"if the host was really reinstalled, remove the old key with "
             f"`ssh-keygen -R {host} -f {known_hosts}` and connect again",
         )
