@@ -18,7 +18,7 @@ class ExitCode(IntEnum):
     CHECK_FAILED = 3  #: doctor or the launch preflight found a failing check
     UNREACHABLE = 4  #: a host needed for the command could not be reached
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
-    LOG_WRITE_FAILED = 74  #: a local log stopped taking bytes mid-run (EX_IOERR); run detached
+    LOG_WRITE_FAILED = 74  #: a local file (a log, the registry) could not take bytes (EX_IOERR)
     INTERRUPTED = 130  #: Ctrl-C
 
 
@@ -49,6 +49,11 @@ class InventoryError(SshddpError):
 
 class RunNotFound(UsageError):
     """A run id (or prefix) that names no run, or more than one."""
+
+
+class RunGone(RunNotFound):
+    """The hosts hold nothing more of a run (retention removed its run directories) and
+    this machine never recorded how it ended."""
 
 
 class CheckFailed(SshddpError):
@@ -82,6 +87,15 @@ class LogWriteFailed(SshddpError):
     """A local log file could not take more bytes (disk full, quota, I/O error)."""
 
     exit_code = ExitCode.LOG_WRITE_FAILED
+
+
+class StateError(SshddpError):
+    """The local state directory (the run registry) cannot be used: exit 2 when the path is
+    the problem (unwritable, under a file, a malformed record), 74 when its disk is full."""
+
+    def __init__(self, message: str, full: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = ExitCode.LOG_WRITE_FAILED if full else ExitCode.BAD_INPUT
 
 
 class NodeFailed(SshddpError):

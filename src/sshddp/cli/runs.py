@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
@@ -11,8 +12,14 @@ from sshddp.cli.launch import report_result
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
 from sshddp.errors import ExitCode
 from sshddp.hosts.transport import SshOptions
+from sshddp.model.escape import visible
+from sshddp.model.state import NodeState
 from sshddp.run import coordinator, registry, runs
+from sshddp.run import ps as run_ps
 from sshddp.run.registry import RunRecord
+
+if TYPE_CHECKING:  # rich is imported when a table is printed
+    from rich.table import Table
 
 
 def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
@@ -54,29 +61,55 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
 
 @click.command(name="ps", context_settings=CONTEXT)
 @click.option("--all", "show_all", is_flag=True, help="Also finished runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (fields: README).")
 @ssh_options
 @click.pass_context
-def ps(ctx: click.Context, show_all: bool, **kw: Any) -> None:
-    """List the runs this machine started, with each node's state read live."""
-    from rich.table import Table
-
+def ps(ctx: click.Context, show_all: bool, as_json: bool, **kw: Any) -> None:
+    """List the runs this machine started, with each node's state read live (finished runs
+    as recorded). A host that does not answer in time is named, its nodes unreachable."""
     terminal = terminal_of(ctx)
-    rows = runs.ps_rows(show_all, lambda record: _ssh_for(record, kw), kw["fanout"])
-    if not rows:
+    report = run_ps.ps(
+        show_all, lambda record: _ssh_for(record, kw), kw["fanout"], kw["connect_timeout"]
+    )
+    for note in report.notes:
+        terminal.err(f"sshddp: {visible(note)}")
+    if as_json:
+        rows = [row.to_json() for row in report.rows]
+        terminal.out(json.dumps({"runs": rows, "notes": report.notes}, indent=1))
+        raise Exit(ExitCode.OK)
+    if not report.rows:
         terminal.out("no runs" + ("" if show_all else " in progress (`sshddp ps --all` lists all)"))
         raise Exit(ExitCode.OK)
+    terminal.show([_ps_table(report.rows)])
+    raise Exit(ExitCode.OK)
+
+
+def _ps_table(rows: list[run_ps.PsRow]) -> Table:
+    """The rows as a table; whatever came from the hosts escaped (no markup, no controls)."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(header_style="bold")
     for col in ("run", "started", "duration", "nodes", "root cause"):
         table.add_column(col)
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
-        summary = " ".join(f"{i}:{s.get('state')}" for i, s in enumerate(row.states))
-        table.add_row(row.run_id, started, _duration(row.duration), summary, row.root_cause)
-    terminal.show([table])
-    raise Exit(ExitCode.OK)
+        summary = " ".join(
+            f"{i}:{NodeState.of(s.get('state')).value}" for i, s in enumerate(row.states)
+        )
+        table.add_row(
+            row.run_id,
+            started,
+            _duration(row.duration),
+            summary,
+            escape(visible(row.root_cause)),
+        )
+    return table
 
 
-def _duration(seconds: float) -> str:
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
     seconds = max(0, int(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
@@ -93,14 +126,18 @@ def stop(ctx: click.Context, run: str, **kw: Any) -> None:
     terminal = terminal_of(ctx)
     record = registry.resolve(run)
     code = ExitCode.OK
-    for done in runs.stop(record, _ssh_for(record, kw), kw["fanout"], kw["force"]):
+    stops = runs.stop(record, _ssh_for(record, kw), kw["fanout"], kw["force"])
+    for done in stops:
         name = f"node {done.node.node_rank} ({done.node.host.host})"
         if done.answer is None:
-            terminal.err(f"{name}: NOT stopped: {done.error}")
+            terminal.err(f"{name}: NOT stopped: {visible(done.error, multiline=True)}")
             code = ExitCode.UNREACHABLE
             continue
-        already = done.answer.get("already")
+        state = NodeState.of(done.answer.get("state")).value
         terminal.out(
-            f"{name}: " + (f"was already {done.answer.get('state', '?')}" if already else "stopped")
+            f"{name}: " + (f"was already {state}" if done.answer.get("already") else "stopped")
         )
+    warning = runs.record_if_ended(record, [d.answer for d in stops])
+    if warning:
+        terminal.err(f"sshddp: warning: {warning}")
     raise Exit(code)
