@@ -8,6 +8,7 @@ everything below raises ``SshddpError`` (httpie's ``main``/``program`` split).
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -44,12 +45,27 @@ for _command in (doctor, launch, attach, logs, ps, stop):
 
 
 def main(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = None) -> None:
-    """Console-script entry point: exits with the documented status."""
-    sys.exit(run(argv, terminal))
+    """Console-script entry point: exits with the documented status. A command that took
+    over SIGINT (a launch or attach, once a node may run) keeps it until the process ends:
+    a late Ctrl-C never turns a run handed off or ended into exit 130. Nor does one while
+    the interpreter shuts down (it would otherwise die of the signal)."""
+    code = _run(argv, terminal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def run(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = None) -> int:
-    """Run the CLI in-process; returns the exit status (used by tests)."""
+    """Run the CLI in-process; returns the exit status (used by tests). The caller's SIGINT
+    handler is put back afterwards."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        return _run(argv, terminal)
+    finally:
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread; not Python's
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(argv: Optional[Sequence[str]], terminal: Optional[Terminal]) -> int:
     terminal = terminal or Terminal.from_process()
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args or terminal.environ.get("SSHDDP_TRACEBACK") == "1"

@@ -82,68 +82,61 @@ def launch(
         screen.out(describe(plan))
         return None
     payload = build_payload(plan.code)
-    record = _reserve(plan, inventory.source, ssh)
-    try:
-        logs, console = open_sinks(
-            plan, Path(plan.log_dir).absolute(), screen.stdout_bytes, screen.color
-        )
-    except BaseException:
-        _forget(plan.run_id)
-        raise
-    screen.err(_banner(plan))
-    interrupts = Interrupts()
-    try:
-        # Ctrl-C raises during the preflight, and only counts once a node may start, until
-        # the run's end is known and every connection closed.
-        with interrupts.installed(), HostPool(inventory.hosts, ssh, mode.fanout) as pool:
-            state = RunState(plan, pool, logs, console)
-            return Launch(state, record, mode, screen, interrupts).run(payload)
-    finally:
-        logs.close()
+    return Launch(plan, mode, screen).run(inventory, ssh, payload)
 
 
 class Launch:
-    """One launch from its preflight on: until a node may start, Ctrl-C or a failure ends it
-    with nothing started (and its record dropped); from then on, Ctrl-C stops the run on
-    every host before the launch returns."""
+    """One launch, from its record on. Until a node may start, Ctrl-C or a failure ends it
+    with nothing started anywhere and its record dropped; from then on, Ctrl-C only counts,
+    and the run is stopped on every host before the launch returns."""
 
-    def __init__(
-        self,
-        state: RunState,
-        record: RunRecord,
-        mode: LaunchMode,
-        screen: Screen,
-        interrupts: Interrupts,
-    ) -> None:
-        self.state = state
-        self.record = record
+    def __init__(self, plan: LaunchPlan, mode: LaunchMode, screen: Screen) -> None:
+        self.plan = plan
         self.mode = mode
         self.screen = screen
-        self.interrupts = interrupts
+        self.interrupts = Interrupts()
+        self.record: Optional[RunRecord] = None
         self.started = False  #: a node may have started: the record stays, Ctrl-C stops it
 
-    def run(self, payload: Payload) -> Optional[RunResult]:
-        state, plan = self.state, self.state.plan
+    def run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         try:
-            unreachable = self._preflight(payload)
-            if not self.mode.detach:
-                self.screen.err(_ctrl_c_line(plan))
-            self.interrupts.defer()
-            return self._boot_and_follow(payload, unreachable)
+            self.interrupts.install()  # raises until a node may start, then only counts
+            return self._run(inventory, ssh, payload)
         except KeyboardInterrupt:
             if self.started:
                 raise
             raise Interrupted(
-                f"run {plan.run_id} interrupted before it started: nothing was started on any host"
+                f"run {self.plan.run_id} interrupted before it started: nothing was started on "
+                "any host"
             ) from None
         finally:
-            if not self.started:
-                _forget(plan.run_id)
-            state.close_sessions()  # those no follower took over
+            if self.record is not None and not self.started:
+                _forget(self.plan.run_id)
 
-    def _preflight(self, payload: Payload) -> dict[int, BaseException]:
+    def _run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
+        plan = self.plan
+        self.record = _reserve(plan, inventory.source, ssh)
+        logs, console = open_sinks(
+            plan, Path(plan.log_dir).absolute(), self.screen.stdout_bytes, self.screen.color
+        )
+        try:
+            self.screen.err(_banner(plan))
+            with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
+                state = RunState(plan, pool, logs, console)
+                try:
+                    unreachable = self._preflight(state, payload)
+                    if not self.mode.detach:
+                        self.screen.err(_ctrl_c_line(plan))
+                    self.interrupts.defer()
+                    return self._boot_and_follow(state, payload, unreachable)
+                finally:
+                    state.close_sessions()  # those no follower took over
+        finally:
+            logs.close()
+
+    def _preflight(self, state: RunState, payload: Payload) -> dict[int, BaseException]:
         """Every host's session, opened by the checks (or without them)."""
-        state, plan, pool = self.state, self.state.plan, self.state.pool
+        plan, pool = state.plan, state.pool
         if not self.mode.check:
             state.sessions, unreachable = _open_sessions(pool, plan)
             return unreachable
@@ -152,9 +145,9 @@ class Launch:
         return {}
 
     def _boot_and_follow(
-        self, payload: Payload, unreachable: dict[int, BaseException]
+        self, state: RunState, payload: Payload, unreachable: dict[int, BaseException]
     ) -> Optional[RunResult]:
-        state, plan = self.state, self.state.plan
+        plan = state.plan
         teardown = Teardown(state)
         boot = Boot(state, payload, unreachable, before_start=self._may_start)
         booted = boot.run(teardown)
@@ -180,6 +173,7 @@ class Launch:
         """Every node staged: record that the run may start (False: Ctrl-C came first)."""
         if self.interrupts.count:
             return False
+        assert self.record is not None
         registry.save(replace(self.record, launcher=None))
         self.started = True
         return True
@@ -189,8 +183,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
     """Follow a run again, like launch: Ctrl-C stops it, Ctrl-\\ detaches. A node whose run
     directory is gone (retention) is not followed; when every node's is, the recorded end."""
     plan = record.plan()
-    interrupts = Interrupts()
-    with interrupts.deferred(), HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
+    interrupts = Interrupts().deferred()  # any Ctrl-C from here on stops the run
+    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
         connect_strictly(pool)
         gone = gone_nodes(pool, plan)
         if len(gone) == len(plan.nodes):
@@ -213,9 +207,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
 def watch(state: RunState) -> RunResult:
     """Follow the nodes of ``state`` until they end, never stopping them (logs --follow):
     Ctrl-C leaves."""
-    interrupts = Interrupts()
-    with interrupts.deferred():
-        return Followers(state, Teardown(state), watch_only=True, interrupts=interrupts).run()
+    interrupts = Interrupts().deferred()
+    return Followers(state, Teardown(state), watch_only=True, interrupts=interrupts).run()
 
 
 def gone_nodes(pool: HostPool, plan: LaunchPlan) -> dict[int, ExitRecord]:
@@ -264,7 +257,7 @@ def _recorded(result: RunResult, screen: Screen) -> RunResult:
 
 def _all_gone(record: RunRecord, gone: dict[int, ExitRecord], screen: Screen) -> RunResult:
     """Every node's run directory is gone: the recorded end, or ``RunGone``."""
-    if record.finished:
+    if record.end_known:
         screen.err(
             f"sshddp: run {record.run_id}: its run directories are gone from the hosts; "
             "this is its end as recorded here"

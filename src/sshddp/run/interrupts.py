@@ -4,7 +4,8 @@ Python raises ``KeyboardInterrupt`` wherever the main thread happens to be. In t
 after the nodes start, that was inside the boot's fan-out or before the followers' loop,
 and the launch left with exit 130 while the run went on. So from the moment a node may
 start (``Interrupts.defer``) until the command ends, SIGINT only counts; the follow loop
-reads the count and stops the run (a second one kills at once). Before that moment (the
+reads the count and stops the run (a second one kills at once). A Ctrl-C after the run's
+end is known, or after ``--detach`` handed it off, changes nothing. Before that moment (the
 preflight), Ctrl-C raises as usual: nothing has started, and the launch ends.
 """
 
@@ -12,10 +13,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Optional
+from typing import Optional
 
 
 class Interrupts:
@@ -33,27 +32,22 @@ class Interrupts:
             raise KeyboardInterrupt
 
     def defer(self) -> None:
-        """From now on Ctrl-C only counts (for good: a run that may have started is
-        stopped by whoever reads the count, never left behind by an exception)."""
+        """From now on Ctrl-C only counts, for the rest of the command: a run that may have
+        started is stopped by whoever reads the count (or, once handed off or ended, goes
+        its way), never left behind by an exception."""
         self.raising = False
 
-    @contextmanager
-    def installed(self) -> Iterator[Interrupts]:
-        """Count Ctrl-C (and raise until ``defer``) while the block runs. Outside the main
-        thread (in-process tests) signals cannot be caught, and nothing changes."""
+    def install(self) -> Interrupts:
+        """Take over SIGINT for the rest of the command (``cli.app.run`` restores the
+        previous handler for in-process callers). Outside the main thread (in-process
+        tests) signals cannot be caught, and nothing changes."""
         try:
-            previous: Any = signal.signal(signal.SIGINT, self._on_sigint)
+            signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread
-            yield self
-            return
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGINT, previous or signal.default_int_handler)
+            pass
+        return self
 
-    @contextmanager
-    def deferred(self) -> Iterator[Interrupts]:
-        """Ctrl-C only counts while the block runs."""
+    def deferred(self) -> Interrupts:
+        """Installed, and only counting from the start."""
         self.defer()
-        with self.installed():
-            yield self
+        return self.install()

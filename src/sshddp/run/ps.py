@@ -206,11 +206,24 @@ def ask(
         else:
             answers[k] = outcome.value or _unreachable("no answer")
     _close(hosts, silent)
-    notes = [
-        f"{hosts[k].label} did not answer within {window:.0f} s; its nodes show as unreachable"
-        for k in sorted(silent, key=str)
-    ]
-    return answers, notes
+    return answers, _notes(hosts, connected, silent, window)
+
+
+def _notes(
+    hosts: dict[HostKey, Transport],
+    connected: dict[HostKey, Outcome[None]],
+    silent: set[HostKey],
+    window: float,
+) -> list[str]:
+    """One line per host that could not be asked: which, and why."""
+    notes = []
+    for key in sorted(hosts, key=str):
+        outcome = connected.get(key)
+        if key in silent:
+            notes.append(f"{hosts[key].label} did not answer within {window:.0f} s")
+        elif outcome is not None and outcome.error is not None:
+            notes.append(_message(outcome.error))
+    return [f"{note}; its nodes show as unreachable" for note in notes]
 
 
 def _ok(outcome: Optional[Outcome[Any]]) -> bool:

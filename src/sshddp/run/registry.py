@@ -140,6 +140,12 @@ class RunRecord:
         ends = self.result or ()
         return len(ends) == len(self.nodes) and all(NodeState.of(e.state).final for e in ends)
 
+    @property
+    def end_known(self) -> bool:
+        """Finished, and how: not only "gone" (run directories removed before anyone here
+        learned how the run ended)."""
+        return self.finished and any(e.state != NodeState.GONE.value for e in self.result or ())
+
     def ended_with(self, result: RunResult) -> RunRecord:
         """This record with the run's end as ``result`` saw it."""
         ends = tuple(

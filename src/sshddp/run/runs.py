@@ -104,14 +104,14 @@ def show_logs(
             gone = {r for r, s in states.items() if s and s.get("state") == NodeState.GONE.value}
             _say_missing(screen, nodes, errors, gone)
             _print_logs(screen, console, logs, nodes, tail, single=node is not None)
-            if follow:
-                live = tuple(n for n in reachable if n.node_rank not in gone)
-                if not live and gone and not record.finished:
-                    raise RunGone(
-                        f"run {record.run_id}: nothing to follow: its run directories are gone "
-                        "from its hosts, and this machine never recorded how it ended"
-                    )
+            live = tuple(n for n in reachable if n.node_rank not in gone)
+            if follow and live:
                 coordinator.watch(RunState(replace(plan, nodes=live), pool, logs, console))
+            elif follow and gone and not record.end_known:
+                raise RunGone(
+                    f"run {record.run_id}: nothing to follow: its run directories are gone "
+                    "from its hosts, and this machine never recorded how it ended"
+                )
         finally:
             logs.close()
 
