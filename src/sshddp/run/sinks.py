@@ -174,7 +174,10 @@ def tail_lines(path: Optional[Path], lines: int) -> list[str]:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(max(0, size - 256 * 1024))
         data = fh.read()
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+    # Lines end at "\n" only: a "\r" (a progress bar, or a forged overprint) stays inside
+    # its line, where the report shows it escaped.
+    text = data.decode("utf-8", "replace").removesuffix("\n")
+    return [line.removesuffix("\r") for line in text.split("\n")][-lines:] if text else []
 
 
 def open_sinks(
