@@ -128,3 +128,18 @@ def test_bounded_map_never_waits_past_its_deadline() -> None:
     failed = bounded_map(lambda i: 1 // i, [0, 1], 4, time.monotonic() + 5)
     assert isinstance(failed[0].error, ZeroDivisionError) and failed[1].value == 1
     hang.set()
+
+
+def test_commands_on_a_run_still_being_launched_say_so(state: Path) -> None:
+    from sshddp.run.runs import started
+
+    registry.create(record("busy", Launcher.me()))
+    with pytest.raises(UsageError) as busy:
+        started(registry.load("busy"))
+    assert f"still being launched (pid {os.getpid()})" in busy.value.message
+    registry.create(record("dead", Launcher(os.getpid(), -1)))
+    with pytest.raises(RunNotFound):
+        started(registry.load("dead"))
+    assert not registry.exists("dead")
+    registry.save(registry.load("busy").ended_from([{"state": "gone"}] * 2))  # type: ignore[list-item]
+    assert started(registry.load("busy")).run_id == "busy"

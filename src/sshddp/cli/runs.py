@@ -34,7 +34,7 @@ def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
 def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     """Follow RUN live again, like launch; exit with its result."""
     terminal = terminal_of(ctx)
-    record = registry.resolve(run)
+    record = runs.started(registry.resolve(run))
     result = coordinator.attach(record, _ssh_for(record, kw), kw["fanout"], terminal)
     raise Exit(report_result(terminal, result))
 
@@ -48,7 +48,7 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.pass_context
 def logs(ctx: click.Context, run: str, **kw: Any) -> None:
     """Print RUN's logs, fetching what the local copy lacks from the hosts first."""
-    record = registry.resolve(run)
+    record = runs.started(registry.resolve(run))
     node = kw["node"]
     if node is not None and node >= len(record.nodes):
         raise click.BadParameter(
@@ -124,7 +124,7 @@ def _duration(seconds: Optional[float]) -> str:
 def stop(ctx: click.Context, run: str, **kw: Any) -> None:
     """Stop RUN on every host (SIGTERM, grace, SIGKILL); a finished run is a no-op."""
     terminal = terminal_of(ctx)
-    record = registry.resolve(run)
+    record = runs.started(registry.resolve(run))
     code = ExitCode.OK
     stops = runs.stop(record, _ssh_for(record, kw), kw["fanout"], kw["force"])
     for done in stops:

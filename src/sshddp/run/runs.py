@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from sshddp.errors import LogWriteFailed, RunGone, StateError
+from sshddp.errors import LogWriteFailed, RunGone, RunNotFound, StateError, UsageError
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
@@ -25,6 +25,22 @@ from sshddp.run import coordinator, logread, registry
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
 from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks
+
+
+def started(record: RunRecord) -> RunRecord:
+    """``record``, once its launch let its nodes start. Before that there is nothing on
+    the hosts to attach to, read or stop: a ``UsageError`` while the launch goes on, and
+    ``RunNotFound`` (the record dropped) if it died first."""
+    launcher = record.launcher
+    if launcher is None:
+        return record
+    if registry.drop_if_abandoned(record.run_id):
+        raise RunNotFound(f"no run {record.run_id!r}: its launch ended before any node started")
+    raise UsageError(
+        f"run {record.run_id} is still being launched (pid {launcher.pid}): no node has "
+        "started yet. Try again in a moment, or interrupt the launch in its terminal "
+        f"(Ctrl-C, or `kill -INT {launcher.pid}`): nothing will have started"
+    )
 
 
 @dataclass(frozen=True)
