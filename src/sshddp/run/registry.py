@@ -368,7 +368,12 @@ def _unlink(path: Path) -> None:
 
 
 def exists(run_id: str) -> bool:
-    return _path(run_id).exists()
+    """Whether a record of that id is there (a directory that cannot be read: as if not;
+    ``create`` then says what is wrong with it)."""
+    try:
+        return _path(run_id).exists()
+    except OSError:
+        return False
 
 
 def create(record: RunRecord) -> None:
@@ -464,7 +469,10 @@ def load(run_id: str) -> RunRecord:
     try:
         with open(path) as fh:
             data = json.load(fh)
-        return record_of(data)
+        record = record_of(data)
+        if record.run_id != run_id:
+            raise ValueError(f"it names run {record.run_id!r}")
+        return record
     except FileNotFoundError:
         raise RunNotFound(f"no run {run_id!r} in {runs_dir()}") from None
     except OSError as exc:
