@@ -227,3 +227,61 @@ def test_ctrl_c_on_attach_stops_the_run_everywhere(
         assert f"sshddp: run {run} was stopped: interrupted by the user (Ctrl-C)" in text, text
         run_no_leak(run, timeout=10.0)
         _assert_agreed_stopped(ssh_env, tmp_path, run, workdir)
+
+
+def _typed_ctrl_c(cluster: SshdCluster, tmp: Path, inv: Path, run: str) -> tuple[int, str]:
+    """Launch on a pseudo-terminal, as from a shell; type Ctrl-C once every rank is READY:
+    the terminal sends SIGINT to its whole foreground process group. (status, output)."""
+    import os
+    import pty
+
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session of its own, the pty as its controlling terminal
+        env = {**cli_env(cluster), "TERM": "xterm"}
+        env.pop("NO_COLOR", None)
+        os.chdir(tmp)
+        os.execve(SSHDDP[0], [*SSHDDP, "launch", "--name", run, str(inv), str(JOB), "wait"], env)
+    out = b""
+    typed = False
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal (it exited)
+            break
+        if not data:
+            break
+        out += data
+        if not typed and out.count(b"READY") >= NODES:
+            os.write(master, b"\x03")  # Ctrl-C, as typed
+            typed = True
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
+
+
+def test_ctrl_c_typed_on_a_real_terminal(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """On a real terminal the whole foreground group gets SIGINT. With a `localhost` node
+    (run through a local process, not SSH) next to an SSH one: exit 130, every node
+    stopped, no spurious "lost the connection", no node left `running` in the report."""
+    import sys
+
+    inv = tmp_path / "pty.yaml"
+    inv.write_text(
+        f"defaults: {{python: {sys.executable}, workdir: {tmp_path}/remote, nproc: 1, "
+        "env: {GLOO_SOCKET_IFNAME: lo}}\n"
+        f"rendezvous: {{port: {free_port()}}}\n"
+        "hosts:\n  - {host: localhost}\n  - {host: h2}\n"
+    )
+    for i in range(3):
+        run = f"tty{i}"
+        code, out = _typed_ctrl_c(ssh_env, tmp_path, inv, run)
+        assert code == 130, out
+        assert "lost the connection" not in out and "internal error" not in out, out
+        report = out.split(f"sshddp: run {run} was stopped: interrupted by the user (Ctrl-C)")
+        assert len(report) == 2, out
+        assert " running" not in report[1] and " starting" not in report[1], out
+        run_no_leak(run, timeout=10.0)
+        assert exit_states(tmp_path / "remote", run) == ["stopped"] * NODES
