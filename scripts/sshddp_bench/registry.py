@@ -16,6 +16,7 @@ from sshddp_bench import (
     launch,
     logs,
     nodeloss,
+    ps,
     scale,
     slurm,
     smoke_bw,
@@ -38,6 +39,7 @@ CASES: tuple[Case[Any], ...] = (
     slurm.CASE,
     fetch.CASE,
     stacks.CASE,
+    ps.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

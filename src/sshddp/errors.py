@@ -19,7 +19,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 4  #: a host needed for the command could not be reached
     NOT_RUNNING = 5  #: the run has ended: nothing to look at live (``stacks``)
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
-    LOG_WRITE_FAILED = 74  #: a local log stopped taking bytes mid-run (EX_IOERR); run detached
+    LOG_WRITE_FAILED = 74  #: a local file (a log, the registry) could not take bytes (EX_IOERR)
     INTERRUPTED = 130  #: Ctrl-C
 
 
@@ -56,6 +56,9 @@ class RunNotRunning(SshddpError):
     """The run has ended on every node: there is no live process to look at."""
 
     exit_code = ExitCode.NOT_RUNNING
+class RunGone(RunNotFound):
+    """The hosts hold nothing more of a run (retention removed its run directories) and
+    this machine never recorded how it ended."""
 
 
 class CheckFailed(SshddpError):
@@ -95,6 +98,13 @@ class LocalWriteFailed(SshddpError):
     """A local copy (``fetch``'s DEST) could not be written (disk full, I/O error)."""
 
     exit_code = ExitCode.LOG_WRITE_FAILED
+class StateError(SshddpError):
+    """The local state directory (the run registry) cannot be used: exit 2 when the path is
+    the problem (unwritable, under a file, a malformed record), 74 when its disk is full."""
+
+    def __init__(self, message: str, full: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = ExitCode.LOG_WRITE_FAILED if full else ExitCode.BAD_INPUT
 
 
 class NodeFailed(SshddpError):

@@ -107,9 +107,11 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
 
 
 def has_node_mark(pid: int, mark: str) -> bool:
-    """Whether process ``pid`` carries the run marker of node ``mark`` ("RUN/nK")."""
+    """Whether process ``pid`` carries the run marker of node ``mark`` ("RUN/nK"; the
+    marker goes on with the launch's nonce, "RUN/nK/<nonce>")."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
-    return f"SSHDDP_NODE_MARK={mark}".encode() in env
+    prefix = f"SSHDDP_NODE_MARK={mark}/".encode()
+    return any(entry.startswith(prefix) for entry in env)

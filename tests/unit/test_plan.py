@@ -192,7 +192,8 @@ def test_run_dir_per_node() -> None:
         "~/work/runs/run42/n2",
     ]
     assert [n.cwd for n in plan.nodes] == [f"{n.rundir}/code" for n in plan.nodes]
-    assert plan.nodes[1].mark == "run42/n1"
+    assert plan.mark(plan.nodes[1]).startswith("run42/n1/")
+    assert plan.spec(plan.nodes[1])["mark"] == plan.mark(plan.nodes[1])
     assert run_dir("/w/", "r", 3) == "/w/runs/r/n3"
     assert plan.log_dir == "sshddp-logs/run42"
 
@@ -322,6 +323,8 @@ def test_parse_env_error_does_not_echo_the_value() -> None:
         (LaunchOptions(script="t.py"), "../x", "--name '../x'"),
         (LaunchOptions(script="t.py"), "", "--name ''"),
         (LaunchOptions(script="t.py"), "x" * 65, "--name"),
+        (LaunchOptions(script="t.py"), "run1\n", "--name 'run1\\n'"),  # $ matches before \n
+        (LaunchOptions(script="t.py"), "y" * 300, "(300 characters)"),
         (LaunchOptions(script="t.py", port=0), "ok", "--port 0"),
         (LaunchOptions(script="t.py", port=65536), "ok", "--port 65536"),
         (LaunchOptions(script="t.py", port=65535), "ok", "port + 1"),  # the peers' port
@@ -342,6 +345,15 @@ def test_validate_options_rejects(options: LaunchOptions, run_id: str, needle: s
 @pytest.mark.parametrize("run_id", ["a", "run-1", "R_2.b", "x" * 64])
 def test_validate_options_accepts(run_id: str) -> None:
     validate_options(LaunchOptions(script="t.py", port=65534, nproc_per_node=1), run_id)
+
+
+def test_node_marks_are_unique_per_launch_even_for_the_same_name_and_workdir() -> None:
+    """Teardown finds a node's processes by its mark: two launches of one name (two
+    laptops, or a name reused in another workdir) must never share one."""
+    first, second = plan_of(), plan_of()
+    marks = {first.mark(n) for n in first.nodes} | {second.mark(n) for n in second.nodes}
+    assert len(marks) == 2 * len(first.nodes)
+    assert all("\0" not in m and "=" not in m for m in marks)
 
 
 def test_inventory_rendezvous_port_leaves_room_for_the_peer_port() -> None:

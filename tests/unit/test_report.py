@@ -1,8 +1,11 @@
-"""The root-cause report's reading of a failed node's log (pure)."""
+"""The root-cause report (pure): its reading of a failed node's log, its verdict, and what
+it shows of the hosts' and ranks' text."""
 
 from __future__ import annotations
 
-from sshddp.model.report import torchrun_failure, user_tail
+from sshddp.errors import ExitCode
+from sshddp.model.report import run_report, torchrun_failure, user_tail
+from sshddp.model.state import NodeResult, NodeState, RunResult, peer_cause, stop_reason
 
 SUMMARY = """\
 Traceback (most recent call last):
@@ -53,3 +56,34 @@ def test_without_rank_prefixes_the_tail_stops_above_torchruns_summary() -> None:
     lines = ["step 1", "ValueError: plain", *SUMMARY]
     assert user_tail(lines, rank=4) == ["step 1", "ValueError: plain"]
     assert user_tail(lines) == ["step 1", "ValueError: plain"]
+
+
+def _stopped_run(interrupted: bool) -> RunResult:
+    reasons = ["interrupted by the user (Ctrl-C)", "stopped: node 0 (h1) stopped: interrupted"]
+    nodes = [
+        NodeResult(i, f"h{i + 1}", NodeState.STOPPED, reason=reason)
+        for i, reason in enumerate(reasons)
+    ]
+    return RunResult("r1", nodes, interrupted=interrupted)
+
+
+def test_a_stopped_run_reads_the_same_to_the_launch_and_to_a_later_attach() -> None:
+    launch, attach = _stopped_run(True), _stopped_run(False)
+    verdict = "sshddp: run r1 was stopped: interrupted by the user (Ctrl-C)"
+    assert run_report(launch, []).splitlines()[0] == verdict
+    assert run_report(attach, []).splitlines()[0] == verdict
+    assert stop_reason(attach) == "interrupted by the user (Ctrl-C)" and not peer_cause(attach)
+    assert launch.exit_code == ExitCode.INTERRUPTED and attach.exit_code == ExitCode.RUN_FAILED
+    running = RunResult("r1", [NodeResult(0, "h1", NodeState.RUNNING)], interrupted=True)
+    assert stop_reason(running) == ""
+
+
+def test_the_report_shows_what_hosts_and_ranks_wrote_escaped_and_framed() -> None:
+    node = NodeResult(0, "h1", NodeState.FAILED, 1, reason="\x1b]0;t\x07boom\r")
+    result = RunResult("r1", [node], root_cause=0)
+    tail = ["\x1b[31mTraceback\x1b[0m", "x\rsshddp: run r1 succeeded", "\x1b]52;c;AA\x07"]
+    report = run_report(result, tail)
+    assert not any(c in report for c in "\x1b\r\x07")
+    assert "  | Traceback" in report and "  | x\\rsshddp: run r1 succeeded" in report
+    assert "\\x1b]0;t\\x07boom\\r" in report
+    assert not [ln for ln in report.splitlines() if ln.startswith("sshddp: run r1 succeeded")]

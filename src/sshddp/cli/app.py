@@ -8,6 +8,7 @@ everything below raises ``SshddpError`` (httpie's ``main``/``program`` split).
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from sshddp.cli.smoke import smoke
 from sshddp.cli.stacks import stacks
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
+from sshddp.model.escape import visible
 
 
 @click.group(context_settings=CONTEXT)
@@ -47,12 +49,27 @@ for _command in (doctor, launch, attach, logs, ps, stop, exec_, smoke, fetch, st
 
 
 def main(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = None) -> None:
-    """Console-script entry point: exits with the documented status."""
-    sys.exit(run(argv, terminal))
+    """Console-script entry point: exits with the documented status. A command that took
+    over SIGINT (a launch or attach, once a node may run) keeps it until the process ends:
+    a late Ctrl-C never turns a run handed off or ended into exit 130. Nor does one while
+    the interpreter shuts down (it would otherwise die of the signal)."""
+    code = _run(argv, terminal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def run(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = None) -> int:
-    """Run the CLI in-process; returns the exit status (used by tests)."""
+    """Run the CLI in-process; returns the exit status (used by tests). The caller's SIGINT
+    handler is put back afterwards."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        return _run(argv, terminal)
+    finally:
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread; not Python's
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(argv: Optional[Sequence[str]], terminal: Optional[Terminal]) -> int:
     terminal = terminal or Terminal.from_process()
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args or terminal.environ.get("SSHDDP_TRACEBACK") == "1"
@@ -89,10 +106,11 @@ def run(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = Non
 def _failed(terminal: Terminal, exc: SshddpError, show_tb: bool) -> int:
     if show_tb:
         traceback.print_exc(file=terminal.stderr)
-    terminal.err(f"sshddp: error: {exc.message}")
+    # A message may quote what a host said: its control characters are shown, not obeyed.
+    terminal.err(f"sshddp: error: {visible(exc.message, multiline=True)}")
     hint = getattr(exc, "hint", "")
     if hint:
-        terminal.err(f"  fix: {hint}")
+        terminal.err(f"  fix: {visible(hint, multiline=True)}")
     return int(exc.exit_code)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
@@ -12,8 +13,14 @@ from sshddp.cli.launch import report_result
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
 from sshddp.errors import ExitCode
 from sshddp.hosts.transport import SshOptions
+from sshddp.model.escape import visible
+from sshddp.model.state import NodeState
 from sshddp.run import coordinator, registry, runs
+from sshddp.run import ps as run_ps
 from sshddp.run.registry import RunRecord
+
+if TYPE_CHECKING:  # rich is imported when a table is printed
+    from rich.table import Table
 
 
 def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
@@ -28,7 +35,7 @@ def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
 def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     """Follow RUN live again, like launch; exit with its result."""
     terminal = terminal_of(ctx)
-    record = registry.resolve(run)
+    record = runs.started(registry.resolve(run))
     result = coordinator.attach(record, _ssh_for(record, kw), kw["fanout"], terminal)
     raise Exit(report_result(terminal, result))
 
@@ -42,7 +49,7 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.pass_context
 def logs(ctx: click.Context, run: str, **kw: Any) -> None:
     """Print RUN's logs, fetching what the local copy lacks from the hosts first."""
-    record = registry.resolve(run)
+    record = runs.started(registry.resolve(run))
     node = kw["node"]
     if node is not None and node >= len(record.nodes):
         raise click.BadParameter(
@@ -56,30 +63,59 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.command(name="ps", context_settings=CONTEXT)
 @click.argument("run", required=False, shell_complete=complete_run_ids)
 @click.option("--all", "show_all", is_flag=True, help="Also finished runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (fields: README).")
 @ssh_options
 @click.pass_context
-def ps(ctx: click.Context, run: Optional[str], show_all: bool, **kw: Any) -> None:
-    """List the runs this machine started (or only RUN), with each node's state read live."""
-    from rich.table import Table
-
+def ps(
+    ctx: click.Context, run: Optional[str], show_all: bool, as_json: bool, **kw: Any
+) -> None:
+    """List the runs this machine started (or only RUN, finished or not), with each node's
+    state read live (finished runs as recorded). A host that does not answer in time is
+    named, its nodes unreachable."""
     terminal = terminal_of(ctx)
     only = registry.resolve(run).run_id if run is not None else None
-    rows = runs.ps_rows(show_all, lambda record: _ssh_for(record, kw), kw["fanout"], only)
-    if not rows:
+    report = run_ps.ps(
+        show_all, lambda record: _ssh_for(record, kw), kw["fanout"], kw["connect_timeout"], only
+    )
+    for note in report.notes:
+        terminal.err(f"sshddp: {visible(note)}")
+    if as_json:
+        rows = [row.to_json() for row in report.rows]
+        terminal.out(json.dumps({"runs": rows, "notes": report.notes}, indent=1))
+        raise Exit(ExitCode.OK)
+    if not report.rows:
         terminal.out("no runs" + ("" if show_all else " in progress (`sshddp ps --all` lists all)"))
         raise Exit(ExitCode.OK)
+    terminal.show([_ps_table(report.rows)])
+    raise Exit(ExitCode.OK)
+
+
+def _ps_table(rows: list[run_ps.PsRow]) -> Table:
+    """The rows as a table; whatever came from the hosts escaped (no markup, no controls)."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(header_style="bold")
     for col in ("run", "started", "duration", "nodes", "root cause"):
         table.add_column(col)
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
-        summary = " ".join(f"{i}:{s.get('state')}" for i, s in enumerate(row.states))
-        table.add_row(row.run_id, started, _duration(row.duration), summary, row.root_cause)
-    terminal.show([table])
-    raise Exit(ExitCode.OK)
+        summary = " ".join(
+            f"{i}:{NodeState.of(s.get('state')).value}" for i, s in enumerate(row.states)
+        )
+        table.add_row(
+            row.run_id,
+            started,
+            _duration(row.duration),
+            summary,
+            escape(visible(row.root_cause)),
+        )
+    return table
 
 
-def _duration(seconds: float) -> str:
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
     seconds = max(0, int(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
@@ -94,16 +130,20 @@ def _duration(seconds: float) -> str:
 def stop(ctx: click.Context, run: str, **kw: Any) -> None:
     """Stop RUN on every host (SIGTERM, grace, SIGKILL); a finished run is a no-op."""
     terminal = terminal_of(ctx)
-    record = registry.resolve(run)
+    record = runs.started(registry.resolve(run))
     code = ExitCode.OK
-    for done in runs.stop(record, _ssh_for(record, kw), kw["fanout"], kw["force"]):
+    stops = runs.stop(record, _ssh_for(record, kw), kw["fanout"], kw["force"])
+    for done in stops:
         name = f"node {done.node.node_rank} ({done.node.host.host})"
         if done.answer is None:
-            terminal.err(f"{name}: NOT stopped: {done.error}")
+            terminal.err(f"{name}: NOT stopped: {visible(done.error, multiline=True)}")
             code = ExitCode.UNREACHABLE
             continue
-        already = done.answer.get("already")
+        state = NodeState.of(done.answer.get("state")).value
         terminal.out(
-            f"{name}: " + (f"was already {done.answer.get('state', '?')}" if already else "stopped")
+            f"{name}: " + (f"was already {state}" if done.answer.get("already") else "stopped")
         )
+    warning = runs.record_if_ended(record, [d.answer for d in stops])
+    if warning:
+        terminal.err(f"sshddp: warning: {warning}")
     raise Exit(code)

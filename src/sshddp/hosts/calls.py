@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from typing import Callable, Optional
 
+from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
+from sshddp.model.state import NodeState
 from sshddp.remote import contract
 from sshddp.remote.contract import (
     ExitRecord,
@@ -18,12 +20,16 @@ from sshddp.remote.contract import (
     StopAnswer,
 )
 
+GONE_REASON = "its run directory is not on the host (retention removed it, or it was never made)"
+
 
 def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> StopAnswer:
     """Stop one node's run; its final exit record."""
     answer: StopAnswer = shipped.call(
         transport, "stop", {"rundir": rundir, "force": force, "reason": reason}
     )
+    if answer.get("state") == contract.UNKNOWN and "ended" not in answer:
+        return {"state": NodeState.GONE.value, "reason": GONE_REASON, "already": True}
     return answer
 
 
@@ -50,7 +56,8 @@ def read_node(
 ) -> ExitRecord:
     """One-shot look at a node: log bytes from ``offset`` (mode "fetch") or none ("status").
 
-    Returns the node's status record (exit.json, or its live state)."""
+    Returns the node's status record (exit.json, or its live state); state "gone" when the
+    host holds no run directory for it. A ``RemoteError`` when the answer was cut short."""
     proc = shipped.start(transport, "follow", {"rundir": rundir, "offset": offset, "mode": mode})
     try:
         proc.close_stdin()
@@ -60,7 +67,11 @@ def read_node(
         proc.wait()
     finally:
         proc.close()
-    return record or {"state": contract.UNKNOWN}
+    if record is None:
+        raise RemoteError(f"{transport.label}: no status came back for {rundir}")
+    if record.get("state") == contract.UNKNOWN and "ended" not in record:
+        return {"state": NodeState.GONE.value, "reason": GONE_REASON}
+    return record
 
 
 def status_record(stderr: bytes) -> Optional[ExitRecord]:

@@ -151,16 +151,17 @@ class SshTransport:
         return {"host_key": host_key, "endpoint": endpoint(self.hostname, int(self._conn.port))}
 
     def _prepare_host_keys(self) -> None:
-        from sshddp.hosts.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy
+        from sshddp.hosts.hostkeys import AcceptNewPolicy, KnownHosts, RefuseUnknownPolicy
 
         client = self._conn.client
         path = self.known_hosts_path()
-        if path.is_file():
-            client.load_host_keys(str(path))
+        known = KnownHosts.load(path)
+        known.install(client)
         if self._options.accept_new_host_keys:
-            client.set_missing_host_key_policy(AcceptNewPolicy(path))
+            hashing = str(self._conn.ssh_config.get("hashknownhosts", "no")).lower() == "yes"
+            client.set_missing_host_key_policy(AcceptNewPolicy(path, known, hashing))
         else:
-            client.set_missing_host_key_policy(RefuseUnknownPolicy(path))
+            client.set_missing_host_key_policy(RefuseUnknownPolicy(path, known))
 
     def start(self, command: str) -> RemoteProcess:
         self.connect()
@@ -211,9 +212,9 @@ def _explain(exc: BaseException, host: str, label: str, known: _KnownHosts) -> H
     """Turn a connection failure into a message that names the host and what to try."""
     import paramiko
 
-    from sshddp.hosts.hostkeys import UnknownHostKey
+    from sshddp.hosts.hostkeys import RevokedHostKey, UnknownHostKey, fingerprint
 
-    if isinstance(exc, UnknownHostKey):
+    if isinstance(exc, (UnknownHostKey, RevokedHostKey)):
         return HostUnreachable(host, f"{label}: {exc.message}", exc.hint)
     if isinstance(exc, paramiko.BadHostKeyException):
         return _changed_key(exc, host, label, known)

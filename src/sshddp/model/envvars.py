@@ -40,8 +40,19 @@ def parse_env_pairs(
             if found is None:
                 raise UsageError(f"--env {name}: no value given and {name} is not set locally")
             value = found
+        if not can_hold(value):
+            raise UsageError(
+                f"--env {name}: the value holds a NUL character, which no environment "
+                "variable can hold"
+            )
         pairs.append((name, value))
     return tuple(pairs), frozenset(name for name, _ in pairs)
+
+
+def can_hold(value: str) -> bool:
+    """Whether an environment variable can hold ``value``: a POSIX environment is
+    NUL-terminated strings, so a NUL would cut the value short, or fail the exec."""
+    return "\0" not in value
 
 
 def secret_names(names: frozenset[str], envs: list[Mapping[str, str]]) -> frozenset[str]:

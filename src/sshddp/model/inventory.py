@@ -20,6 +20,7 @@ import yaml
 
 from sshddp import defaults
 from sshddp.errors import InventoryError
+from sshddp.model import envvars
 
 __all__ = [
     "Format",
@@ -303,7 +304,11 @@ _ENV_NAME_RULE = _Rule(
     _matches(r"[A-Za-z_][A-Za-z0-9_]*"),
     text=True,
 )
-_ENV_VALUE_RULE = _Rule("a string or a number", lambda value: isinstance(value, str), text=True)
+_ENV_VALUE_RULE = _Rule(
+    "a string or a number without NUL characters (no environment variable can hold one)",
+    lambda value: isinstance(value, str) and envvars.can_hold(value),
+    text=True,
+)
 
 _HOST_KEYS = ("host", "user", "port", "gpus", "nproc", "python", "addr", "env", "workdir")
 _DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport")

@@ -37,7 +37,7 @@ from sshddp.model.torchrun import torchrun_args
 from sshddp.remote import contract
 
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  #: whole: fullmatch
 CodeKind = Literal["file", "tar", "remote", "none"]
 PathKind = Literal["file", "dir", "missing"]
 
@@ -102,11 +102,6 @@ class NodePlan:
         """The host's position in the inventory (what the host pool keys results by)."""
         return self.host.index
 
-    @property
-    def mark(self) -> str:
-        """The run marker in every process of this node (teardown finds them by it)."""
-        return f"{self.rundir.rsplit('/runs/', 1)[-1]}"
-
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -128,6 +123,13 @@ class LaunchPlan:
     nproc_per_node: Optional[int] = None  #: the user's override of every host's count
     launcher: Launcher = "torchrun"  #: what each node starts: torchrun, or its own launcher
     command: tuple[str, ...] = ()  #: a node launcher's command (``-- COMMAND``), if any
+    nonce: str = ""  #: random, one per launch: no two runs' node marks are ever the same
+
+    def mark(self, node: NodePlan) -> str:
+        """The marker in every process of ``node`` (teardown finds them by it): the run id
+        and node rank for people, and this launch's nonce, so that stopping this run never
+        touches another one, whatever its name or workdir."""
+        return f"{self.run_id}/n{node.node_rank}/{self.nonce}"
 
     @property
     def peer_port(self) -> int:
@@ -147,7 +149,7 @@ class LaunchPlan:
             "argv": list(node.argv),
             "cwd": node.cwd,
             "grace": self.grace,
-            "mark": node.mark,
+            "mark": self.mark(node),
             "peers": {
                 "nnodes": len(self.nodes),
                 "addr": self.rdzv_addr,
@@ -163,6 +165,18 @@ class LaunchPlan:
 def new_run_id() -> str:
     """A short, typeable, random run id."""
     return "".join(secrets.choice(RUN_ID_ALPHABET) for _ in range(6))
+
+
+def check_run_id(run_id: str) -> None:
+    """Refuse a ``--name`` that cannot be a run id (before it names any file)."""
+    if not RUN_ID_RE.fullmatch(run_id):
+        shown = repr(run_id)
+        if len(run_id) > 70:
+            shown = f"{run_id[:64]!r}... ({len(run_id)} characters)"
+        raise UsageError(
+            f"--name {shown}: expected 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
 
 
 def make_plan(
@@ -215,6 +229,7 @@ def make_plan(
         nproc_per_node=options.nproc_per_node,
         launcher=options.launcher,
         command=options.command,
+        nonce=secrets.token_hex(6),
     )
 
 
@@ -277,11 +292,7 @@ def _rdzv_port(inventory: Inventory, options: LaunchOptions) -> int:
 
 def validate_options(options: LaunchOptions, run_id: str) -> None:
     """Reject option values no launch can use (the CLI already checked types)."""
-    if not RUN_ID_RE.match(run_id):
-        raise UsageError(
-            f"--name {run_id!r}: expected 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
+    check_run_id(run_id)
     if options.nproc_per_node is not None and options.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node {options.nproc_per_node}: expected at least 1")
     auto = options.port == defaults.AUTO_PORT

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from sshddp import defaults
 from sshddp.model import envvars
 from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
-from sshddp.model.state import NodeState, RunResult, peer_cause
+from sshddp.model.escape import visible, visible_line
+from sshddp.model.state import NodeState, RunResult, peer_cause, stop_reason
 
 if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
     from rich.console import RenderableType
@@ -54,10 +55,10 @@ def _problems(reports: Sequence[HostReport]) -> list[RenderableType]:
     lines: list[RenderableType] = [""]
     for r, f in problems:
         label = "FAIL" if f.status is Status.FAIL else "warn"
-        host, msg = escape(r.host.host), escape(f.message)
+        host, msg = escape(r.host.host), escape(visible(f.message))
         lines.append(f"[{_STYLE[f.status]}]{label}[/] {host} [bold]{f.check}[/]: {msg}")
         if f.fix:
-            lines.append(f"     fix: {escape(f.fix)}")
+            lines.append(f"     fix: {escape(visible(f.fix))}")
     fails = sum(1 for _, f in problems if f.status is Status.FAIL)
     warns = len(problems) - fails
     lines.append(f"\n{fails} failing check(s), {warns} warning(s) on {len(reports)} host(s).")
@@ -200,11 +201,18 @@ def user_tail(
     return list(lines[:cut])[-n:]
 
 
+TAIL_PREFIX = "  | "  #: before each line of a rank's output in the report: no rank can
+#: print a line that reads as one of sshddp's own
+
+
 def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
-    """Every node's state, then the root cause with the failing node's last lines."""
+    """Every node's state, then the root cause with the failing node's last lines.
+
+    Whatever came from the hosts (reasons, the ranks' lines) is shown with its control
+    characters escaped (``escape.visible``): it cannot move the cursor or forge a line."""
     out = [f"sshddp: run {result.run_id} " + _verdict(result)]
     for n in result.nodes:
-        detail = n.reason or ""
+        detail = visible(n.reason or "")
         if n.returncode not in (None, 0) and not n.reason:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
@@ -215,7 +223,7 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     if node is None:
         cause = peer_cause(result)
         if cause:
-            out.append(f"root cause (as the supervisors saw it): {cause}")
+            out.append(f"root cause (as the supervisors saw it): {visible(cause)}")
         return "\n".join(out)
     info = torchrun_failure(full_tail)
     where = f"node {node.node_rank} on {node.host}"
@@ -228,14 +236,14 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
             where += f", global rank {said['rank']} (as its traceback says)"
         if "rank" in said:  # the tail shows that rank's own lines
             info["rank"] = said["rank"]
-    out.append(f"root cause: {where}: {_how(info, node.reason or node.state.value)}")
+    out.append(f"root cause: {where}: {visible(_how(info, node.reason or node.state.value))}")
     tail = user_tail(full_tail, rank=info.get("rank"))
     if tail:
         out.append(f"--- last {len(tail)} lines of node {node.node_rank}'s output ---")
-        out.extend(tail)
+        out.extend(TAIL_PREFIX + visible_line(line) for line in tail)
         out.append("---")
     if node.log_path:
-        out.append(f"full log: {node.log_path}")
+        out.append(f"full log: {visible(str(node.log_path))}")
     return "\n".join(out)
 
 
@@ -248,13 +256,15 @@ def _how(info: dict[str, Any], otherwise: str) -> str:
 
 
 def _verdict(result: RunResult) -> str:
+    """The run's end in words: the same for every command that reports it (launch, attach)
+    since it follows from the nodes' states, which the hosts keep."""
     if result.ok:
         return "succeeded"
     if result.interrupted:
-        return "was stopped (Ctrl-C)"
+        return "was stopped: " + visible(stop_reason(result) or "interrupted by the user (Ctrl-C)")
     if result.log_error:
         return (
-            f"goes on without us (detached): {result.log_error}. The hosts keep every "
+            f"goes on without us (detached): {visible(result.log_error)}. The hosts keep every "
             f"byte: free space, then `sshddp attach {result.run_id}` (or `sshddp logs`) "
             "completes the local logs"
         )
@@ -262,8 +272,17 @@ def _verdict(result: RunResult) -> str:
         return "goes on without us (detached)"
     if result.cause:
         return "was ended from outside: its Slurm job ended"
+    stopped = stop_reason(result)
+    if stopped:
+        return f"was stopped: {visible(stopped)}"
     if any(n.state is NodeState.UNREACHABLE for n in result.nodes):
         if peer_cause(result):  # a cut-off supervisor stops its own node
             return "failed; lost contact with some hosts, whose supervisors stop on their own"
         return "lost contact with some hosts; the run may still be going"
+    gone = [str(n.node_rank) for n in result.nodes if n.state is NodeState.GONE]
+    if gone and not any(n.state.bad for n in result.nodes):
+        return (
+            f"ended; how node(s) {', '.join(gone)} ended is unknown: their run directories "
+            "are gone from their hosts"
+        )
     return "failed"

@@ -32,8 +32,10 @@ class NodeState(str, Enum):
     killed); the others stop. The last four are final: the host keeps them in exit.json.
 
     Two more say what the coordinator does not know: UNREACHABLE, its host could not be
-    reached (the node may still be running there), and UNKNOWN, its host answered but holds
-    no record of the node (its run directory was removed, or never made).
+    reached (the node may still be running there), and UNKNOWN, a state this version cannot
+    read. GONE: its host answered and holds no run directory for it (retention removed it
+    once the run had ended, or it was never made): nothing of the node runs there, so it
+    is final too.
     """
 
     PENDING = "pending"
@@ -45,11 +47,12 @@ class NodeState(str, Enum):
     LOST = contract.LOST
     UNREACHABLE = "unreachable"
     UNKNOWN = contract.UNKNOWN
+    GONE = "gone"
 
     @property
     def final(self) -> bool:
-        """The node has ended for good (its host says so)."""
-        return self.value in contract.FINAL_STATES
+        """The node has ended for good (its host says so, or holds nothing of it)."""
+        return self.value in contract.FINAL_STATES or self is NodeState.GONE
 
     @property
     def bad(self) -> bool:
@@ -128,12 +131,27 @@ class RunResult:
         return ExitCode.RUN_FAILED
 
 
+PEER_PREFIX = "stopped: "  #: a supervisor's reason when a peer's end stopped its node
+
+
+def stop_reason(result: RunResult) -> str:
+    """Why a run that no node failed was stopped (Ctrl-C, ``sshddp stop``), once every node
+    has ended; "" otherwise. The node asked first keeps the asker's reason; the others
+    stopped after it (their reasons start with ``stopped: ``)."""
+    nodes = result.nodes
+    if result.ok or any(n.state.bad or not n.state.final for n in nodes):
+        return ""
+    stopped = [n.reason for n in nodes if n.state is NodeState.STOPPED]
+    asked = [r for r in stopped if r and not r.startswith(PEER_PREFIX)]
+    return asked[0] if asked else ("stopped" if stopped else "")
+
+
 def peer_cause(result: RunResult) -> str:
     """Why the supervisors stopped the run, when no node the coordinator reached failed
     itself: a node they lost (partitioned, powered off) shows only in the others' records."""
-    if result.interrupted or result.ok:
+    if result.interrupted or result.ok or stop_reason(result):
         return ""
-    prefix = "stopped: "
+    prefix = PEER_PREFIX
     for n in sorted(result.nodes, key=lambda n: n.node_rank):
         if n.state is NodeState.STOPPED and n.reason.startswith(prefix):
             return n.reason[len(prefix) :]

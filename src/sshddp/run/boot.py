@@ -10,7 +10,7 @@ that did.
 from __future__ import annotations
 
 from functools import cache
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
@@ -45,10 +45,15 @@ class Boot:
         state: RunState,
         payload: Payload,
         unreachable: Optional[dict[int, BaseException]] = None,
+        before_start: Callable[[], bool] = lambda: True,
     ) -> None:
         self.state = state
         self.payload = payload
         self.unreachable = unreachable or {}
+        # Called once every node staged, before any starts: False cancels the launch (every
+        # node removes what it staged, nothing starts anywhere).
+        self.before_start = before_start
+        self.cancelled = False
 
     def run(self, teardown: Teardown) -> bool:
         """Boot every node; False (and every started node stopped) when one failed."""
@@ -61,6 +66,10 @@ class Boot:
         if opened.ok:
             staged = state.pool.map(lambda n: self._stage(n, first), state.plan.nodes)
         if all(o.ok and o.value is None for o in staged.values()):
+            if not self.before_start():
+                self.cancelled = True
+                state.pool.map(lambda n: self._session(n).discard(), state.plan.nodes)
+                return True
             self._settle(state.pool.map(self._start, state.plan.nodes))
         else:
             self._settle(staged, not_started=True)

@@ -13,13 +13,14 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Optional
 
 from sshddp import defaults
-from sshddp.errors import HostUnreachable, UsageError
+from sshddp.errors import HostUnreachable, Interrupted, RunGone, StateError, UsageError
+from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import SshOptions, node_addr
@@ -29,18 +30,21 @@ from sshddp.model.inventory import Host, Inventory
 from sshddp.model.plan import (
     LaunchOptions,
     LaunchPlan,
+    check_run_id,
     describe,
     make_plan,
     new_run_id,
     with_port,
 )
-from sshddp.model.state import RunResult
+from sshddp.model.state import NodeResult, NodeState, RunResult
+from sshddp.remote.contract import ExitRecord
 from sshddp.run import preflight, registry
 from sshddp.run.boot import Boot
 from sshddp.run.follow import Followers
+from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
-from sshddp.run.payload import build_payload, code_spec
-from sshddp.run.registry import RunRecord
+from sshddp.run.payload import Payload, build_payload, code_spec
+from sshddp.run.registry import Launcher, RunRecord
 from sshddp.run.runstate import RunState
 from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sinks import Screen, open_sinks
@@ -60,8 +64,10 @@ class LaunchMode:
 def build_plan(
     inventory: Inventory, options: LaunchOptions, ssh: SshOptions, secrets: frozenset[str]
 ) -> LaunchPlan:
+    if options.name is not None:
+        check_run_id(options.name)  # before the name names any file
     run_id = options.name or new_run_id()
-    if registry.exists(run_id):
+    if registry.exists(run_id):  # early and friendly; ``registry.create`` is the real guard
         raise UsageError(f"--name {run_id}: a run with that id exists already; pick another")
     code = code_spec(options)
     return make_plan(inventory, options, run_id, code, lambda h: node_addr(h, ssh), secrets)
@@ -82,66 +88,262 @@ def launch(
     if mode.dry_run:
         screen.out(describe(plan))
         return None
-    auto = plan.rdzv_port == defaults.AUTO_PORT
-    if auto and not mode.check:
+    if plan.rdzv_port == defaults.AUTO_PORT and not mode.check:
         raise UsageError(
             "--port auto (or `rendezvous: {port: auto}`) needs the preflight: node 0's probe "
             "picks the port; drop --no-check, or give a port with --port N"
         )
     payload = build_payload(plan.code)
-    logs, console = open_sinks(
-        plan, Path(plan.log_dir).absolute(), screen.stdout_bytes, screen.color
-    )
-    if not auto:
-        screen.err(_banner(plan, mode.detach))
-    with HostPool(inventory.hosts, ssh, mode.fanout) as pool:
-        state = RunState(plan, pool, logs, console)
+    return Launch(plan, options, mode, screen).run(inventory, ssh, payload)
+
+
+class Launch:
+    """One launch, from its record on. Until a node may start, Ctrl-C or a failure ends it
+    with nothing started anywhere and its record dropped; from then on, Ctrl-C only counts,
+    and the run is stopped on every host before the launch returns."""
+
+    def __init__(
+        self, plan: LaunchPlan, options: LaunchOptions, mode: LaunchMode, screen: Screen
+    ) -> None:
+        self.plan = plan
+        self.options = options
+        self.mode = mode
+        self.screen = screen
+        self.interrupts = Interrupts()
+        self.record: Optional[RunRecord] = None
+        self.started = False  #: a node may have started: the record stays, Ctrl-C stops it
+
+    def run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         try:
-            # preflight: every host's session, opened by the checks (or without them)
-            unreachable = _preflight(state, inventory, options, mode, payload.disk_bytes, screen)
-            plan = state.plan
-            registry.save(RunRecord.of(plan, inventory.source, ssh.ssh_config))
-            # boot: stage everywhere, then start everywhere
-            teardown = Teardown(state)
-            if not Boot(state, payload, unreachable).run(teardown):
-                return _recorded(state.result(False))
-            if mode.detach:
-                screen.err(
-                    f"sshddp: run {plan.run_id} started on {len(plan.nodes)} node(s); "
-                    f"follow it with `sshddp attach {plan.run_id}`"
-                )
-                return None
-            # follow, and tear down on the first failure (or when the Slurm job ends)
-            with _detach_on(state), JobWatch(state, teardown) as job:
-                return _recorded(job.settle(Followers(state, teardown).run()))
+            self.interrupts.install()  # raises until a node may start, then only counts
+            return self._run(inventory, ssh, payload)
+        except KeyboardInterrupt:
+            if self.started:
+                raise
+            raise Interrupted(
+                f"run {self.plan.run_id} interrupted before it started: nothing was started on "
+                "any host"
+            ) from None
         finally:
-            state.close_sessions()  # those no follower took over
+            if self.record is not None and not self.started:
+                _forget(self.plan.run_id)
+
+    def _run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
+        plan = self.plan
+        self.record = _reserve(plan, inventory.source, ssh)
+        logs, console = open_sinks(
+            plan, Path(plan.log_dir).absolute(), self.screen.stdout_bytes, self.screen.color
+        )
+        try:
+            auto = plan.rdzv_port == defaults.AUTO_PORT
+            if not auto:  # with --port auto, once node 0 picked it
+                self.screen.err(_banner(plan))
+            with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
+                state = RunState(plan, pool, logs, console)
+                try:
+                    unreachable = self._preflight(state, inventory, payload)
+                    if auto:
+                        self.screen.err(_banner(state.plan))
+                    if not self.mode.detach:
+                        self.screen.err(_ctrl_c_line(state.plan))
+                    self.interrupts.defer()
+                    return self._boot_and_follow(state, payload, unreachable)
+                finally:
+                    state.close_sessions()  # those no follower took over
+        finally:
             logs.close()
 
+    def _preflight(
+        self, state: RunState, inventory: Inventory, payload: Payload
+    ) -> dict[int, BaseException]:
+        """Every host's session, opened by the checks (or, with --no-check, without them);
+        the hosts that could not be reached. With ``--port auto`` the plan (and the record)
+        take the port node 0 picked, and holds until the nodes start."""
+        plan, pool = state.plan, state.pool
+        if not self.mode.check:
+            state.sessions, unreachable = _open_sessions(pool, plan)
+            return unreachable
+        ctx = _checks(plan, payload.disk_bytes, inventory, self.options)
+        opener = _session_opener(pool, plan)
+        gathered = preflight.for_launch(pool, ctx, opener, self.screen.err)
+        state.sessions = gathered.sessions
+        if plan.rdzv_port == defaults.AUTO_PORT:
+            port = _picked(gathered.rdzv_port)
+            state.plan = self.plan = with_port(inventory, self.options, plan, port)
+            assert self.record is not None
+            self.record = replace(self.record, rdzv=(plan.rdzv_addr, port))
+        return {}
 
-def _preflight(
-    state: RunState,
-    inventory: Inventory,
-    options: LaunchOptions,
-    mode: LaunchMode,
-    code_bytes: int,
-    screen: Screen,
-) -> dict[int, BaseException]:
-    """Every host's launch session, opened by the checks (or, with --no-check, without
-    them); the hosts that could not be reached. With ``--port auto`` the plan takes the
-    port node 0 picked (and holds until the nodes start), and the banner shows it."""
-    plan = state.plan
-    if not mode.check:
-        state.sessions, unreachable = _open_sessions(state.pool, plan)
-        return unreachable
-    ctx = _checks(plan, code_bytes, inventory, options)
-    opener = _session_opener(state.pool, plan)
-    gathered = preflight.for_launch(state.pool, ctx, opener, screen.err)
-    state.sessions = gathered.sessions
-    if plan.rdzv_port == defaults.AUTO_PORT:
-        state.plan = with_port(inventory, options, plan, _picked(gathered.rdzv_port))
-        screen.err(_banner(state.plan, mode.detach))
-    return {}
+    def _boot_and_follow(
+        self, state: RunState, payload: Payload, unreachable: dict[int, BaseException]
+    ) -> Optional[RunResult]:
+        plan = state.plan
+        teardown = Teardown(state)
+        boot = Boot(state, payload, unreachable, before_start=self._may_start)
+        booted = boot.run(teardown)
+        if boot.cancelled:
+            raise Interrupted(
+                f"run {plan.run_id} interrupted before it started: every node removed what it "
+                "had staged, nothing was started on any host"
+            )
+        if not booted:
+            return _recorded(state.result(False), self.screen)
+        if self.mode.detach and not self.interrupts.count:
+            self.screen.err(
+                f"sshddp: run {plan.run_id} started on {len(plan.nodes)} node(s); "
+                f"follow it with `sshddp attach {plan.run_id}`"
+            )
+            return None
+        # follow, and tear down on the first failure (or the Ctrl-C that came meanwhile, or
+        # the end of the Slurm job the run lives in)
+        with _detach_on(state), JobWatch(state, teardown) as job:
+            result = job.settle(Followers(state, teardown, interrupts=self.interrupts).run())
+        return _recorded(result, self.screen)
+
+    def _may_start(self) -> bool:
+        """Every node staged: record that the run may start (False: Ctrl-C came first)."""
+        if self.interrupts.count:
+            return False
+        assert self.record is not None
+        registry.save(replace(self.record, launcher=None))
+        self.started = True
+        return True
+
+
+def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> RunResult:
+    """Follow a run again, like launch: Ctrl-C stops it, Ctrl-\\ detaches. A node whose run
+    directory is gone (retention) is not followed; when every node's is, the recorded end."""
+    plan = record.plan()
+    interrupts = Interrupts().deferred()  # any Ctrl-C from here on stops the run
+    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
+        connect_strictly(pool)
+        gone = gone_nodes(pool, plan)
+        if len(gone) == len(plan.nodes):
+            return _all_gone(record, gone, screen)
+        logs, console = open_sinks(plan, Path(record.log_dir), screen.stdout_bytes, screen.color)
+        screen.err(
+            f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
+            + ("it cannot be detached (transport srun)" if _bound(plan) else "Ctrl-\\ detaches")
+        )
+        live = replace(plan, nodes=tuple(n for n in plan.nodes if n.node_rank not in gone))
+        state = RunState(live, pool, logs, console)
+        teardown = Teardown(state)
+        try:
+            with _detach_on(state), JobWatch(state, teardown) as job:
+                result = job.settle(Followers(state, teardown, interrupts=interrupts).run())
+        finally:
+            logs.close()
+    return _recorded(_with_gone(result, record, gone), screen)
+
+
+def watch(state: RunState) -> RunResult:
+    """Follow the nodes of ``state`` until they end, never stopping them (logs --follow):
+    Ctrl-C leaves."""
+    interrupts = Interrupts().deferred()
+    return Followers(state, Teardown(state), watch_only=True, interrupts=interrupts).run()
+
+
+def gone_nodes(pool: HostPool, plan: LaunchPlan) -> dict[int, ExitRecord]:
+    """The nodes whose hosts hold no run directory for them (their status, by node rank).
+    A node that cannot be asked counts as there: following it says what went wrong."""
+    outcomes = pool.map(
+        lambda n: calls.read_node(pool.transport(n), n.rundir, 0, "status"), plan.nodes
+    )
+    found = {n.node_rank: outcomes[n.index].value for n in plan.nodes}
+    return {r: s for r, s in found.items() if s and s.get("state") == NodeState.GONE.value}
+
+
+def connect_strictly(pool: HostPool) -> None:
+    """Connect every host of the pool, or say which could not be reached."""
+    bad = [e for e in pool.connect_all().values() if e is not None]
+    if bad:
+        detail = "; ".join(e.message + (f" (fix: {e.hint})" if e.hint else "") for e in bad)
+        raise HostUnreachable(bad[0].host, f"cannot reach every host of the run: {detail}")
+
+
+def _reserve(plan: LaunchPlan, inventory: str, ssh: SshOptions) -> RunRecord:
+    """Create the run's record before any host is contacted; of two launches with the same
+    name at the same moment, exactly one gets here."""
+    record = RunRecord.of(plan, inventory, ssh.ssh_config, Launcher.me())
+    registry.create(record)
+    return record
+
+
+def _forget(run_id: str) -> None:
+    """Drop the record of a launch that started nothing (best effort: it is ours)."""
+    try:
+        registry.forget(run_id)
+    except StateError:
+        pass
+
+
+def _recorded(result: RunResult, screen: Screen) -> RunResult:
+    """Keep the run's end in the registry, for ps. A registry that cannot take it never
+    hides the run's result: it is reported all the same, with a warning."""
+    try:
+        registry.record_end(result.run_id, lambda r: r.ended_with(result))
+    except StateError as exc:
+        screen.err(f"sshddp: warning: the run's end is not recorded: {exc.message}")
+    return result
+
+
+def _all_gone(record: RunRecord, gone: dict[int, ExitRecord], screen: Screen) -> RunResult:
+    """Every node's run directory is gone: the recorded end, or ``RunGone``."""
+    if record.end_known:
+        screen.err(
+            f"sshddp: run {record.run_id}: its run directories are gone from the hosts; "
+            "this is its end as recorded here"
+        )
+        return record.recorded_result()
+    try:
+        registry.record_end(record.run_id, lambda r: r.ended_from(list(gone.values())))
+    except StateError:
+        pass  # what follows says it all
+    raise RunGone(
+        f"run {record.run_id}: its run directories are gone from every host (a host keeps its "
+        f"newest {defaults.KEEP_RUNS} runs), and this machine never recorded how it ended; "
+        f"`sshddp logs {record.run_id}` shows the local copies"
+    )
+
+
+def _with_gone(result: RunResult, record: RunRecord, gone: dict[int, ExitRecord]) -> RunResult:
+    """``result`` with the nodes that were not followed: their recorded end, else gone."""
+    if not gone:
+        return result
+    recorded = {e.node_rank: e for e in record.result or ()}
+    hosts = {n.node_rank: n.host.host for n in record.nodes}
+    nodes = list(result.nodes)
+    for rank, status in gone.items():
+        node = NodeResult(rank, hosts[rank])
+        end = recorded.get(rank)
+        node.apply(status if end is None or not NodeState.of(end.state).final else vars(end))
+        nodes.append(node)
+    return replace(result, nodes=sorted(nodes, key=lambda n: n.node_rank))
+
+
+def _banner(plan: LaunchPlan) -> str:
+    return (
+        f"sshddp: run {plan.run_id}: {plan.world_size} processes on {len(plan.nodes)} node(s), "
+        f"rendezvous {plan.rdzv_addr}:{plan.rdzv_port}, logs in {plan.log_dir}/"
+    )
+
+
+def _ctrl_c_line(plan: LaunchPlan) -> str:
+    """Said once the preflight passed: before, Ctrl-C ends a launch that started nothing."""
+    if _bound(plan):
+        return (
+            "sshddp: Ctrl-C stops the run on every host; it lives in this sshddp's Slurm job "
+            "steps (transport srun), so it cannot be detached"
+        )
+    return (
+        "sshddp: Ctrl-C stops the run on every host; Ctrl-\\ (SIGQUIT) or closing the "
+        f"terminal detaches and leaves it running (`sshddp attach {plan.run_id}`)"
+    )
+
+
+def _bound(plan: LaunchPlan) -> bool:
+    """The run lives in job steps this sshddp holds (transport srun)."""
+    return any(n.host.transport == "srun" for n in plan.nodes)
 
 
 def _checks(
@@ -162,67 +364,6 @@ def _picked(port: Optional[int]) -> int:
     if port is None:  # the preflight fails first: the port check names why
         raise UsageError("node 0 picked no rendezvous port")
     return port
-
-
-def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> RunResult:
-    """Follow a run again, like launch: Ctrl-C stops it, Ctrl-\\ detaches."""
-    plan = record.plan()
-    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
-        connect_strictly(pool)
-        logs, console = open_sinks(plan, Path(record.log_dir), screen.stdout_bytes, screen.color)
-        screen.err(
-            f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
-            + ("it cannot be detached (transport srun)" if _bound(plan) else "Ctrl-\\ detaches")
-        )
-        state = RunState(plan, pool, logs, console)
-        teardown = Teardown(state)
-        try:
-            with _detach_on(state), JobWatch(state, teardown) as job:
-                return _recorded(job.settle(Followers(state, teardown).run()))
-        finally:
-            logs.close()
-
-
-def watch(state: RunState) -> RunResult:
-    """Follow the nodes of ``state`` until they end, never stopping them (logs --follow)."""
-    return Followers(state, Teardown(state), watch_only=True).run()
-
-
-def connect_strictly(pool: HostPool) -> None:
-    """Connect every host of the pool, or say which could not be reached."""
-    bad = [e for e in pool.connect_all().values() if e is not None]
-    if bad:
-        detail = "; ".join(e.message + (f" (fix: {e.hint})" if e.hint else "") for e in bad)
-        raise HostUnreachable(bad[0].host, f"cannot reach every host of the run: {detail}")
-
-
-def _recorded(result: RunResult) -> RunResult:
-    """Keep the run's end in the registry, for ps."""
-    registry.save(registry.load(result.run_id).ended(result))
-    return result
-
-
-def _banner(plan: LaunchPlan, detach: bool) -> str:
-    lines = [
-        f"sshddp: run {plan.run_id}: {plan.world_size} processes on {len(plan.nodes)} node(s), "
-        f"rendezvous {plan.rdzv_addr}:{plan.rdzv_port}, logs in {plan.log_dir}/"
-    ]
-    if _bound(plan):
-        lines.append(
-            "sshddp: Ctrl-C stops the run on every host; it lives in this sshddp's Slurm job "
-            "steps (transport srun), so it cannot be detached"
-        )
-    elif not detach:
-        lines.append(
-            "sshddp: Ctrl-C stops the run on every host; Ctrl-\\ (SIGQUIT) or closing the "
-            f"terminal detaches and leaves it running (`sshddp attach {plan.run_id}`)"
-        )
-    return "\n".join(lines)
-
-
-def _bound(plan: LaunchPlan) -> bool:
-    """The run lives in job steps this sshddp holds (transport srun)."""
-    return any(n.host.transport == "srun" for n in plan.nodes)
 
 
 def _session_opener(pool: HostPool, plan: LaunchPlan) -> preflight.SessionOpener:

@@ -19,6 +19,7 @@ from sshddp.hosts.transport import Transport
 from sshddp.model.plan import NodePlan
 from sshddp.model.state import NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
+from sshddp.run.interrupts import Interrupts
 from sshddp.run.runstate import RunState
 from sshddp.run.teardown import Teardown
 
@@ -34,11 +35,15 @@ class Followers:
         teardown: Teardown,
         reconnect_window: float = defaults.RECONNECT_WINDOW,
         watch_only: bool = False,
+        interrupts: Optional[Interrupts] = None,
     ) -> None:
         self.state = state
         self.teardown = teardown
         self.reconnect_window = reconnect_window
         self.watch_only = watch_only  # logs --follow: never stop the run, Ctrl-C just leaves
+        # Counted while deferred (``Interrupts.deferred``); one that came before this loop
+        # (during the boot) is acted on at its first turn.
+        self.interrupts = interrupts or Interrupts()
 
     def run(self) -> RunResult:
         """Stream every node until all have finished (or we detach); Ctrl-C stops the run."""
@@ -49,19 +54,21 @@ class Followers:
         ]
         for t in threads:
             t.start()
-        interrupts = 0
+        handled = 0
         while any(t.is_alive() for t in threads) and not state.detached.is_set():
             try:
                 threads[0].join(0.1) if threads[0].is_alive() else time.sleep(0.05)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # not deferred: the same as a counted one
+                self.interrupts.count += 1
+            while handled < self.interrupts.count and not state.detached.is_set():
+                handled += 1
                 if self.watch_only:
                     state.detached.set()
-                    break
-                interrupts += 1
-                self._interrupted(interrupts)
+                else:
+                    self._interrupted(handled)
         if not state.detached.is_set():
             self.teardown.wait()
-        return state.result(bool(interrupts))
+        return state.result(bool(handled) and not self.watch_only)
 
     def _interrupted(self, count: int) -> None:
         plan = self.state.plan

@@ -1,28 +1,40 @@
 """The local run registry: what this user's runs were, for ps, attach, logs and stop.
 
 One JSON file per run under ``$SSHDDP_STATE_DIR``, else ``$XDG_STATE_HOME/sshddp``, else
-``~/.local/state/sshddp``. A ``RunRecord`` holds the hosts, the plan and the log directory,
-never an environment value (secrets stay out of it), and, once someone saw the run end,
-every node's final state.
+``~/.local/state/sshddp``, owner-only. A ``RunRecord`` holds the hosts, the plan and the
+log directory, never an environment value (secrets stay out of it), and, as soon as anyone
+learns that the run ended (launch, attach, logs, ps or stop), every node's end.
+
+A launch creates its record before it contacts any host, atomically (written aside, then
+hard-linked into place): of two launches with the same name, one creates it and the other
+is refused before anything starts. Until its nodes may start, the record names the
+launching process (pid and start time, as ``stop`` knows a supervisor): a record whose
+launcher is gone never started anything, and is dropped. Every problem with the directory
+or a record is a ``StateError`` that names the path.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sshddp import defaults
-from sshddp.errors import RunNotFound
+from sshddp.errors import RunNotFound, StateError, UsageError
 from sshddp.model.inventory import Host
 from sshddp.model.plan import CodeSpec, LaunchPlan, NodePlan
-from sshddp.model.state import RunResult
+from sshddp.model.state import NodeResult, NodeState, RunResult
+from sshddp.remote.contract import ExitRecord
 
-VERSION = 1  #: of the file format; a record without it was written by version 1
+VERSION = 2  #: of the file format; a record without it was written by version 1
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
+_LOCK = ".lock"
 
 
 @dataclass(frozen=True)
@@ -38,12 +50,37 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class NodeEnd:
-    """How a node ended, as the coordinator that followed it saw."""
+    """How a node ended, as whoever first learned it saw."""
 
     node_rank: int
     state: str
     returncode: Optional[int]
     reason: str
+    ended: Optional[float] = None  #: when (epoch seconds, the host's clock), if known
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The process launching a run, until the run's nodes may start."""
+
+    pid: int
+    start: Optional[int]  #: clock ticks since boot (Linux): with the pid, one process
+
+    @classmethod
+    def me(cls) -> Launcher:
+        pid = os.getpid()
+        return cls(pid, _proc_start(pid))
+
+    def alive(self) -> bool:
+        """Whether that very process still runs (not one that reused its pid)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        start = _proc_start(self.pid)
+        return self.start is None or start == self.start
 
 
 @dataclass(frozen=True)
@@ -64,12 +101,22 @@ class RunRecord:
     nodes: tuple[NodeRecord, ...]
     result: Optional[tuple[NodeEnd, ...]] = None  #: every node's end, once seen
     root_cause: Optional[int] = None  #: node rank of the first failure, once seen
+    launcher: Optional[Launcher] = None  #: set while the launch has started nothing yet
+    ended: Optional[float] = None  #: when the run ended (its last node), once seen
     cause: Optional[str] = None  #: what ended the run from outside (its Slurm job), once seen
 
     @classmethod
-    def of(cls, plan: LaunchPlan, inventory: str, ssh_config: Optional[str]) -> RunRecord:
+    def of(
+        cls,
+        plan: LaunchPlan,
+        inventory: str,
+        ssh_config: Optional[str],
+        launcher: Optional[Launcher] = None,
+    ) -> RunRecord:
         """The record of a run about to start."""
-        nodes = tuple(NodeRecord(n.node_rank, n.nproc, n.rundir, n.host, n.cwd) for n in plan.nodes)
+        nodes = tuple(
+            NodeRecord(n.node_rank, n.nproc, n.rundir, n.host, n.cwd) for n in plan.nodes
+        )
         return cls(
             run_id=plan.run_id,
             created=time.time(),
@@ -83,14 +130,71 @@ class RunRecord:
             code=plan.code.target,
             args=plan.script_args,
             nodes=nodes,
+            launcher=launcher,
         )
 
-    def ended(self, result: RunResult) -> RunRecord:
+    @property
+    def launching(self) -> bool:
+        """Its launch has not let any node start yet."""
+        return self.launcher is not None
+
+    @property
+    def finished(self) -> bool:
+        """Every node's end is recorded: nobody needs to ask the hosts again."""
+        ends = self.result or ()
+        return len(ends) == len(self.nodes) and all(NodeState.of(e.state).final for e in ends)
+
+    @property
+    def end_known(self) -> bool:
+        """Finished, and how: not only "gone" (run directories removed before anyone here
+        learned how the run ended)."""
+        return self.finished and any(e.state != NodeState.GONE.value for e in self.result or ())
+
+    def ended_with(self, result: RunResult) -> RunRecord:
         """This record with the run's end as ``result`` saw it."""
         ends = tuple(
-            NodeEnd(n.node_rank, n.state.value, n.returncode, n.reason) for n in result.nodes
+            NodeEnd(n.node_rank, n.state.value, n.returncode, n.reason, n.ended)
+            for n in result.nodes
         )
-        return replace(self, result=ends, root_cause=result.root_cause, cause=result.cause)
+        return replace(self._with_ends(ends, result.root_cause), cause=result.cause)
+
+    def ended_from(self, states: Sequence[ExitRecord]) -> RunRecord:
+        """This record with every node's status as its host reported it (node rank order)."""
+        ends = tuple(
+            NodeEnd(
+                n.node_rank,
+                NodeState.of(s.get("state")).value,
+                s.get("returncode"),
+                s.get("reason") or "",
+                s.get("ended"),
+            )
+            for n, s in zip(self.nodes, states)
+        )
+        bad = [e for e in ends if NodeState.of(e.state).bad]
+        first = min(bad, key=lambda e: (e.ended or float("inf"), e.node_rank), default=None)
+        return self._with_ends(ends, None if first is None else first.node_rank)
+
+    def _with_ends(self, ends: tuple[NodeEnd, ...], root_cause: Optional[int]) -> RunRecord:
+        times = [e.ended for e in ends if e.ended]
+        done = all(NodeState.of(e.state).final for e in ends)
+        ended = (max(times) if times else time.time()) if done else None
+        return replace(self, result=ends, root_cause=root_cause, launcher=None, ended=ended)
+
+    def recorded_result(self) -> RunResult:
+        """The run's end as recorded, for a report when the hosts hold nothing more."""
+        hosts = {n.node_rank: n.host.host for n in self.nodes}
+        nodes = [
+            NodeResult(
+                e.node_rank,
+                hosts.get(e.node_rank, "?"),
+                NodeState.of(e.state),
+                e.returncode,
+                reason=e.reason,
+                ended=e.ended,
+            )
+            for e in self.result or ()
+        ]
+        return RunResult(self.run_id, nodes, self.root_cause, log_dir=Path(self.log_dir))
 
     def plan(self) -> LaunchPlan:
         """Enough of the run's plan to follow, fetch and stop it."""
@@ -120,44 +224,53 @@ class RunRecord:
             heartbeat_timeout=self.heartbeat_timeout,
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "run_id": self.run_id,
-            "created": self.created,
-            "inventory": self.inventory,
-            "ssh_config": self.ssh_config,
-            "log_dir": self.log_dir,
-            "rdzv": list(self.rdzv),
-            "world_size": self.world_size,
-            "grace": self.grace,
-            "heartbeat_timeout": self.heartbeat_timeout,
-            "code": self.code,
-            "args": list(self.args),
-            "nodes": [_node_json(n) for n in self.nodes],
-            "result": None if self.result is None else _result_json(self),
-        }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
-        result = data.get("result") or None
-        return cls(
-            run_id=data["run_id"],
-            created=float(data.get("created", 0)),
-            inventory=data.get("inventory", ""),
-            ssh_config=data.get("ssh_config"),
-            log_dir=data["log_dir"],
-            rdzv=(data["rdzv"][0], int(data["rdzv"][1])),
-            world_size=int(data["world_size"]),
-            grace=float(data.get("grace", defaults.GRACE)),
-            heartbeat_timeout=float(data.get("heartbeat_timeout", defaults.HEARTBEAT_TIMEOUT)),
-            code=data["code"],
-            args=tuple(data["args"]),
-            nodes=tuple(_node_of(n) for n in data["nodes"]),
-            result=None if result is None else tuple(NodeEnd(**n) for n in result["nodes"]),
-            root_cause=None if result is None else result.get("root_cause"),
-            cause=None if result is None else result.get("cause"),
-        )
+def record_json(record: RunRecord) -> dict[str, Any]:
+    """The record as its file holds it."""
+    launcher = record.launcher
+    return {
+        "version": VERSION,
+        "run_id": record.run_id,
+        "created": record.created,
+        "inventory": record.inventory,
+        "ssh_config": record.ssh_config,
+        "log_dir": record.log_dir,
+        "rdzv": list(record.rdzv),
+        "world_size": record.world_size,
+        "grace": record.grace,
+        "heartbeat_timeout": record.heartbeat_timeout,
+        "code": record.code,
+        "args": list(record.args),
+        "nodes": [_node_json(n) for n in record.nodes],
+        "result": None if record.result is None else _result_json(record),
+        "launcher": None if launcher is None else [launcher.pid, launcher.start],
+        "ended": record.ended,
+    }
+
+
+def record_of(data: Mapping[str, Any]) -> RunRecord:
+    """The record a file holds (KeyError, TypeError, ValueError when it is malformed)."""
+    result = data.get("result") or None
+    launcher = data.get("launcher")
+    return RunRecord(
+        run_id=str(data["run_id"]),
+        created=float(data.get("created", 0)),
+        inventory=data.get("inventory", ""),
+        ssh_config=data.get("ssh_config"),
+        log_dir=str(data["log_dir"]),
+        rdzv=(data["rdzv"][0], int(data["rdzv"][1])),
+        world_size=int(data["world_size"]),
+        grace=float(data.get("grace", defaults.GRACE)),
+        heartbeat_timeout=float(data.get("heartbeat_timeout", defaults.HEARTBEAT_TIMEOUT)),
+        code=data["code"],
+        args=tuple(data["args"]),
+        nodes=tuple(_node_of(n) for n in data["nodes"]),
+        result=None if result is None else tuple(NodeEnd(**n) for n in result["nodes"]),
+        root_cause=None if result is None else result.get("root_cause"),
+        cause=None if result is None else result.get("cause"),
+        launcher=None if not launcher else Launcher(int(launcher[0]), launcher[1]),
+        ended=data.get("ended"),
+    )
 
 
 def _node_json(node: NodeRecord) -> dict[str, Any]:
@@ -174,15 +287,36 @@ def _node_json(node: NodeRecord) -> dict[str, Any]:
 
 def _node_of(data: Mapping[str, Any]) -> NodeRecord:
     host = Host(**{**data["host"], "env": {}})  # env values are not kept, nor needed
-    return NodeRecord(data["node_rank"], data["nproc"], data["rundir"], host, data.get("cwd", ""))
+    rank, nproc, rundir = int(data["node_rank"]), int(data["nproc"]), str(data["rundir"])
+    return NodeRecord(rank, nproc, rundir, host, str(data.get("cwd", "")))
 
 
 def _result_json(record: RunRecord) -> dict[str, Any]:
     nodes = [
-        {"node_rank": e.node_rank, "state": e.state, "returncode": e.returncode, "reason": e.reason}
+        {
+            "node_rank": e.node_rank,
+            "state": e.state,
+            "returncode": e.returncode,
+            "reason": e.reason,
+            "ended": e.ended,
+        }
         for e in record.result or ()
     ]
     return {"nodes": nodes, "root_cause": record.root_cause, "cause": record.cause}
+
+
+def _proc_start(pid: int) -> Optional[int]:
+    """A live process's start time (clock ticks since boot), from /proc; None elsewhere or
+    when it is gone (a zombie is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields_ = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields_[0] in ("Z", "X") else int(fields_[19])
+
+
+# --- the files --------------------------------------------------------------------------------
 
 
 def state_dir() -> Path:
@@ -197,25 +331,169 @@ def runs_dir() -> Path:
     return state_dir() / "runs"
 
 
+def _path(run_id: str) -> Path:
+    return runs_dir() / f"{run_id}.json"
+
+
+def _state_error(exc: OSError, path: Path, doing: str) -> StateError:
+    """One paragraph: which path, what went wrong, what to do."""
+    full = exc.errno in _FULL
+    fix = "free space there" if full else "make it a writable directory"
+    return StateError(
+        f"the run registry: cannot {doing} {path} ({exc.strerror or exc}); {fix}, or set "
+        "SSHDDP_STATE_DIR to another directory",
+        full=full,
+    )
+
+
+def _directory() -> Path:
+    """The registry's directory, made owner-only if it is not there yet."""
+    directory = runs_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not directory.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+    except OSError as exc:
+        raise _state_error(exc, directory, "create the directory") from exc
+    return directory
+
+
+def _write_aside(record: RunRecord) -> Path:
+    """The record in a new owner-only file next to its place; the caller moves it there."""
+    directory = _directory()
+    tmp = directory / f".{record.run_id}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record_json(record), fh, indent=1)
+    except OSError as exc:
+        _unlink(tmp)
+        raise _state_error(exc, tmp, "write the run record") from exc
+    return tmp
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def exists(run_id: str) -> bool:
-    return (runs_dir() / f"{run_id}.json").exists()
+    """Whether a record of that id is there (a directory that cannot be read: as if not;
+    ``create`` then says what is wrong with it)."""
+    try:
+        return _path(run_id).exists()
+    except OSError:
+        return False
+
+
+def create(record: RunRecord) -> None:
+    """Record a new run, atomically: a ``UsageError`` if a run of that id exists already."""
+    tmp = _write_aside(record)
+    path = _path(record.run_id)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise UsageError(
+            f"--name {record.run_id}: a run with that id exists already (see `sshddp ps "
+            "--all`); pick another"
+        ) from None
+    except OSError as exc:
+        raise _state_error(exc, path, "write the run record") from exc
+    finally:
+        _unlink(tmp)
 
 
 def save(record: RunRecord) -> None:
     """Write atomically, owner-only."""
-    directory = runs_dir()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / f"{record.run_id}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(record.to_json(), fh, indent=1)
-    os.replace(tmp, path)
+    tmp = _write_aside(record)
+    path = _path(record.run_id)
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unlink(tmp)
+        raise _state_error(exc, path, "write the run record") from exc
+
+
+def forget(run_id: str) -> None:
+    """Remove a run's record (a launch that started nothing)."""
+    path = _path(run_id)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise _state_error(exc, path, "remove the run record") from exc
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    """Hold the registry's lock: read, change and write one record as one step."""
+    import fcntl
+
+    path = _directory() / _LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise _state_error(exc, path, "open the lock") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update(run_id: str, change: Callable[[RunRecord], Optional[RunRecord]]) -> None:
+    """Replace the run's record by ``change(record)`` (nothing when it returns None), with
+    no other update in between."""
+    with _locked():
+        try:
+            record = load(run_id)
+        except RunNotFound:
+            return
+        new = change(record)
+        if new is not None:
+            save(new)
+
+
+def record_end(run_id: str, change: Callable[[RunRecord], RunRecord]) -> None:
+    """Keep a run's end, unless its record already holds one that is final."""
+    update(run_id, lambda r: None if r.finished else change(r))
+
+
+def drop_if_abandoned(run_id: str) -> bool:
+    """Remove the record of a launch that died before any node could start; True if so."""
+    dropped = False
+
+    def drop(record: RunRecord) -> None:
+        nonlocal dropped
+        if record.launcher is not None and not record.launcher.alive():
+            forget(run_id)
+            dropped = True
+
+    update(run_id, drop)
+    return dropped
 
 
 def load(run_id: str) -> RunRecord:
-    with open(runs_dir() / f"{run_id}.json") as fh:
-        return RunRecord.from_json(json.load(fh))
+    path = _path(run_id)
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        record = record_of(data)
+        if record.run_id != run_id:
+            raise ValueError(f"it names run {record.run_id!r}")
+        return record
+    except FileNotFoundError:
+        raise RunNotFound(f"no run {run_id!r} in {runs_dir()}") from None
+    except OSError as exc:
+        raise _state_error(exc, path, "read the run record") from exc
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise StateError(
+            f"the run record {path} is malformed ({type(exc).__name__}: {exc}); move it "
+            "away or delete it"
+        ) from None
 
 
 def run_ids() -> list[str]:
@@ -227,20 +505,31 @@ def run_ids() -> list[str]:
     return [stem for _, stem in sorted(paths, reverse=True)]
 
 
-def all_runs() -> list[RunRecord]:
-    """Every readable record, oldest first (an unreadable one is skipped)."""
-    out = []
-    for path in sorted(runs_dir().glob("*.json")):
+def all_runs() -> tuple[list[RunRecord], list[str]]:
+    """Every readable record, oldest first, and what is wrong with each one that is not:
+    one bad record never hides the others."""
+    try:
+        ids = sorted(p.stem for p in runs_dir().glob("*.json"))
+    except OSError as exc:
+        raise _state_error(exc, runs_dir(), "read the directory") from exc
+    records, problems = [], []
+    for run_id in ids:
         try:
-            out.append(RunRecord.from_json(json.loads(path.read_text())))
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            records.append(load(run_id))
+        except RunNotFound:  # removed meanwhile
             continue
-    return sorted(out, key=lambda r: r.created)
+        except StateError as exc:
+            problems.append(exc.message)
+    return sorted(records, key=lambda r: r.created), problems
 
 
 def resolve(prefix: str) -> RunRecord:
     """The run whose id is ``prefix`` or starts with it; exactly one, or RunNotFound."""
-    ids = [p.stem for p in runs_dir().glob("*.json")] if runs_dir().is_dir() else []
+    directory = runs_dir()
+    try:
+        ids = [p.stem for p in directory.glob("*.json")] if directory.is_dir() else []
+    except OSError as exc:
+        raise _state_error(exc, directory, "read the directory") from exc
     if prefix in ids:
         return load(prefix)
     matches = sorted(i for i in ids if i.startswith(prefix)) if prefix else []
@@ -248,8 +537,7 @@ def resolve(prefix: str) -> RunRecord:
         return load(matches[0])
     if not matches:
         raise RunNotFound(
-            f"no run {prefix!r} in {runs_dir()}; `sshddp ps --all` lists the runs this "
-            "machine knows"
+            f"no run {prefix!r} in {directory}; `sshddp ps --all` lists the runs this machine knows"
         )
     raise RunNotFound(
         f"run id prefix {prefix!r} is ambiguous: it matches {', '.join(matches[:8])}; type more"

@@ -1,105 +1,46 @@
-"""Existing runs, from any terminal: their live states (ps), their logs, stopping them.
+"""Existing runs, from any terminal: their logs, and stopping them (``ps`` is in ``ps``).
 
 Each reads a ``RunRecord`` from the registry for the hosts and run directories, then asks the
 hosts (whose supervisors own the runs) for the live state and the log bytes the local copy
-lacks. ``attach`` is in ``coordinator``: it follows a run like a launch does.
+lacks. Whoever learns that a run ended records it. ``attach`` is in ``coordinator``: it
+follows a run like a launch does.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import BinaryIO, Optional
 
-from sshddp.errors import LogWriteFailed
+from sshddp.errors import LogWriteFailed, RunGone, RunNotFound, StateError, UsageError
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
+from sshddp.model.escape import for_terminal
 from sshddp.model.plan import NodePlan
 from sshddp.model.state import NodeState
 from sshddp.remote.contract import ExitRecord, StopAnswer
-from sshddp.run import coordinator, registry
+from sshddp.run import coordinator, logread, registry
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
 from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks
 
 
-@dataclass(frozen=True)
-class PsRow:
-    """One run as ``sshddp ps`` shows it."""
-
-    run_id: str
-    started: float
-    duration: float  #: seconds, until now for a run still going
-    states: tuple[ExitRecord, ...]  #: every node's state, read live or recorded
-    root_cause: str  #: the earliest node to fail or be lost, in words
-
-
-def ps_rows(
-    show_all: bool,
-    ssh_of: Callable[[RunRecord], SshOptions],
-    fanout: int,
-    only: Optional[str] = None,
-) -> list[PsRow]:
-    """The runs this machine launched (or only run ``only``, finished or not): unfinished
-    ones read live, others as recorded. ``ssh_of`` says how to reach a recorded run's hosts."""
-    rows = []
-    for record in registry.all_runs():
-        if only is not None and record.run_id != only:
-            continue
-        recorded = record.result or ()
-        finished = bool(recorded) and all(NodeState.of(e.state).final for e in recorded)
-        if finished and not (show_all or only):
-            continue
-        if finished:
-            states: list[ExitRecord] = [{"state": e.state, "reason": e.reason} for e in recorded]
-        else:
-            states = node_states(record, ssh_of(record), fanout)
-        hosts = [n.host.host for n in record.nodes]
-        ended = max((s.get("ended") or 0 for s in states), default=0)
-        live = any(not NodeState.of(s.get("state")).final for s in states)
-        duration = (time.time() if live else ended or time.time()) - record.created
-        cause = record.cause or root_cause(states, hosts)
-        rows.append(PsRow(record.run_id, record.created, duration, tuple(states), cause))
-    return rows
-
-
-def node_states(record: RunRecord, ssh: SshOptions, fanout: int) -> list[ExitRecord]:
-    """Each node's status, read live from its host (or why it could not be)."""
-    plan = record.plan()
-    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
-        errors = pool.connect_all()
-
-        def status(node: NodePlan) -> ExitRecord:
-            err = errors[node.index]
-            if err is not None:
-                return {"state": NodeState.UNREACHABLE.value, "reason": err.message}
-            return calls.read_node(pool.transport(node), node.rundir, 0, "status")
-
-        outcomes = pool.map(status, plan.nodes)
-    states: list[ExitRecord] = []
-    for node in plan.nodes:
-        outcome = outcomes[node.index]
-        if outcome.value:
-            states.append(outcome.value)
-        else:
-            states.append({"state": NodeState.UNKNOWN.value, "reason": str(outcome.error)})
-    return states
-
-
-def root_cause(states: Sequence[ExitRecord], hosts: Sequence[str]) -> str:
-    """The earliest node to fail or be lost, in words."""
-    bad = [
-        (s.get("ended") or float("inf"), i, s)
-        for i, s in enumerate(states)
-        if NodeState.of(s.get("state")).bad
-    ]
-    if not bad:
-        return ""
-    _, i, s = min(bad, key=lambda t: (t[0], t[1]))
-    return f"node {i} ({hosts[i]}) {s.get('state')}: {s.get('reason', '')}".rstrip(": ")
+def started(record: RunRecord) -> RunRecord:
+    """``record``, once its launch let its nodes start. Before that there is nothing on
+    the hosts to attach to, read or stop: a ``UsageError`` while the launch goes on, and
+    ``RunNotFound`` (the record dropped) if it died first."""
+    launcher = record.launcher
+    if launcher is None:
+        return record
+    if registry.drop_if_abandoned(record.run_id):
+        raise RunNotFound(f"no run {record.run_id!r}: its launch ended before any node started")
+    raise UsageError(
+        f"run {record.run_id} is still being launched (pid {launcher.pid}): no node has "
+        "started yet. Try again in a moment, or interrupt the launch in its terminal "
+        f"(Ctrl-C, or `kill -INT {launcher.pid}`): nothing will have started"
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +78,19 @@ def stop(record: RunRecord, ssh: SshOptions, fanout: int, force: bool) -> list[N
     return done
 
 
+def record_if_ended(record: RunRecord, states: list[Optional[ExitRecord]]) -> Optional[str]:
+    """Keep the run's end in the registry once every node's state is final (in node rank
+    order; None: unknown); a warning when the registry cannot take it."""
+    if any(s is None or not NodeState.of(s.get("state")).final for s in states):
+        return None
+    known = [s for s in states if s is not None]
+    try:
+        registry.record_end(record.run_id, lambda r: r.ended_from(known))
+    except StateError as exc:
+        return f"the run's end is not recorded: {exc.message}"
+    return None
+
+
 def show_logs(
     record: RunRecord,
     ssh: SshOptions,
@@ -147,7 +101,8 @@ def show_logs(
     follow: bool,
 ) -> None:
     """Bring the local copies up to date from the hosts, print them, and (``follow``) keep
-    printing until the run ends. A node out of reach shows its local copy, with a note."""
+    printing until the run ends. A node out of reach shows its local copy, with a note;
+    so does a node whose run directory is gone from its host (it is not followed)."""
     plan = record.plan()
     nodes = [n for n in plan.nodes if node is None or n.node_rank == node]
     with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
@@ -159,18 +114,46 @@ def show_logs(
             for outcome in fetched.values():  # a local copy cut short must not print as whole
                 if isinstance(outcome.error, LogWriteFailed):
                     raise outcome.error
-            for n in nodes:
-                if errors[n.index] is not None:
-                    screen.err(
-                        f"sshddp: node {n.node_rank} ({n.host.host}) unreachable; showing "
-                        f"the local copy only: {errors[n.index]}"
-                    )
+            states = {n.node_rank: fetched[n.index].value for n in reachable}
+            if node is None:
+                _note(screen, record_if_ended(record, [states.get(n.node_rank) for n in nodes]))
+            gone = {r for r, s in states.items() if s and s.get("state") == NodeState.GONE.value}
+            _say_missing(screen, nodes, errors, gone)
             _print_logs(screen, console, logs, nodes, tail, single=node is not None)
-            if follow:
-                sub = replace(plan, nodes=tuple(reachable))
-                coordinator.watch(RunState(sub, pool, logs, console))
+            live = tuple(n for n in reachable if n.node_rank not in gone)
+            if follow and live:
+                coordinator.watch(RunState(replace(plan, nodes=live), pool, logs, console))
+            elif follow and gone and not record.end_known:
+                raise RunGone(
+                    f"run {record.run_id}: nothing to follow: its run directories are gone "
+                    "from its hosts, and this machine never recorded how it ended"
+                )
         finally:
             logs.close()
+
+
+def _note(screen: Screen, warning: Optional[str]) -> None:
+    if warning:
+        screen.err(f"sshddp: warning: {warning}")
+
+
+def _say_missing(
+    screen: Screen,
+    nodes: list[NodePlan],
+    errors: Mapping[int, Optional[Exception]],
+    gone: set[int],
+) -> None:
+    for n in nodes:
+        name = f"node {n.node_rank} ({n.host.host})"
+        if errors[n.index] is not None:
+            screen.err(
+                f"sshddp: {name} unreachable; showing the local copy only: {errors[n.index]}"
+            )
+        elif n.node_rank in gone:
+            screen.err(
+                f"sshddp: {name}: its run directory is gone from the host (retention removes "
+                "the oldest finished runs); showing the local copy only"
+            )
 
 
 def _fetch(pool: HostPool, node: NodePlan, logs: NodeLogs) -> ExitRecord:
@@ -189,14 +172,32 @@ def _print_logs(
     tail: Optional[int],
     single: bool,
 ) -> None:
+    """Stream each node's local copy (from its last ``tail`` lines): never the whole file in
+    memory. One node alone prints raw, byte for byte, unless the output is a terminal."""
+    raw = single and not _isatty(screen.stdout_bytes)
     for node in nodes:
-        data = logs.paths[node.node_rank].read_bytes()
-        if tail is not None:
-            lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-tail:]) if tail > 0 else b""
-        if single:
-            screen.stdout_bytes.write(data)
-            screen.stdout_bytes.flush()
-        else:
-            console.write(node.node_rank, data)
+        path = logs.paths[node.node_rank]
+        start = 0 if tail is None else logread.tail_offset(path, tail)
+        for chunk in logread.chunks(path, start):
+            if not single:
+                console.write(node.node_rank, chunk)
+            elif not _write(screen.stdout_bytes, chunk if raw else for_terminal(chunk)):
+                return  # the reader went away (`| head`)
+        if not single:
             console.flush_node(node.node_rank)
+
+
+def _write(stream: BinaryIO, data: bytes) -> bool:
+    try:
+        stream.write(data)
+        stream.flush()
+    except (BrokenPipeError, ValueError):
+        return False
+    return True
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

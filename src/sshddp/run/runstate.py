@@ -63,7 +63,8 @@ class RunState:
 
     def result(self, interrupted: bool) -> RunResult:
         for rank, path in self.logs.paths.items():
-            self.results[rank].log_path = path
+            if rank in self.results:  # logs of nodes not followed (gone, unreachable) too
+                self.results[rank].log_path = path
         return RunResult(
             run_id=self.plan.run_id,
             nodes=[self.results[n.node_rank] for n in self.plan.nodes],

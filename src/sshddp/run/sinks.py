@@ -1,23 +1,30 @@
 """Where node output goes: one local file per node, byte for byte, and the console.
 
 The file gets exactly the bytes the node's remote log holds (so it can be resumed from its
-size and compared with the remote copy); the console gets whole lines, each prefixed with
-the node rank and host, coloured per node on a terminal.
+size and compared with the remote copy), owner-only (0600 in a 0700 directory) as on the
+hosts; the console gets whole lines, each prefixed with the node rank and host, coloured per
+node on a terminal. What reaches the console is filtered for the terminal
+(``model.escape.for_terminal``): the ranks' colours and ``\r`` progress bars pass, other
+escape sequences do not, and a ``\r`` redraws the line's prefix, so that no rank can
+overprint it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import BinaryIO, Optional, Protocol
 
 from sshddp.errors import LogWriteFailed, UsageError
+from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.plan import LaunchPlan
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
 _RESET = b"\x1b[0m"
 _MAX_PARTIAL = 64 * 1024
+_CR = re.compile(rb"\r(?!\n|\Z)")  # a carriage return that starts a redraw of the line
 
 
 class Screen(Protocol):
@@ -73,6 +80,8 @@ class Console:
     def _emit(self, node_rank: int, lines: bytes) -> None:
         """Print ``lines`` (newline-separated, no final newline), each with the prefix."""
         prefix = self._prefix.get(node_rank, f"[{node_rank}] ".encode())
+        if needs_filter(lines):  # rare: most output holds no control character
+            lines = _CR.sub(b"\r" + prefix, for_terminal(lines))
         # One C-level replace per chunk, not a Python loop per line: 200 MB of short lines
         # would otherwise cost seconds of coordinator CPU.
         out = prefix + lines.replace(b"\n", b"\n" + prefix) + b"\n"
@@ -84,8 +93,9 @@ class Console:
                 self._quiet = True  # the reader went away (`| head`); the log files go on
 
     def message(self, text: str) -> None:
+        """One of sshddp's own lines; anything in it that came from a host is escaped."""
         with self._lock:
-            self._stream.write(text.encode() + b"\n")
+            self._stream.write(visible(text, multiline=True).encode("utf-8", "replace") + b"\n")
             self._stream.flush()
 
 
@@ -95,7 +105,7 @@ class NodeLogs:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            _private_dirs(directory)
             probe = directory / ".write-test"
             probe.write_bytes(b"")
             probe.unlink()
@@ -111,9 +121,13 @@ class NodeLogs:
         """Open (or reopen) a node's file; returns its size, the offset to resume from."""
         path = self.directory / log_name(node_rank, host)
         self.paths[node_rank] = path
-        fh = open(path, "ab")
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        if os.fstat(fd).st_mode & 0o077:  # a copy an older sshddp left readable to others
+            os.fchmod(fd, 0o600)
+        fh = os.fdopen(fd, "ab")
         self._files[node_rank] = fh
-        return fh.tell()
+        return os.fstat(fd).st_size
 
     def write(self, node_rank: int, data: bytes) -> None:
         """Append ``data``; on failure the file holds an exact prefix of the node's log
@@ -135,6 +149,23 @@ class NodeLogs:
         self._files.clear()
 
 
+def _private_dirs(directory: Path) -> None:
+    """Make ``directory`` and the parents it lacks, owner-only; the run's own directory is
+    made owner-only even if it was there already (its files are the run's output)."""
+    missing = []
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            break
+        missing.append(parent)
+    for path in reversed(missing):
+        path.mkdir(mode=0o700, exist_ok=True)
+    if not directory.is_dir():
+        raise NotADirectoryError(20, "Not a directory", str(directory))
+    info = directory.stat()
+    if info.st_mode & 0o077 and info.st_uid == os.getuid():
+        directory.chmod(0o700)
+
+
 def tail_lines(path: Optional[Path], lines: int) -> list[str]:
     """The last ``lines`` lines of a file, decoded leniently."""
     if path is None or not path.exists():
@@ -143,7 +174,10 @@ def tail_lines(path: Optional[Path], lines: int) -> list[str]:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(max(0, size - 256 * 1024))
         data = fh.read()
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+    # Lines end at "\n" only: a "\r" (a progress bar, or a forged overprint) stays inside
+    # its line, where the report shows it escaped.
+    text = data.decode("utf-8", "replace").removesuffix("\n")
+    return [line.removesuffix("\r") for line in text.split("\n")][-lines:] if text else []
 
 
 def open_sinks(

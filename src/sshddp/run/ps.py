@@ -1,0 +1,294 @@
+"""``sshddp ps``: the runs this machine launched, each node's state, and how long each ran.
+
+A finished run comes from the registry and costs no connection. Unfinished runs are asked
+all at once: every distinct host once (one connection, however many runs it holds), then
+every node's status over those connections, at most ``fanout`` at a time, under one
+deadline (the connect timeout plus ``ANSWER_WINDOW``). A host that has not answered by
+then is named, and its nodes show as unreachable: one hung host costs one deadline, not
+one per run. A run found ended is recorded at once, so no ps asks about it again.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from sshddp.errors import SshddpError, StateError
+from sshddp.hosts import calls
+from sshddp.hosts.pool import Outcome, open_transport
+from sshddp.hosts.transport import SshOptions, Transport
+from sshddp.model.state import NodeState
+from sshddp.remote.contract import ExitRecord
+from sshddp.run import registry
+from sshddp.run.registry import NodeRecord, RunRecord
+
+ANSWER_WINDOW = 10.0  #: seconds past the connect timeout that ps waits for every answer
+
+T = TypeVar("T", bound=Hashable)
+R = TypeVar("R")
+HostKey = tuple[Optional[str], str, Optional[str], Optional[int]]  #: config, host, user, port
+NodeKey = tuple[str, int]  #: run id, node rank
+
+
+@dataclass(frozen=True)
+class PsRow:
+    """One run as ``sshddp ps`` shows it."""
+
+    run_id: str
+    started: float  #: epoch seconds
+    duration: Optional[float]  #: seconds until its end (until now while it goes on); None: unknown
+    hosts: tuple[str, ...]  #: by node rank
+    states: tuple[ExitRecord, ...]  #: every node's state, read live or recorded
+    root_cause: str  #: the earliest node to fail or be lost, in words
+    finished: bool  #: every node has ended (its end is recorded)
+    launching: bool = False  #: its launch is still in its preflight: no node started yet
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``ps --json`` prints it (README, "sshddp ps --json")."""
+        nodes = [
+            {
+                "node_rank": rank,
+                "host": host,
+                "state": NodeState.of(s.get("state")).value,
+                "reason": s.get("reason") or "",
+                "returncode": s.get("returncode"),
+                "ended": s.get("ended"),
+            }
+            for rank, (host, s) in enumerate(zip(self.hosts, self.states))
+        ]
+        return {
+            "run_id": self.run_id,
+            "started": self.started,
+            "duration": self.duration,
+            "finished": self.finished,
+            "launching": self.launching,
+            "root_cause": self.root_cause,
+            "nodes": nodes,
+        }
+
+
+@dataclass(frozen=True)
+class PsReport:
+    rows: list[PsRow]
+    notes: list[str]  #: what ps could not do: malformed records, hosts that did not answer
+
+
+def ps(
+    show_all: bool,
+    ssh_of: Callable[[RunRecord], SshOptions],
+    fanout: int,
+    timeout: float,
+    only: Optional[str] = None,
+) -> PsReport:
+    """Every run (``show_all``) or every unfinished one, or only run ``only`` (finished or
+    not); ``ssh_of`` says how to reach a recorded run's hosts, ``timeout`` is the connect
+    timeout."""
+    records, notes = registry.all_runs()
+    if only is not None:
+        records, show_all = [r for r in records if r.run_id == only], True
+    rows: list[PsRow] = []
+    todo: list[RunRecord] = []
+    for record in records:
+        if record.finished:
+            if show_all:
+                rows.append(_row(record, [_end_json(e) for e in record.result or ()], True))
+        elif record.launching:
+            if not registry.drop_if_abandoned(record.run_id):
+                rows.append(_launching_row(record))
+        else:
+            todo.append(record)
+    answers, silent = ask(todo, ssh_of, fanout, timeout + ANSWER_WINDOW)
+    for record in todo:
+        states = [answers[(record.run_id, n.node_rank)] for n in record.nodes]
+        finished = all(NodeState.of(s.get("state")).final for s in states)
+        if finished:
+            notes += _record(record, states)
+        rows.append(_row(record, states, finished))
+    return PsReport(sorted(rows, key=lambda r: r.started), notes + silent)
+
+
+def _record(record: RunRecord, states: list[ExitRecord]) -> list[str]:
+    try:
+        registry.record_end(record.run_id, lambda r: r.ended_from(states))
+    except StateError as exc:
+        return [f"run {record.run_id}: its end is not recorded: {exc.message}"]
+    return []
+
+
+def _end_json(end: registry.NodeEnd) -> ExitRecord:
+    record: ExitRecord = {"state": end.state, "reason": end.reason, "returncode": end.returncode}
+    if end.ended is not None:
+        record["ended"] = end.ended
+    return record
+
+
+def _row(record: RunRecord, states: Sequence[ExitRecord], finished: bool) -> PsRow:
+    hosts = tuple(n.host.host for n in record.nodes)
+    if finished:
+        ended = record.ended or max((s.get("ended") or 0 for s in states), default=0)
+        duration = ended - record.created if ended else None
+    else:
+        duration = time.time() - record.created
+    return PsRow(
+        record.run_id,
+        record.created,
+        duration,
+        hosts,
+        tuple(states),
+        record.cause or root_cause(states, hosts),
+        finished,
+    )
+
+
+def _launching_row(record: RunRecord) -> PsRow:
+    pid = record.launcher.pid if record.launcher else "?"
+    state: ExitRecord = {"state": NodeState.PENDING.value, "reason": f"being launched (pid {pid})"}
+    hosts = tuple(n.host.host for n in record.nodes)
+    duration = time.time() - record.created
+    states = tuple(state for _ in record.nodes)
+    return PsRow(record.run_id, record.created, duration, hosts, states, "", False, True)
+
+
+def root_cause(states: Sequence[ExitRecord], hosts: Sequence[str]) -> str:
+    """The earliest node to fail or be lost, in words."""
+    bad = [
+        (s.get("ended") or float("inf"), i, s)
+        for i, s in enumerate(states)
+        if NodeState.of(s.get("state")).bad
+    ]
+    if not bad:
+        return ""
+    _, i, s = min(bad, key=lambda t: (t[0], t[1]))
+    return f"node {i} ({hosts[i]}) {s.get('state')}: {s.get('reason', '')}".rstrip(": ")
+
+
+# --- asking every host at once, under one deadline ----------------------------------------
+
+
+def ask(
+    records: Sequence[RunRecord],
+    ssh_of: Callable[[RunRecord], SshOptions],
+    fanout: int,
+    window: float,
+) -> tuple[dict[NodeKey, ExitRecord], list[str]]:
+    """Every node's status; and a note for each host that did not answer within ``window``
+    seconds (its nodes are unreachable)."""
+    deadline = time.monotonic() + window
+    answers: dict[NodeKey, ExitRecord] = {}
+    hosts: dict[HostKey, Transport] = {}
+    items: dict[NodeKey, tuple[HostKey, NodeRecord]] = {}
+    for record in records:
+        try:
+            ssh = ssh_of(record)
+        except SshddpError as exc:
+            for n in record.nodes:
+                answers[(record.run_id, n.node_rank)] = _unreachable(exc.message)
+            continue
+        for n in record.nodes:
+            key = (ssh.ssh_config, n.host.host, n.host.user, n.host.port)
+            if key not in hosts:
+                hosts[key] = open_transport(n.host, ssh)
+            items[(record.run_id, n.node_rank)] = (key, n)
+    connected = bounded_map(lambda k: hosts[k].connect(), list(hosts), fanout, deadline)
+    ready = [k for k, (host, _) in items.items() if _ok(connected.get(host))]
+
+    def status(k: NodeKey) -> ExitRecord:
+        host, node = items[k]
+        return calls.read_node(hosts[host], node.rundir, 0, "status")
+
+    statuses = bounded_map(status, ready, fanout, deadline)
+    silent: set[HostKey] = set()
+    for k, (host, _) in items.items():
+        link = connected.get(host)
+        outcome = statuses.get(k) if link is not None and link.ok else link
+        if outcome is None:
+            silent.add(host)
+            answers[k] = _unreachable(f"{hosts[host].label} did not answer within {window:.0f} s")
+        elif outcome.error is not None:
+            answers[k] = _unreachable(_message(outcome.error))
+        else:
+            answers[k] = outcome.value or _unreachable("no answer")
+    _close(hosts, silent)
+    return answers, _notes(hosts, connected, silent, window)
+
+
+def _notes(
+    hosts: dict[HostKey, Transport],
+    connected: dict[HostKey, Outcome[None]],
+    silent: set[HostKey],
+    window: float,
+) -> list[str]:
+    """One line per host that could not be asked: which, and why."""
+    notes = []
+    for key in sorted(hosts, key=str):
+        outcome = connected.get(key)
+        if key in silent:
+            notes.append(f"{hosts[key].label} did not answer within {window:.0f} s")
+        elif outcome is not None and outcome.error is not None:
+            notes.append(_message(outcome.error))
+    return [f"{note}; its nodes show as unreachable" for note in notes]
+
+
+def _ok(outcome: Optional[Outcome[Any]]) -> bool:
+    return outcome is not None and outcome.ok
+
+
+def _unreachable(reason: str) -> ExitRecord:
+    record: ExitRecord = {"state": NodeState.UNREACHABLE.value, "reason": reason}
+    return record
+
+
+def _message(error: BaseException) -> str:
+    return error.message if isinstance(error, SshddpError) else f"{type(error).__name__}: {error}"
+
+
+def _close(hosts: dict[HostKey, Transport], silent: set[HostKey]) -> None:
+    """Close the connections that answered; a silent one is left to its daemon thread."""
+    for key, transport in hosts.items():
+        if key not in silent:
+            try:
+                transport.close()
+            except Exception:  # closing a broken connection may fail; it is gone anyway
+                pass
+
+
+def bounded_map(
+    fn: Callable[[T], R], items: Sequence[T], workers: int, deadline: float
+) -> dict[T, Outcome[R]]:
+    """``fn`` over ``items``, ``workers`` at a time, until every one is done or the
+    ``deadline`` (``time.monotonic``) passes: the outcomes by item, without those that had
+    not finished by then. The threads are daemons: one stuck on a hung host never keeps
+    the process alive."""
+    todo: queue.SimpleQueue[T] = queue.SimpleQueue()
+    for item in items:
+        todo.put(item)
+    done: dict[T, Outcome[R]] = {}
+    cond = threading.Condition()
+
+    def work() -> None:
+        while True:
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcome: Outcome[R] = Outcome(value=fn(item))
+            except Exception as exc:  # collected per item, reported by the caller
+                outcome = Outcome(error=exc)
+            with cond:
+                done[item] = outcome
+                cond.notify_all()
+
+    for _ in range(min(max(1, workers), len(items))):
+        threading.Thread(target=work, daemon=True, name="ps").start()
+    with cond:
+        while len(done) < len(items):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            cond.wait(left)
+        return dict(done)

@@ -1,0 +1,145 @@
+"""run.registry: records created atomically, ends kept once, problems named with their path;
+and ps's bounded fan-out, which never waits past its deadline."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sshddp.errors import ExitCode, RunNotFound, StateError, UsageError
+from sshddp.model.inventory import Host
+from sshddp.model.plan import CodeSpec, LaunchPlan, NodePlan
+from sshddp.model.state import NodeResult, NodeState, RunResult
+from sshddp.run import registry
+from sshddp.run.ps import bounded_map
+from sshddp.run.registry import Launcher, RunRecord
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SSHDDP_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def record(run_id: str = "r1", launcher: Launcher | None = None) -> RunRecord:
+    nodes = tuple(
+        NodePlan(Host(host=f"h{i}", index=i), i, 1, i, f"/w/runs/{run_id}/n{i}", {}, (), "")
+        for i in range(2)
+    )
+    plan = LaunchPlan(run_id, nodes, "10.0.0.1", 29500, 2, CodeSpec("file", "t.py"), (), 1.0, "l")
+    return RunRecord.of(plan, "inv.yaml", None, launcher)
+
+
+def _create(run_id: str, state: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    os.environ["SSHDDP_STATE_DIR"] = state
+    try:
+        registry.create(record(run_id))
+        out.put("created")
+    except UsageError:
+        out.put("refused")
+
+
+def test_of_many_creates_at_once_exactly_one_wins(state: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_create, args=("twin", str(state), out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    answers = sorted(out.get(timeout=5) for _ in procs)
+    assert answers == ["created"] + ["refused"] * 7
+    assert registry.load("twin").run_id == "twin"
+    assert [p.name for p in (state / "runs").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_records_are_owner_only_and_round_trip(state: Path) -> None:
+    rec = record(launcher=Launcher.me())
+    registry.create(rec)
+    path = state / "runs" / "r1.json"
+    assert path.stat().st_mode & 0o777 == 0o600 and (state / "runs").stat().st_mode & 0o777 == 0o700
+    assert registry.load("r1") == rec
+
+
+def test_an_end_is_kept_once_and_the_duration_is_the_nodes(state: Path) -> None:
+    registry.create(record())
+    states = [
+        {"state": "succeeded", "ended": 1000.0},
+        {"state": "failed", "reason": "boom", "returncode": 1, "ended": 990.0},
+    ]
+    registry.record_end("r1", lambda r: r.ended_from(states))  # type: ignore[arg-type]
+    kept = registry.load("r1")
+    assert kept.finished and kept.ended == 1000.0 and kept.root_cause == 1
+    later = RunResult("r1", [NodeResult(0, "h0", NodeState.STOPPED), NodeResult(1, "h1")])
+    registry.record_end("r1", lambda r: r.ended_with(later))
+    assert registry.load("r1") == kept  # a final end is never overwritten
+
+
+def test_a_launch_that_died_before_starting_is_dropped(state: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    registry.create(record("gone", Launcher(int(dead.stdout), None)))
+    registry.create(record("live", Launcher.me()))
+    assert registry.drop_if_abandoned("gone") and not registry.exists("gone")
+    assert not registry.drop_if_abandoned("live") and registry.exists("live")
+    assert not Launcher(os.getpid(), 12345).alive()  # same pid, another start time
+
+
+def test_problems_name_the_path_and_never_hide_the_other_records(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry.create(record("good"))
+    (state / "runs" / "bad.json").write_text("{not json")
+    (state / "runs" / "worse.json").write_text(json.dumps({"run_id": "worse", "nodes": 3}))
+    runs, problems = registry.all_runs()
+    assert [r.run_id for r in runs] == ["good"]
+    assert sorted(p.split(" is malformed")[0] for p in problems) == [
+        f"the run record {state / 'runs' / 'bad.json'}",
+        f"the run record {state / 'runs' / 'worse.json'}",
+    ]
+    with pytest.raises(StateError) as bad:
+        registry.resolve("bad")
+    assert bad.value.exit_code == ExitCode.BAD_INPUT
+    with pytest.raises(RunNotFound):
+        registry.resolve("nosuch")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("SSHDDP_STATE_DIR", str(afile / "state"))
+    with pytest.raises(StateError) as under:
+        registry.create(record())
+    assert under.value.exit_code == ExitCode.BAD_INPUT and str(afile) in under.value.message
+
+
+def test_bounded_map_never_waits_past_its_deadline() -> None:
+    hang = threading.Event()
+    started = time.monotonic()
+    done = bounded_map(lambda i: hang.wait() if i == 3 else i * 2, list(range(6)), 2, started + 1.0)
+    assert time.monotonic() - started < 5
+    assert {i: o.value for i, o in done.items()} == {0: 0, 1: 2, 2: 4, 4: 8, 5: 10}
+    failed = bounded_map(lambda i: 1 // i, [0, 1], 4, time.monotonic() + 5)
+    assert isinstance(failed[0].error, ZeroDivisionError) and failed[1].value == 1
+    hang.set()
+
+
+def test_commands_on_a_run_still_being_launched_say_so(state: Path) -> None:
+    from sshddp.run.runs import started
+
+    registry.create(record("busy", Launcher.me()))
+    with pytest.raises(UsageError) as busy:
+        started(registry.load("busy"))
+    assert f"still being launched (pid {os.getpid()})" in busy.value.message
+    registry.create(record("dead", Launcher(os.getpid(), -1)))
+    with pytest.raises(RunNotFound):
+        started(registry.load("dead"))
+    assert not registry.exists("dead")
+    registry.save(registry.load("busy").ended_from([{"state": "gone"}] * 2))  # type: ignore[list-item]
+    assert started(registry.load("busy")).run_id == "busy"
