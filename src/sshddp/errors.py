@@ -56,6 +56,8 @@ class RunNotRunning(SshddpError):
     """The run has ended on every node: there is no live process to look at."""
 
     exit_code = ExitCode.NOT_RUNNING
+
+
 class RunGone(RunNotFound):
     """The hosts hold nothing more of a run (retention removed its run directories) and
     this machine never recorded how it ended."""
@@ -98,6 +100,8 @@ class LocalWriteFailed(SshddpError):
     """A local copy (``fetch``'s DEST) could not be written (disk full, I/O error)."""
 
     exit_code = ExitCode.LOG_WRITE_FAILED
+
+
 class StateError(SshddpError):
     """The local state directory (the run registry) cannot be used: exit 2 when the path is
     the problem (unwritable, under a file, a malformed record), 74 when its disk is full."""

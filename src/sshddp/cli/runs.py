@@ -66,9 +66,7 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (fields: README).")
 @ssh_options
 @click.pass_context
-def ps(
-    ctx: click.Context, run: Optional[str], show_all: bool, as_json: bool, **kw: Any
-) -> None:
+def ps(ctx: click.Context, run: Optional[str], show_all: bool, as_json: bool, **kw: Any) -> None:
     """List the runs this machine started (or only RUN, finished or not), with each node's
     state read live (finished runs as recorded). A host that does not answer in time is
     named, its nodes unreachable."""

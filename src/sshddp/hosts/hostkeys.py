@@ -15,9 +15,9 @@ Fingerprints are always shown as OpenSSH shows them: ``SHA256:`` and unpadded ba
 
 from __future__ import annotations
 
-import shlex
 import base64
 import hashlib
+import shlex
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path

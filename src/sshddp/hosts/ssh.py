@@ -212,7 +212,7 @@ def _explain(exc: BaseException, host: str, label: str, known: _KnownHosts) -> H
     """Turn a connection failure into a message that names the host and what to try."""
     import paramiko
 
-    from sshddp.hosts.hostkeys import RevokedHostKey, UnknownHostKey, fingerprint
+    from sshddp.hosts.hostkeys import RevokedHostKey, UnknownHostKey
 
     if isinstance(exc, (UnknownHostKey, RevokedHostKey)):
         return HostUnreachable(host, f"{label}: {exc.message}", exc.hint)

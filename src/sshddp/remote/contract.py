@@ -132,6 +132,8 @@ class FetchTrailer(TypedDict, total=False):
     bytes: int
     sha256: str
     error: str  #: the stream was cut short on the host (a file shrank while it was read)
+
+
 # What a process of a node is, in ``sshddp stacks``.
 RANK = "rank"  #: a rank torchrun started (it has RANK in its environment)
 WORKER = "worker"  #: a process a rank started (a DataLoader worker, mp.spawn): same RANK

@@ -114,9 +114,7 @@ class RunRecord:
         launcher: Optional[Launcher] = None,
     ) -> RunRecord:
         """The record of a run about to start."""
-        nodes = tuple(
-            NodeRecord(n.node_rank, n.nproc, n.rundir, n.host, n.cwd) for n in plan.nodes
-        )
+        nodes = tuple(NodeRecord(n.node_rank, n.nproc, n.rundir, n.host, n.cwd) for n in plan.nodes)
         return cls(
             run_id=plan.run_id,
             created=time.time(),
