@@ -23,6 +23,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from sshddp.remote.common import home_path, listdir
+from sshddp.remote.workdir import inspect
 
 Facts = Dict[str, Any]
 Held = Tuple[socket.socket, threading.Thread]
@@ -195,6 +196,7 @@ def probe(args: dict[str, Any]) -> tuple[Facts, list[Held]]:
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
+        "workdir": inspect(os.path.expanduser(args.get("workdir") or "~/.sshddp")),
     }
     held: list[Held] = []
     if args.get("listen_port"):
