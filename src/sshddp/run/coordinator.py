@@ -101,6 +101,7 @@ def launch(
         finally:
             state.close_sessions()  # those no follower took over
             logs.close()
+            payload.close()
 
 
 def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> RunResult:
