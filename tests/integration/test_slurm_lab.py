@@ -129,7 +129,7 @@ def test_ssh_reaches_the_same_nodes(slurm_cluster: SlurmCluster) -> None:
 
 
 ALLOC_ENV = (
-    "echo NODELIST=$SLURM_NODELIST JOB_NODELIST=$SLURM_JOB_NODELIST CPUS=$SLURM_JOB_CPUS_PER_NODE"  # noqa: E501
+    "echo NODELIST=$SLURM_NODELIST JOB_NODELIST=$SLURM_JOB_NODELIST CPUS=$SLURM_JOB_CPUS_PER_NODE"
 )
 
 

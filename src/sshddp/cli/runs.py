@@ -100,7 +100,10 @@ def stop(ctx: click.Context, run: str, **kw: Any) -> None:
             code = ExitCode.UNREACHABLE
             continue
         already = done.answer.get("already")
+        note = done.answer.get("note")  # what stop left alone on the host, and why
         terminal.out(
-            f"{name}: " + (f"was already {done.answer.get('state', '?')}" if already else "stopped")
+            f"{name}: "
+            + (f"was already {done.answer.get('state', '?')}" if already else "stopped")
+            + (f"; {note}" if note else "")
         )
     raise Exit(code)

@@ -113,3 +113,4 @@ class StopAnswer(ExitRecord, total=False):
     """What ``stop`` answers: the node's exit record, and whether it had ended already."""
 
     already: bool
+    note: str  #: what stop wants the user to know (what it left alone, and why)

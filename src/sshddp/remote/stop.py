@@ -56,9 +56,11 @@ def torchrun_group(state: dict[str, Any]) -> tuple[Optional[Group], str]:
     return None, ""
 
 
-def _answer(record: dict[str, Any], already: bool) -> StopAnswer:
+def _answer(record: dict[str, Any], already: bool, note: str = "") -> StopAnswer:
     answer: StopAnswer = dict(record)  # type: ignore[assignment]
     answer["already"] = already
+    if note:
+        answer["note"] = note
     return answer
 
 
@@ -98,7 +100,7 @@ def stop(args: dict[str, Any]) -> StopAnswer:
             "ended": time.time(),
         }
         atomic_write_json(exit_path, result)
-    return _answer(result, False)
+    return _answer(result, False, left_alone)
 
 
 def _note_reason(rundir: str, reason: str) -> None:
