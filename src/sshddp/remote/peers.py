@@ -220,6 +220,7 @@ class Spoke(Peers):
     def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
         super().__init__(spec, key)
         self.conn: Optional[wire.Conn] = None
+        self.connected = threading.Event()  # set once connected, or given up
 
     def start(self) -> None:
         threading.Thread(target=self._client, daemon=True).start()
@@ -252,9 +253,10 @@ class Spoke(Peers):
 
     def _client(self) -> None:
         conn = self._connect()
+        self.conn = conn
+        self.connected.set()
         if conn is None:
             return
-        self.conn = conn
         conn.send({"hb": self.rank})
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
         conn.lines.sock.settimeout(self.timeout)
@@ -277,6 +279,7 @@ class Spoke(Peers):
             time.sleep(self.interval)
 
     def report(self, state: str, reason: str) -> None:
+        self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting
         if self.conn is not None:
             done = {"done": self.rank, "state": state, "reason": reason[: wire.MAX_TEXT]}
             self.conn.send(done)
