@@ -27,6 +27,8 @@ class Sizes:
     logs8_hosts: int
     logs8_mb: int  #: logs8: MB per host
     scale: int  #: scale32: hosts
+    workdir_mb: int = 200  #: workdir: MB of the shipped directory
+    workdir_hosts: int = 4  #: workdir: hosts it ships to
 
 
 @dataclass(frozen=True)

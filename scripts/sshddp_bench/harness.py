@@ -269,9 +269,13 @@ def kill_pids(pids: Sequence[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+SUITE = f"bench{os.getpid()}-"  # this suite's run names start so; no other suite's do
+
+
 def _suite_processes() -> dict[int, str]:
-    """Pid -> command line of every process whose environment has a run id of this suite."""
-    needle = b"SSHDDP_RUN_ID=bench-"
+    """Pid -> command line of every process whose environment has a run id of this suite
+    (never another suite's, running at the same time on this machine)."""
+    needle = f"SSHDDP_RUN_ID={SUITE}".encode()
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
@@ -326,8 +330,8 @@ class Bench:
                 return port
 
     def name(self, kind: str) -> str:
-        """A run name unique in this suite; the ``bench-`` prefix finds leftovers."""
-        return f"bench-{kind}-{next(self.counter)}"
+        """A run name unique in this suite; the SUITE prefix finds its leftovers."""
+        return f"{SUITE}{kind}-{next(self.counter)}"
 
     def inventory(self, name: str, hosts: int, nproc: int, port: int) -> Path:
         """An inventory of hosts h1..hN with its own remote workdir for this run."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sshddp_bench import doctor, launch, logs, nodeloss, scale, teardown
+from sshddp_bench import doctor, launch, logs, nodeloss, scale, teardown, workdir
 from sshddp_bench.case import Case, Sizes
 from sshddp_bench.harness import Bench
 
@@ -21,6 +21,7 @@ CASES: tuple[Case[Any], ...] = (
     logs.LOGS,
     logs.LOGS8,
     scale.CASE,
+    workdir.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -134,7 +134,7 @@ def render(res: Results, reps: int, sizes: Sizes, info: list[tuple[str, str]], c
     lines += [
         "",
         "Processes of the suite's runs alive 5 s after the last one ended (any "
-        "`SSHDDP_RUN_ID=bench-*`): " + ("; ".join(res.leftovers) or "none") + ".",
+        "`SSHDDP_RUN_ID=bench<suite pid>-*`): " + ("; ".join(res.leftovers) or "none") + ".",
     ]
     noisy = noisy_rows(res)
     if noisy:

@@ -33,6 +33,7 @@ from sshddp.remote.workdir import Unsafe, make_rundir
 Answer = Dict[str, Any]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
 CHUNK = 1 << 20  # the code is read, hashed and stored in chunks of this size
+READ_BYTES = 1 << 16  # tarfile's reads and copies (its stream joins its buffer per read)
 
 
 class BootError(Exception):
@@ -100,7 +101,8 @@ def _unpack(incoming: _Code, code: str) -> None:
 
     safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
-        with tarfile.open(fileobj=incoming, mode="r|*") as tar:  # type: ignore[call-overload]
+        stream = {"bufsize": READ_BYTES, "copybufsize": READ_BYTES}
+        with tarfile.open(fileobj=incoming, mode="r|*", **stream) as tar:  # type: ignore[call-overload]
             for member in tar:
                 parts = member.name.split("/")
                 if (

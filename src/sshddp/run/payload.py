@@ -74,37 +74,44 @@ def build_payload(code: CodeSpec) -> Payload:
     if code.kind == "none" or code.kind == "remote":
         return Payload("none", "", 0, hashlib.sha256(b"").hexdigest(), 0)
     assert code.local_path is not None
-    bundle = tempfile.TemporaryFile()
+    bundle = _Bundle()
     try:
         if code.kind == "file":
             name, stored = code.target, _copy(Path(code.local_path), bundle)
         else:
             name, stored = "", _pack(Path(code.local_path), bundle)
-        size, digest = _digest(bundle)
+        bundle.file.flush()
     except BaseException:
-        bundle.close()
+        bundle.file.close()
         raise
-    return Payload(code.kind, name, size, digest, stored, bundle)
+    return Payload(code.kind, name, bundle.size, bundle.sha.hexdigest(), stored, bundle.file)
 
 
-def _copy(path: Path, bundle: IO[bytes]) -> int:
+class _Bundle:
+    """A temporary file that hashes what is written to it."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile()
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _copy(path: Path, bundle: _Bundle) -> int:
     try:
         with open(path, "rb") as fh:
             while data := fh.read(CHUNK):
                 bundle.write(data)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the script: {exc.strerror}") from exc
-    return bundle.tell()
-
-
-def _digest(bundle: IO[bytes]) -> tuple[int, str]:
-    bundle.flush()
-    bundle.seek(0)
-    sha, size = hashlib.sha256(), 0
-    while data := bundle.read(CHUNK):
-        sha.update(data)
-        size += len(data)
-    return size, sha.hexdigest()
+    return bundle.size
 
 
 def shipped_files(root: Path) -> list[str]:
@@ -134,10 +141,11 @@ def _ignored(specs: list[tuple[str, Optional[Any]]], rel: str) -> bool:
     return False
 
 
-def _pack(root: Path, bundle: IO[bytes]) -> int:
+def _pack(root: Path, bundle: _Bundle) -> int:
     """Write a tar of the shipped files to ``bundle``; the bytes they hold."""
     total = 0
-    with tarfile.open(fileobj=bundle, mode="w|") as tar:
+    copy = {"copybufsize": CHUNK}  # tarfile writes each file's bytes straight through
+    with tarfile.open(fileobj=bundle, mode="w", **copy) as tar:  # type: ignore[call-overload]
         for rel in shipped_files(root):
             path = root / rel
             if path.is_symlink() or not path.is_file():
