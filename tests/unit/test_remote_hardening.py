@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import common, output, peers, stop, supervisor, wire, workdir
+from sshddp.remote import common, follow, output, peers, stop, supervisor, wire, workdir
 from sshddp.remote.contract import SpecRecord
 
 # ------------------------------------------------------------------ files and directories
@@ -132,6 +132,19 @@ def test_a_group_counts_only_while_torchrun_leads_it(sleeper: Any) -> None:
     assert common.run_pids((leader.pid, started - 1), "no-such-mark") == {}
     assert stop.torchrun_group({**state, "boot_id": "another-boot"})[0] is None
     assert stop.torchrun_group({"pgid": leader.pid}) == (None, "")  # never recorded
+
+
+def test_a_supervisor_whose_pid_was_reused_counts_as_gone(tmp_path: Path, sleeper: Any) -> None:
+    """The follower must not wait forever on a stranger that took the supervisor's pid."""
+    stranger = sleeper()
+    started = common.start_time(stranger.pid)
+    assert isinstance(started, int)
+    (tmp_path / "spec.json").write_text("{}")
+    state = {"supervisor_pid": stranger.pid, "supervisor_start": started, "started": 1.0}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    assert follow.node_status(str(tmp_path))["state"] == "running"
+    (tmp_path / "state.json").write_text(json.dumps({**state, "supervisor_start": started - 1}))
+    assert follow.node_status(str(tmp_path))["state"] == "lost"
 
 
 def test_the_marker_finds_a_process_in_any_group(sleeper: Any) -> None:
