@@ -486,6 +486,50 @@ def test_a_second_run_on_the_same_port_cannot_take_over_a_node(
     run_no_leak("runb")
 
 
+# ------------------------------------------------------------- 9. shipping a workdir
+
+
+def test_a_workdir_streams_to_every_host_intact(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """A workdir of 24 MB of binary data in nested directories, streamed to three hosts at
+    once in bounded chunks and unpacked as it arrives: every host holds exactly the local
+    files (the .gitignore'd one excepted) and its code.sha256."""
+    proj = tmp_path / "proj"
+    (proj / "data" / "deep").mkdir(parents=True)
+    (proj / "job.py").write_bytes(PAYLOAD.read_bytes())
+    files = {"job.py": PAYLOAD.read_bytes(), ".gitignore": b"*.tmp\n"}
+    for i in range(3):
+        files[f"data/deep/part{i}.bin"] = os.urandom(8 << 20)
+    files["data/odd name \u00e9.txt"] = "caf\u00e9\n".encode()
+    for rel, data in files.items():
+        (proj / rel).write_bytes(data)
+    (proj / "scratch.tmp").write_bytes(b"ignored")
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2, 3], nproc=1)
+    r = sshddp(
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--workdir",
+        str(proj),
+        "--name",
+        "wdship",
+        str(inv),
+        str(proj / "job.py"),
+        "long",
+        "1",
+        "100",
+    )
+    assert r.returncode == 0, r.stderr
+    for node in range(3):
+        code = node_dir(workdir, "wdship", node) / "code"
+        got = {str(p.relative_to(code)): p.read_bytes() for p in code.rglob("*") if p.is_file()}
+        assert got == files, f"node {node}: {sorted(got)}"
+        assert (node_dir(workdir, "wdship", node) / "code.sha256").is_file()
+        assert code.stat().st_mode & 0o777 == 0o700
+    run_no_leak("wdship")
+
+
 # ------------------------------------------------------------- 14. --tty long lines
 
 
