@@ -88,8 +88,8 @@ def ship_sshddp(b: Bench, root: Path, n: int) -> tuple[float, float]:
     try:
         done = expect_rc(proc.finish(), 0, f"launch --workdir ({n} hosts)")
     except BenchError as exc:
-        logs = [run_dir(b, name, i) / "supervisor.log" for i in range(n)]
-        tails = "\n".join(f"{p}:\n{p.read_text()[-800:]}" for p in logs if p.exists())
+        sup = [run_dir(b, name, i) / "supervisor.log" for i in range(n)]
+        tails = "\n".join(f"{p}:\n{p.read_text()[-800:]}" for p in sup if p.exists())
         raise BenchError(f"{exc}\n{tails}") from None
     shutil.rmtree(b.tmp / "work" / name, ignore_errors=True)
     return at - proc.t0, done.maxrss_mb
