@@ -417,6 +417,7 @@ def test_forged_lines_on_the_supervisors_port_neither_stop_a_run_nor_hide_a_fail
         assert "node 1 (h2) failed" in rec["reason"], rec
     records = [json.dumps(exit_record(workdir, run, n)) for n in range(3)]
     assert not [r for r in records + [err] if "PWNED" in r], records
+    assert not [n for n in range(3) if (node_dir(workdir, run, n) / "peers.key").exists()]
     log = (node_dir(workdir, run, 0) / "supervisor.log").read_text()
     assert "sshddp peers: ignored " in log and "does not prove it holds this run's key" in log
     assert "over 16 connections awaiting authentication" in log, log
