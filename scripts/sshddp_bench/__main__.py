@@ -74,6 +74,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stacks-hosts", type=int, metavar="N", help="Hosts of the stacks case (default 8)."
     )
+    p.add_argument(
+        "--workdir-mb", type=int, metavar="N", help="MB of the workdir case's directory (200)."
+    )
+    p.add_argument(
+        "--workdir-hosts", type=int, metavar="N", help="Hosts of the workdir case (default 4)."
+    )
     return p
 
 
@@ -85,9 +91,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     unknown = set(args.only.split(",")) - set(NAMES)
     if unknown:
         p.error(f"--only: unknown case(s) {', '.join(sorted(unknown))}")
-    if args.logs_mb is not None and args.logs_mb < 1:
-        p.error("--logs-mb must be at least 1")
-    for opt in ("logs_hosts", "scale_hosts", "stacks_hosts"):
+    for opt in ("logs_mb", "workdir_mb"):
+        if getattr(args, opt) is not None and getattr(args, opt) < 1:
+            p.error(f"--{opt.replace('_', '-')} must be at least 1")
+    for opt in ("logs_hosts", "scale_hosts", "stacks_hosts", "workdir_hosts"):
         value = getattr(args, opt)
         if value is not None and not 1 <= value <= MAX_HOSTS:
             p.error(f"--{opt.replace('_', '-')} must be between 1 and 64")
@@ -105,6 +112,8 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
         scale=args.scale_hosts or (16 if args.quick else 32),
         slurm=tuple(args.slurm_nodes or ([3, 8] if args.quick else [3, 8, 16])),
         stacks=args.stacks_hosts or 8,
+        workdir_mb=args.workdir_mb or (100 if args.quick else 200),
+        workdir_hosts=args.workdir_hosts or 4,
     )
 
 

@@ -29,6 +29,8 @@ class Sizes:
     scale: int  #: scale32: hosts
     slurm: tuple[int, ...] = (3,)  #: slurm: nodes of the Slurm cluster (its own, in namespaces)
     stacks: int = 8  #: stacks: hosts (2 ranks each)
+    workdir_mb: int = 200  #: workdir: MB of the shipped directory
+    workdir_hosts: int = 4  #: workdir: hosts it ships to
 
 
 @dataclass(frozen=True)

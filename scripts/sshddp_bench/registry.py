@@ -22,6 +22,7 @@ from sshddp_bench import (
     smoke_bw,
     stacks,
     teardown,
+    workdir,
 )
 from sshddp_bench.case import Case, Sizes
 from sshddp_bench.harness import Bench
@@ -40,6 +41,7 @@ CASES: tuple[Case[Any], ...] = (
     fetch.CASE,
     stacks.CASE,
     ps.CASE,
+    workdir.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -381,9 +381,10 @@ def test_local_script_is_a_file(tmp_path: Path) -> None:
     code = code_spec(LaunchOptions(script=str(script)))
     assert code == CodeSpec("file", "train.py", str(script), str(tmp_path.resolve()))
     payload = build_payload(code)
-    assert (payload.kind, payload.name, payload.data) == ("file", "train.py", b"print('hi')\n")
+    data = payload.read_all()
+    assert (payload.kind, payload.name, data) == ("file", "train.py", b"print('hi')\n")
     assert payload.sha256 == hashlib.sha256(b"print('hi')\n").hexdigest()
-    assert payload.header()["size"] == len(payload.data)
+    assert payload.header()["size"] == len(data)
 
 
 def test_missing_script_is_taken_as_a_path_on_the_hosts(
@@ -394,7 +395,7 @@ def test_missing_script_is_taken_as_a_path_on_the_hosts(
     assert code_spec(LaunchOptions(script="~/code/t.py")) == CodeSpec("remote", "code/t.py")
     assert code_spec(LaunchOptions(script="/srv/t.py")) == CodeSpec("remote", "/srv/t.py")
     payload = build_payload(CodeSpec("remote", "code/train.py"))
-    assert (payload.kind, payload.data) == ("none", b"")
+    assert (payload.kind, payload.read_all()) == ("none", b"")
 
 
 def test_module_without_workdir_ships_nothing() -> None:
@@ -450,8 +451,10 @@ def test_workdir_payload_is_a_tar_of_the_shipped_files(tmp_path: Path) -> None:
     assert code == CodeSpec("tar", "train.py", str(root), str(root))
     payload = build_payload(code)
     assert payload.kind == "tar"
-    assert payload.sha256 == hashlib.sha256(payload.data).hexdigest()
-    with tarfile.open(fileobj=io.BytesIO(payload.data), mode="r:gz") as tar:
+    data = payload.read_all()
+    assert payload.sha256 == hashlib.sha256(data).hexdigest()
+    assert payload.disk_bytes == sum(len((root / f).read_bytes()) for f in SHIPPED)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         members = {m.name: m for m in tar.getmembers()}
         assert sorted(members) == sorted(SHIPPED)
         model = tar.extractfile(members["pkg/model.py"])

@@ -138,8 +138,11 @@ def stop(ctx: click.Context, run: str, **kw: Any) -> None:
             code = ExitCode.UNREACHABLE
             continue
         state = NodeState.of(done.answer.get("state")).value
+        note = done.answer.get("note")  # what stop left alone on the host, and why
         terminal.out(
-            f"{name}: " + (f"was already {state}" if done.answer.get("already") else "stopped")
+            f"{name}: "
+            + (f"was already {state}" if done.answer.get("already") else "stopped")
+            + (f"; {visible(note)}" if note else "")
         )
     warning = runs.record_if_ended(record, [d.answer for d in stops])
     if warning:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any, Optional
 
 from sshddp.hosts import shipped
@@ -70,10 +71,17 @@ class HostSession:
                 best = {"offset": theirs - (sent + back) / 2, "rtt": back - sent}
         return best
 
-    def go(self, boot_args: dict[str, Any], code: bytes) -> None:
-        """Tell the host to boot: its probe lets go of the rendezvous port first."""
+    def go(self, boot_args: dict[str, Any]) -> None:
+        """Tell the host to boot: its probe lets go of the rendezvous port first, then it
+        stages the code that ``send_code`` streams."""
         order = {"go": True, "boot": boot_args}
-        self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n" + code)
+        self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n")
+
+    def send_code(self, chunks: Iterable[bytes]) -> None:
+        """Stream the code after the go, one bounded chunk at a time: one write of the whole
+        bundle made paramiko copy the rest of it for every packet (quadratic)."""
+        for chunk in chunks:
+            self.proc.write(chunk)
 
     def start(self, start: bool) -> None:
         """Every node staged its code: start the node (True), or remove what it staged."""

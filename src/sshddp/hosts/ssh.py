@@ -50,8 +50,10 @@ class _SshProcess:
         self._chan = channel
 
     def write(self, data: bytes) -> None:
+        # A memoryview: paramiko's sendall slices off what each packet took, and slicing
+        # bytes would copy the rest of the buffer every time (quadratic in its size).
         try:
-            self._chan.sendall(data)  # type: ignore[attr-defined]
+            self._chan.sendall(memoryview(data))  # type: ignore[attr-defined]
         except (OSError, EOFError):
             pass
 

@@ -44,6 +44,7 @@ CHECKS = (
     "port",
     "rdzv",
     "clock",
+    "workdir",
     "disk",
     "script",
     "imports",
@@ -74,6 +75,13 @@ class DiskFacts(TypedDict, total=False):
     path: str
     free_bytes: int
     error: str
+
+
+class WorkdirFacts(TypedDict, total=False):
+    path: str  #: the workdir, or its nearest existing parent
+    readonly: bool  #: on a read-only file system
+    problem: Optional[str]  #: why the workdir or its runs/ must not be used (owner, mode)
+    fix: str  #: what to do about the problem
 
 
 class PortFacts(TypedDict, total=False):
@@ -149,6 +157,7 @@ class ProbeFacts(TypedDict, total=False):
     cuda_visible_devices: Optional[str]
     cpus: Optional[int]  #: CPUs the host's processes may use (what `nproc` prints)
     disk: DiskFacts
+    workdir: WorkdirFacts
     port: PortFacts  #: only from the rendezvous host
     rendezvous: RendezvousFacts
     torch: Optional[TorchFacts]
@@ -618,11 +627,30 @@ def _rdzv(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Option
     )
 
 
-def _disk(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
-    disk = (hf.facts or {}).get("disk") or {}
-    free = disk.get("free_bytes")
-    if free is None:
+def _workdir(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    found = (hf.facts or {}).get("workdir")
+    if found is None:
         return None
+    if found.get("readonly"):
+        return Finding(
+            "workdir",
+            Status.FAIL,
+            f"{found.get('path')} is on a read-only file system: no run directory can be made "
+            "there",
+            f"point `workdir:` of {hf.host.host} to a writable directory",
+        )
+    problem = found.get("problem")
+    if problem:
+        return Finding("workdir", Status.FAIL, problem, found.get("fix") or "")
+    return Finding("workdir", Status.OK, f"{found.get('path')} is yours alone to write")
+
+
+def _disk(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    facts = hf.facts or {}
+    disk = facts.get("disk") or {}
+    free = disk.get("free_bytes")
+    if free is None or (facts.get("workdir") or {}).get("readonly"):
+        return None  # a read-only disk is the workdir check's finding, not "no space"
     gib = free / (1 << 30)
     need = (ctx.code_bytes or 0) + START_HEADROOM
     if ctx.code_bytes is not None and free < need:
@@ -1197,6 +1225,7 @@ _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
     _gpu_model,
     _port,
     _rdzv,
+    _workdir,
     _disk,
     _script,
     _slurm,

@@ -8,8 +8,9 @@ args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"t
        "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
        "site": source of the ranks' sitecustomize.py (remote/ranksite.py),
        "bound": the node ends with this session (over srun; see bound.py),
-       "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None}
-The code stream holds exactly payload["size"] bytes.
+       "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None,
+       "peer_key": the supervisors' shared secret (hex)}
+The code stream holds exactly payload["size"] bytes; it is stored as it arrives.
 """
 
 from __future__ import annotations
@@ -22,51 +23,91 @@ import time
 from typing import IO, Any, Dict, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.common import atomic_write_json, home_path, listdir, read_json
+from sshddp.remote.common import (
+    atomic_write_json,
+    create,
+    home_path,
+    listdir,
+    read_json,
+    write_new,
+)
+from sshddp.remote.workdir import Unsafe, make_rundir
 from sshddp.remote.workspace import fill
 
 Answer = Dict[str, Any]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
+CHUNK = 1 << 20  # the code is read, hashed and stored in chunks of this size
+READ_BYTES = 1 << 16  # tarfile's reads and copies (its stream joins its buffer per read)
 
 
 class BootError(Exception):
     pass
 
 
-def _receive_code(rundir: str, payload: dict[str, Any], stream: IO[bytes]) -> None:
-    data = b""
-    while len(data) < payload["size"]:
-        chunk = stream.read(payload["size"] - len(data))
-        if not chunk:
+class _Code:
+    """The shipped code as it arrives on stdin: exactly ``size`` bytes, hashed as read."""
+
+    def __init__(self, stream: IO[bytes], size: int) -> None:
+        self.stream = stream
+        self.left = size
+        self.size = size
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.left if n is None or n < 0 else min(n, self.left)
+        if want <= 0:
+            return b""
+        data = self.stream.read(want)
+        if not data:
             raise BootError(
-                f"the code transfer was cut short ({len(data)} of {payload['size']} bytes)"
+                f"the code transfer was cut short ({self.size - self.left} of {self.size} bytes)"
             )
-        data += chunk
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != payload["sha256"]:
-        raise BootError(
-            f"SHA-256 mismatch of the shipped code: got {digest}, expected {payload['sha256']}"
-        )
+        self.left -= len(data)
+        self.sha.update(data)
+        return data
+
+    def finish(self, expected: str) -> str:
+        """Read what is left (an archive's padding), then check the whole SHA-256."""
+        while self.read(CHUNK):
+            pass
+        digest = self.sha.hexdigest()
+        if digest != expected:
+            raise BootError(
+                f"SHA-256 mismatch of the shipped code: got {digest}, expected {expected}"
+            )
+        return digest
+
+
+def _receive_code(rundir: str, payload: dict[str, Any], stream: IO[bytes]) -> None:
+    """Store the code as it streams in, never all of it in memory; nothing of it runs
+    before its SHA-256 is checked (a mismatch discards the run directory)."""
     code = os.path.join(rundir, contract.CODE)
-    os.makedirs(code, 0o700)
+    os.mkdir(code, 0o700)
+    incoming = _Code(stream, int(payload["size"]))
     if payload["kind"] == "file":
-        with open(os.path.join(code, payload["name"]), "wb") as fh:
-            fh.write(data)
+        with os.fdopen(create(os.path.join(code, payload["name"])), "wb") as fh:
+            while True:
+                data = incoming.read(CHUNK)
+                if not data:
+                    break
+                fh.write(data)
     else:
-        _unpack(data, code)
-    with open(os.path.join(code, ".sha256"), "w") as fh:
-        fh.write(digest + "\n")
+        _unpack(incoming, code)
+    digest = incoming.finish(payload["sha256"])
+    write_new(os.path.join(rundir, contract.CODE_SHA256), (digest + "\n").encode())
 
 
-def _unpack(data: bytes, code: str) -> None:
-    """Extract a --workdir archive: plain files and directories, all inside ``code``."""
-    import io
+def _unpack(incoming: _Code, code: str) -> None:
+    """Extract a --workdir archive as it streams in: plain files and directories, all inside
+    ``code`` (a fresh 0700 directory); anything else is refused before it is written."""
     import tarfile  # only a --workdir needs it: a launch session skips the import otherwise
     import zlib
 
+    safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
+        stream = {"bufsize": READ_BYTES, "copybufsize": READ_BYTES}
+        with tarfile.open(fileobj=incoming, mode="r|*", **stream) as tar:  # type: ignore[call-overload]
+            for member in tar:
                 parts = member.name.split("/")
                 if (
                     member.name.startswith("/")
@@ -74,7 +115,7 @@ def _unpack(data: bytes, code: str) -> None:
                     or not (member.isfile() or member.isdir())
                 ):
                     raise BootError(f"refusing archive member {member.name!r}")
-            tar.extractall(code)
+                tar.extract(member, code, **safe)
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise BootError(f"the shipped archive is damaged: {exc}") from exc
 
@@ -98,10 +139,9 @@ def _start_supervisor(rundir: str, standalone: str, bound: bool = False) -> dict
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
     Its code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``). This
     process carries the run id in its environment, so the supervisor's /proc shows it too."""
-    with open(os.path.join(rundir, contract.SUPERVISOR), "w") as fh:
-        fh.write(standalone)
+    write_new(os.path.join(rundir, contract.SUPERVISOR), standalone.encode())
     log_path = os.path.join(rundir, contract.SUPERVISOR_LOG)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    log = create(log_path)
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid() if bound else None
@@ -159,27 +199,32 @@ def _supervise(rundir: str, log: int, parent: Optional[int]) -> None:
 
 
 def stage(args: dict[str, Any], stream: IO[bytes]) -> Answer:
-    """Put the run directory in place: the code from ``stream`` (its SHA-256 checked), the
-    rank shim, env.json and spec.json. Nothing runs yet, and a failed stage leaves nothing.
+    """Put the run directory in place: a new one (an existing one is refused, as are a
+    workdir or runs/ that others may write to), then the code from ``stream`` (its SHA-256
+    checked), the rank shim, the peers' key, env.json and spec.json, every file new and
+    owner-only. Nothing runs yet, and a failed stage leaves nothing.
     The answer: {"ok": true, "rundir"} or {"ok": false, "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
-    if os.path.exists(os.path.join(rundir, contract.SPEC)):
-        return {
-            "ok": False,
-            "rundir": rundir,
-            "error": f"run directory {rundir} already exists on this host",
-        }
+    try:
+        make_rundir(rundir)
+    except Unsafe as exc:  # nothing of ours is there to remove
+        return {"ok": False, "rundir": rundir, "error": str(exc)}
     try:
         _stage_files(rundir, args, stream)
         return {"ok": True, "rundir": rundir}
     except (BootError, OSError) as exc:
         discard(rundir)
-        return {"ok": False, "error": str(exc), "rundir": rundir}
+        return {"ok": False, "error": _said(exc), "rundir": rundir}
+
+
+def _said(exc: BaseException) -> str:
+    if isinstance(exc, FileExistsError):
+        return f"{exc.filename} was there before sshddp made it (planted?); refusing to follow it"
+    return str(exc)
 
 
 def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
-    os.makedirs(rundir, 0o700, exist_ok=True)
     spec = args["spec"]
     payload = args["payload"]
     if payload["kind"] != "none":
@@ -191,11 +236,12 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
         raise BootError(f"the script {remote} does not exist on this host")
     if spec.get("cwd"):
         spec["cwd"] = os.path.expanduser(spec["cwd"])
-    with open(os.path.join(rundir, contract.RANK_SHIM), "w") as fh:
-        fh.write(args["rank"])
-    os.makedirs(os.path.join(rundir, contract.SITE), 0o700)
-    with open(os.path.join(rundir, contract.SITE, "sitecustomize.py"), "w") as fh:
-        fh.write(args["site"])
+    write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
+    os.mkdir(os.path.join(rundir, contract.SITE), 0o700)  # in a run dir made just now
+    write_new(os.path.join(rundir, contract.SITE, "sitecustomize.py"), args["site"].encode())
+    key: Optional[str] = args.get("peer_key")
+    if key:  # the supervisors' shared secret: read and deleted by the supervisor
+        write_new(os.path.join(rundir, contract.PEER_KEY), key.encode())
     atomic_write_json(os.path.join(rundir, contract.ENV), args["env"])
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
 

@@ -1,4 +1,14 @@
-"""What every host-side module shares: state files, the process table, precise teardown."""
+"""What every host-side module shares: state files, the process table, precise teardown.
+
+Files: every file sshddp makes on a host is new (``create``: ``O_EXCL | O_NOFOLLOW``, 0600),
+so a file or symlink planted where it goes is refused, never followed or truncated.
+
+Processes: a process is named by its pid *and* its start time (clock ticks since boot, on
+this boot), so a pid that was reused never stands for it. Teardown signals only what it can
+prove is the run's: a process carrying the node's marker, or a member of torchrun's process
+group while torchrun (pid and start time) still leads it, or one already proven so. Where the
+Python has pidfds (3.9+, Linux 5.3+) the identity check and the signal cannot race.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +17,61 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 
 from sshddp.remote.contract import MARK_VAR
 
 AGENT_GRACE = 0.2  # seconds torchrun may outlive its ranks at teardown
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+#: pid -> start time of processes proven to be a node's
+Procs = Dict[int, int]
+#: torchrun's process group: (pgid, its leader's start time); the leader is torchrun
+Group = Tuple[int, int]
+
+
+def create(path: str, mode: int = 0o600, flags: int = 0) -> int:
+    """A descriptor of a new file at ``path``, open for writing. Whatever is there already,
+    a symlink included, makes it fail (FileExistsError) instead of being followed."""
+    return os.open(path, NEW_FILE | flags, mode)
+
+
+def write_new(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to a new file (see ``create``)."""
+    fd = create(path, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Replace ``path`` with ``obj`` as JSON, whole or not at all: written to a new file of
+    an unguessable name (``create``), synced, then renamed over ``path``."""
+    for _ in range(100):
+        tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(6).hex()}"
+        try:
+            fd = create(tmp)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"cannot create a temporary file beside {path}")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        unlink(tmp)
+        raise
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def read_json(path: str) -> Any:
@@ -70,6 +120,60 @@ def start_time(pid: int) -> Optional[int]:
     return st[2] if st else None
 
 
+def boot_id() -> Optional[str]:
+    """This boot's id: start times count from the boot, so they name a process only on it."""
+    try:
+        with open(BOOT_ID) as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def same_process(pid: object, start: object, boot: object = None) -> bool:
+    """``pid`` is still the live process that had start time ``start`` (on boot ``boot``,
+    when one was recorded): not a process that reused the pid, nor a zombie."""
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(start, int):
+        return False
+    if boot is not None and boot != boot_id():
+        return False
+    st = _stat(pid)
+    return st is not None and st[2] == start and st[0] not in ("Z", "X")
+
+
+def send_signal(pid: int, start: int, sig: int) -> bool:
+    """Signal ``pid`` only if it still is the process that started at ``start``; whether
+    it was signalled. With a pidfd the check and the signal cannot race: the pidfd names
+    the process that had the pid when it was opened, and the start time read after that
+    proves it is the one we mean."""
+    opener = getattr(os, "pidfd_open", None)
+    sender = getattr(signal, "pidfd_send_signal", None)
+    if opener is None or sender is None:
+        if start_time(pid) != start:
+            return False
+        return _kill(pid, sig)
+    try:
+        fd = opener(pid)
+    except OSError:
+        return False
+    try:
+        if start_time(pid) != start:
+            return False
+        sender(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _kill(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
 def pgid_of(pid: int) -> Optional[int]:
     st = _stat(pid)
     return st[1] if st else None
@@ -88,11 +192,16 @@ def _has_env(pid: int, needle: bytes) -> bool:
         return False
 
 
-def run_pids(pgid: Optional[int], mark: str) -> list[int]:
-    """Live pids of a node's run: its process group, and every process whose environment
-    carries the node's run marker (so children that called setsid are found too)."""
+def run_pids(group: Optional[Group], mark: str, known: Optional[Procs] = None) -> Procs:
+    """Live processes of a node's run (pid -> start time): every process whose environment
+    carries the node's run marker (children that called setsid too), and the members of
+    torchrun's process group ``group`` while torchrun still leads it (its start time
+    matches) or that ``known`` already proved the run's. Once torchrun is gone its group
+    number may be reused, so a process merely in a group of that number is not the run's."""
     needle = (f"{MARK_VAR}={mark}").encode()
-    found = []
+    leader = group is not None and start_time(group[0]) == group[1]
+    known = known or {}
+    found: Procs = {}
     me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
@@ -101,8 +210,12 @@ def run_pids(pgid: Optional[int], mark: str) -> list[int]:
         st = _stat(pid)
         if st is None or st[0] in ("Z", "X"):
             continue
-        if (pgid and st[1] == pgid) or _has_env(pid, needle):
-            found.append(pid)
+        in_group = group is not None and st[1] == group[0]
+        if (in_group and (leader or known.get(pid) == st[2])) or _has_env(pid, needle):
+            found[pid] = st[2]
+    if leader and group is not None and start_time(group[0]) != group[1]:
+        # torchrun went away during the scan: keep only what is proven without it
+        found = {p: s for p, s in found.items() if known.get(p) == s or _has_env(p, needle)}
     return found
 
 
@@ -118,16 +231,13 @@ def pid_alive(pid: Optional[int]) -> bool:
     return not _is_zombie(pid)
 
 
-def signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
+def signal_all(procs: Procs, sig: int) -> None:
+    for pid, start in procs.items():
+        send_signal(pid, start, sig)
 
 
 def kill_run(
-    pgid: Optional[int],
+    group: Optional[Group],
     mark: str,
     grace: float,
     reap: Optional[Callable[[], None]] = None,
@@ -136,48 +246,54 @@ def kill_run(
 ) -> float:
     """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s.
 
+    ``group`` is torchrun's process group and torchrun's start time (see ``run_pids``).
     ``reap`` (optional) is called while waiting so a parent can collect its own child;
-    ``hurry`` (optional) ends the grace early when it returns True. ``agent``: the process
-    group ``pgid`` is torchrun's alone, its workers run in sessions of their own, so once
-    they are gone the rest is cut short; a node launcher's workers share its group, and it
-    gets the whole grace. Returns the seconds it took.
+    ``hurry`` (optional) ends the grace early when it returns True. ``agent``: the group is
+    torchrun's alone, its workers run in sessions of their own, so once they are gone the
+    rest is cut short; a node launcher's workers share its group, and it gets the whole
+    grace. Returns the seconds it took.
     """
     start = time.time()
-    pids = run_pids(pgid, mark)
-    if grace > 0 and pids:
-        signal_all(pids, signal.SIGTERM)
-        pids = _wait_gone(pids, pgid, mark, start + grace, reap, hurry, agent)
+    procs = run_pids(group, mark)
+    known = dict(procs)
+    if grace > 0 and procs:
+        signal_all(procs, signal.SIGTERM)
+        procs = _wait_gone(procs, group, mark, known, start + grace, reap, hurry, agent)
     for _ in range(500):
-        if not pids:
+        if not procs:
             break
-        signal_all(pids, signal.SIGKILL)
+        signal_all(procs, signal.SIGKILL)
         time.sleep(0.01)
         if reap:
             reap()
-        pids = run_pids(pgid, mark)
+        procs = run_pids(group, mark, known)
+        known.update(procs)
     return time.time() - start
 
 
 def _wait_gone(
-    pids: list[int],
-    pgid: Optional[int],
+    procs: Procs,
+    group: Optional[Group],
     mark: str,
+    known: Procs,
     deadline: float,
     reap: Optional[Callable[[], None]],
     hurry: Optional[Callable[[], bool]],
     agent: bool = True,
-) -> list[int]:
+) -> Procs:
     """Wait for the node's processes to exit after SIGTERM; those still there."""
     workers_gone = None
-    while pids and time.time() < deadline and not (hurry and hurry()):
+    pgid = group[0] if group else None
+    while procs and time.time() < deadline and not (hurry and hurry()):
         time.sleep(0.02)
         if reap:
             reap()
-        pids = run_pids(pgid, mark)
+        procs = run_pids(group, mark, known)
+        known.update(procs)
         # Once the ranks are gone, torchrun's own cleanup (seconds of Python teardown)
         # protects nothing: give it AGENT_GRACE, then kill it.
-        if agent and workers_gone is None and not [p for p in pids if pgid_of(p) != pgid]:
+        if agent and workers_gone is None and not [p for p in procs if pgid_of(p) != pgid]:
             workers_gone = time.time()
         if workers_gone is not None and time.time() - workers_gone > AGENT_GRACE:
             break
-    return pids
+    return procs

@@ -1,25 +1,27 @@
 """The host contract: the files of a node's run directory and the records they hold.
 
-Both sides use this module. The launch session writes ``spec.json`` and ``env.json`` when it
-stages a node; the supervisor writes ``state.json`` once torchrun runs, ``node.log`` as the
-ranks write, and ``exit.json`` as its last act; the coordinator reads them back through the
-``follow`` and ``stop`` calls. ``SCHEMA`` goes into every record: bump it whenever a record
-changes shape (as SkyPilot bumps ``SKYLET_VERSION``), so a coordinator can tell a record it
-does not know from a broken one. A record without ``schema`` was written before there was one
-and reads as schema 1.
+Both sides use this module. The launch session writes ``spec.json``, ``env.json`` and
+``peers.key`` when it stages a node; the supervisor writes ``state.json`` once torchrun runs,
+``node.log`` as the ranks write, and ``exit.json`` as its last act; the coordinator reads
+them back through the ``follow`` and ``stop`` calls. ``SCHEMA`` goes into every record: bump
+it whenever a record changes shape (as SkyPilot bumps ``SKYLET_VERSION``), so a coordinator
+can tell a record it does not know from a broken one. A record without ``schema`` was written
+before there was one and reads as schema 1.
 
-A run directory: ``<workdir>/runs/<run id>/n<node rank>/``.
+A run directory: ``<workdir>/runs/<run id>/n<node rank>/``, made new (0700) for every run;
+every file in it is made new too (``O_EXCL | O_NOFOLLOW``), owner-only.
 """
 
 from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 2  #: 2: spec.json says which launcher its argv is for (``launcher``)
+SCHEMA = 2  #: 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`
 
 # The files of a run directory.
 SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
 ENV = "env.json"  #: the ranks' extra environment; the supervisor deletes it once read
+PEER_KEY = "peers.key"  #: the supervisors' shared secret (hex); the supervisor deletes it once read
 STATE = "state.json"  #: the live supervisor (StateRecord), written once torchrun started
 EXIT = "exit.json"  #: how the node ended (ExitRecord), the supervisor's last act
 LOG = "node.log"  #: every byte the node's ranks wrote, in order
@@ -30,6 +32,7 @@ SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
 CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
+CODE_SHA256 = "code.sha256"  #: the SHA-256 of the shipped bytes, checked as they arrived
 WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept across runs
 STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, appended
 
@@ -90,8 +93,18 @@ class StateRecord(TypedDict):
     supervisor_pid: int
     supervisor_start: Optional[int]  #: clock ticks since boot: the pid names one process
     pid: int  #: torchrun's pid
-    pgid: int  #: torchrun's process group
+    pgid: int  #: torchrun's process group (torchrun leads it)
+    pid_start: Optional[int]  #: torchrun's start time: what stop checks before the group
+    boot_id: Optional[str]  #: the host's boot: start times name a process only on it
     started: float
+
+
+class Escaped(TypedDict):
+    """A process that kept the node's output open after the node's processes were gone:
+    it left the run's session and environment, so teardown could not prove it the run's."""
+
+    pid: int
+    command: str  #: its command line, printable characters only
 
 
 class ExitRecord(TypedDict, total=False):
@@ -105,12 +118,14 @@ class ExitRecord(TypedDict, total=False):
     started: Optional[float]
     ended: float
     node_rank: int
+    escaped: list[Escaped]  #: processes that left the run and kept its output open
 
 
 class StopAnswer(ExitRecord, total=False):
     """What ``stop`` answers: the node's exit record, and whether it had ended already."""
 
     already: bool
+    note: str  #: what stop wants the user to know (what it left alone, and why)
 
 
 class FetchHeader(TypedDict, total=False):

@@ -16,7 +16,7 @@ import time
 from typing import IO, Any, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.common import emit, pid_alive, read_json
+from sshddp.remote.common import emit, pid_alive, read_json, same_process
 from sshddp.remote.contract import ExitRecord
 
 CHUNK = 1 << 20
@@ -30,10 +30,14 @@ def _coordinator_gone(wait: float = 0.02) -> bool:
 
 
 def _supervisor_gone(rundir: str) -> bool:
+    """The node's supervisor is gone: its pid is free, or names another process now."""
     state = read_json(os.path.join(rundir, contract.STATE))
     if state is None:
         return False
-    return not pid_alive(state.get("supervisor_pid"))
+    pid, started = state.get("supervisor_pid"), state.get("supervisor_start")
+    if started is None:  # recorded before start times were
+        return not pid_alive(pid)
+    return not same_process(pid, started, state.get("boot_id"))
 
 
 def _open_log(path: str, offset: int) -> Optional[IO[bytes]]:

@@ -4,6 +4,10 @@ to node.log by the supervisor.
 When node.log cannot grow (its disk is full), the copy stops and says why: the supervisor
 then stops the node and fails it, since output that cannot be kept would otherwise vanish
 silently. A small reserve file, deleted then, leaves room for exit.json on the full disk.
+
+Once the node's processes are gone, the output's last bytes are copied (``drain``); a
+process that left the run's session and environment may still hold the write end, and no
+EOF would ever come. ``drain`` waits for it ESCAPE_WAIT seconds, then names the holders.
 """
 
 from __future__ import annotations
@@ -13,15 +17,19 @@ import fcntl
 import os
 import pty
 import select
+import time
 import tty
 from typing import Optional
 
 from sshddp.remote import contract
+from sshddp.remote.common import create, listdir
+from sshddp.remote.contract import Escaped
 
 PUMP_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
 RESERVE_BYTES = 64 * 1024
+ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -44,11 +52,10 @@ class NodeOutput:
 
     def __init__(self, rundir: str, use_tty: bool) -> None:
         self.rundir = rundir
-        self.log = os.open(
-            os.path.join(rundir, contract.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-        )
+        self.log = create(os.path.join(rundir, contract.LOG), flags=os.O_APPEND)
         self._reserve()
         master, self.slave = open_output(use_tty)
+        self.writer = _proc_name(self.slave, use_tty)  # how /proc names the write end
         os.set_blocking(master, False)
         self.master: Optional[int] = master
         self.full: Optional[str] = None  # why node.log cannot grow (disk full), once it cannot
@@ -117,15 +124,26 @@ class NodeOutput:
             )
             self.unreserve()
 
-    def drain(self) -> None:
-        """After the last process of the node is gone: copy every remaining byte."""
+    def drain(self, wait: float = ESCAPE_WAIT) -> list[Escaped]:
+        """After the last process of the node is gone: copy every remaining byte. A writer
+        still there after ``wait`` seconds escaped teardown: stop reading (its later output
+        is lost) and return who holds the write end."""
+        deadline = time.time() + wait
         while self.pump(0.05):
-            pass
+            if time.time() > deadline:
+                holders = holding(self.writer)
+                if self.master is not None:
+                    os.close(self.master)
+                    self.master = None
+                return holders
+        return []
 
     def _reserve(self) -> None:
         try:
-            with open(os.path.join(self.rundir, contract.RESERVE), "wb") as fh:
+            with os.fdopen(create(os.path.join(self.rundir, contract.RESERVE)), "wb") as fh:
                 fh.write(b"\0" * RESERVE_BYTES)
+        except FileExistsError:
+            raise  # planted: refuse it rather than zero what it points to
         except OSError:
             self.unreserve()  # no room even for that: exit.json will try its luck
 
@@ -134,3 +152,37 @@ class NodeOutput:
             os.unlink(os.path.join(self.rundir, contract.RESERVE))
         except OSError:
             pass
+
+
+def _proc_name(fd: int, use_tty: bool) -> str:
+    """What /proc/PID/fd/N reads for a descriptor of this output's write end."""
+    return os.ttyname(fd) if use_tty else f"pipe:[{os.fstat(fd).st_ino}]"
+
+
+def holding(target: str) -> list[Escaped]:
+    """The processes (but this one) with a descriptor open on ``target`` (a /proc fd link)."""
+    me = os.getpid()
+    found: list[Escaped] = []
+    for name in listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        fds = f"/proc/{name}/fd"
+        for fd in listdir(fds):
+            try:
+                if os.readlink(f"{fds}/{fd}") == target:
+                    found.append({"pid": int(name), "command": command_of(int(name))})
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def command_of(pid: int) -> str:
+    """A process's command line, printable ASCII only (shown to people), at most 200 chars."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read().rstrip(b"\0").replace(b"\0", b" ")
+    except OSError:
+        return "?"
+    text = "".join(c if " " <= c <= "~" else "?" for c in raw.decode("ascii", "replace"))
+    return text[:200]

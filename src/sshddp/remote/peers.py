@@ -5,27 +5,36 @@ node's supervisor is a ``Spoke`` holding one TCP connection to it, and both side
 heartbeat line every interval. A node whose run ends other than "succeeded", a connection
 that drops before its node said it was done (its supervisor was killed: the kernel closes
 the socket), or silence longer than the timeout (host powered off, network cut): the hub
-broadcasts an abort and every supervisor stops its node. JSON lines: {"hb": r},
+broadcasts an abort and every supervisor stops its node. Messages: {"hb": r},
 {"done": r, "state": s, "reason": t}, {"abort": reason}, {"bye": 0}.
+
+Every connection is authenticated with the run's key and every message with a MAC
+(``wire``): a stranger's connection, or another run's supervisor that reached this port,
+is noise, logged and never obeyed. The hub serves at most one connection per node and
+MAX_PENDING connections that have yet to authenticate.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
+from sshddp.remote import wire
 from sshddp.remote.contract import SUCCEEDED, SpecRecord
+
+MAX_PENDING = 16  # connections awaiting authentication at the hub; more are closed at once
 
 
 class Peers:
     """This node's view of the others. The base class serves a run of one node, or one
     with no hub address: there is no one to watch, and every call does nothing."""
 
-    def __init__(self, spec: SpecRecord) -> None:
+    def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
         conf: dict[str, Any] = dict(spec.get("peers") or {})
+        self.key = key or b""  #: the run's shared secret; with none, nobody authenticates
+        self.run = str(spec.get("run_id", ""))
         self.rank = int(spec["node_rank"])
         self.nnodes = int(conf.get("nnodes", 1))
         self.addr = str(conf.get("addr") or "")
@@ -57,47 +66,15 @@ class Peers:
         if self.on_abort is not None:
             self.on_abort()
 
-    def _send(self, sock: socket.socket, obj: dict[str, Any]) -> bool:
-        try:
-            sock.sendall((json.dumps(obj) + "\n").encode())
-            return True
-        except OSError:
-            return False
-
-    def _lines(
-        self, sock: socket.socket, on_silence: Callable[[], None]
-    ) -> Iterator[dict[str, Any]]:
-        """Yield JSON messages; calls on_silence() and stops when nothing came in time."""
-        sock.settimeout(self.timeout)
-        buf = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except socket.timeout:
-                on_silence()
-                return
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                try:
-                    msg = json.loads(line.decode())
-                except ValueError:
-                    continue
-                if isinstance(msg, dict):
-                    yield msg
-
 
 class Hub(Peers):
     """Node 0: every other supervisor connects here; an abort goes out to all of them."""
 
-    def __init__(self, spec: SpecRecord) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
+        super().__init__(spec, key)
         self.done: dict[int, tuple[Optional[str], str]] = {}  # rank -> (state, reason)
-        self.conns: dict[int, socket.socket] = {}
+        self.conns: dict[int, wire.Conn] = {}
+        self.pending = 0  # connections not yet authenticated
 
     def start(self) -> None:
         threading.Thread(target=self._serve, daemon=True).start()
@@ -122,8 +99,16 @@ class Hub(Peers):
         threading.Thread(target=self._heartbeat, daemon=True).start()
         threading.Thread(target=self._deadline, daemon=True).start()
         while True:
-            conn, _ = srv.accept()
-            threading.Thread(target=self._reader, args=(conn,), daemon=True).start()
+            sock, addr = srv.accept()
+            peer = f"{addr[0]}:{addr[1]}"
+            with self.lock:
+                full = self.pending >= MAX_PENDING
+                self.pending += 0 if full else 1
+            if full:
+                wire.noise(peer, f"over {MAX_PENDING} connections awaiting authentication")
+                sock.close()
+                continue
+            threading.Thread(target=self._reader, args=(sock, peer), daemon=True).start()
 
     def _deadline(self) -> None:
         time.sleep(self.timeout * 2)  # every node must have checked in by then
@@ -135,22 +120,53 @@ class Hub(Peers):
             names = ", ".join(self.name(r) for r in missing)
             self.broadcast_abort(f"{names} never reached node 0's supervisor")
 
-    def _reader(self, conn: socket.socket) -> None:
-        rank: Optional[int] = None
-        for msg in self._lines(conn, lambda: None):
-            if "hb" in msg and rank is None:
-                rank = int(msg["hb"])
-                with self.lock:
+    def _admit(self, sock: socket.socket, peer: str) -> Optional[tuple[wire.Conn, int]]:
+        """An authenticated connection of a node not yet connected, and its rank; None
+        (noise logged, socket closed) for anything else."""
+        try:
+            conn, rank = wire.offer(sock, self.key, self.run, peer)
+            why = ""
+        except wire.Refused as exc:
+            why = str(exc)
+        finally:
+            with self.lock:
+                self.pending -= 1
+        if not why:
+            with self.lock:
+                if not 0 < rank < self.nnodes or rank in self.conns:
+                    why = f"node {rank} is not a node of this run, or is connected already"
+                else:
                     self.conns[rank] = conn
                     late = self.abort
-                if late:
-                    self._send(conn, {"abort": late})
-            elif "done" in msg:
-                self.node_done(int(msg["done"]), msg.get("state"), msg.get("reason", ""))
+        if why:
+            wire.noise(peer, why)
+            sock.close()
+            return None
+        if late:
+            conn.send({"abort": late})
+        return conn, rank
+
+    def _reader(self, sock: socket.socket, peer: str) -> None:
+        admitted = self._admit(sock, peer)
+        if admitted is None:
+            return
+        conn, rank = admitted
+        sock.settimeout(self.timeout)
+        while True:
+            try:
+                msg = conn.receive()
+            except socket.timeout:  # silence: the node counts as lost
+                msg = None
+            if msg is None:
+                break
+            if "done" in msg:  # a node reports for itself only
+                reason = str(msg.get("reason") or "")[: wire.MAX_TEXT]
+                self.node_done(rank, str(msg.get("state")), reason)
         with self.lock:
-            if rank is not None and self.conns.get(rank) is conn:
+            if self.conns.get(rank) is conn:
                 del self.conns[rank]
-        if rank is not None and rank not in self.done:
+        sock.close()
+        if rank not in self.done:
             self.node_done(rank, "lost", f"{self.name(rank)} went silent or lost its supervisor")
 
     def _heartbeat(self) -> None:
@@ -159,7 +175,7 @@ class Hub(Peers):
             with self.lock:
                 conns = list(self.conns.values())
             for conn in conns:
-                self._send(conn, {"hb": 0})
+                conn.send({"hb": 0})
 
     def node_done(self, rank: int, state: Optional[str], reason: str) -> None:
         with self.lock:
@@ -175,7 +191,7 @@ class Hub(Peers):
         with self.lock:
             conns = list(self.conns.values())
         for conn in conns:
-            self._send(conn, {"abort": reason})
+            conn.send({"abort": reason[: wire.MAX_TEXT]})
 
     def all_done(self) -> bool:
         with self.lock:
@@ -195,59 +211,84 @@ class Hub(Peers):
         with self.lock:
             conns = list(self.conns.values())
         for conn in conns:
-            self._send(conn, {"bye": 0})
+            conn.send({"bye": 0})
 
 
 class Spoke(Peers):
     """A node other than 0: one connection to the hub, heartbeats both ways."""
 
-    def __init__(self, spec: SpecRecord) -> None:
-        super().__init__(spec)
-        self.sock: Optional[socket.socket] = None
+    def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
+        super().__init__(spec, key)
+        self.conn: Optional[wire.Conn] = None
+        self.connected = threading.Event()  # set once connected, or given up
 
     def start(self) -> None:
         threading.Thread(target=self._client, daemon=True).start()
 
-    def _connect(self) -> Optional[socket.socket]:
+    def _connect(self) -> Optional[wire.Conn]:
+        """An authenticated connection to this run's hub; None (and the abort set) when
+        there is none in time, or the port is held by something that is not it."""
+        where = f"{self.addr}:{self.port}"
         deadline = time.time() + self.timeout * 2
         while time.time() < deadline and self.abort is None:
             try:
-                return socket.create_connection((self.addr, self.port), timeout=2)
+                sock = socket.create_connection((self.addr, self.port), timeout=2)
             except OSError:
                 time.sleep(0.2)
+                continue
+            try:
+                return wire.join(sock, self.key, self.run, self.rank, where)
+            except wire.Refused as exc:
+                sock.close()
+                if not exc.retry:
+                    self._set_abort(
+                        f"the supervisors' port {where} is not node 0's supervisor of this "
+                        f"run: {exc}"
+                    )
+                    return None
+                wire.noise(where, str(exc))
+                time.sleep(0.2)
+        self._set_abort(f"cannot reach node 0's supervisor at {where}")
         return None
 
     def _client(self) -> None:
-        sock = self._connect()
-        if sock is None:
-            self._set_abort(f"cannot reach node 0's supervisor at {self.addr}:{self.port}")
+        conn = self._connect()
+        self.conn = conn
+        self.connected.set()
+        if conn is None:
             return
-        self.sock = sock
-        self._send(sock, {"hb": self.rank})
-        threading.Thread(target=self._heartbeat, args=(sock,), daemon=True).start()
-
-        def silent() -> None:
-            self._set_abort(f"{self.name(0)} went silent for {self.timeout:.0f} s")
-
-        for msg in self._lines(sock, silent):
+        conn.send({"hb": self.rank})
+        threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
+        conn.lines.sock.settimeout(self.timeout)
+        while True:
+            try:
+                msg = conn.receive()
+            except socket.timeout:
+                self._set_abort(f"{self.name(0)} went silent for {self.timeout:.0f} s")
+                return
+            if msg is None:
+                break
             if "abort" in msg:
-                self._set_abort(str(msg["abort"]))
+                self._set_abort(str(msg["abort"])[: wire.MAX_TEXT])
             if "bye" in msg:
                 return  # node 0 is done and leaves; nothing is lost
         self._set_abort(f"lost the connection to {self.name(0)} (its host or supervisor is gone)")
 
-    def _heartbeat(self, sock: socket.socket) -> None:
-        while self._send(sock, {"hb": self.rank}):
+    def _heartbeat(self, conn: wire.Conn) -> None:
+        while conn.send({"hb": self.rank}):
             time.sleep(self.interval)
 
     def report(self, state: str, reason: str) -> None:
-        if self.sock is not None:
-            self._send(self.sock, {"done": self.rank, "state": state, "reason": reason})
+        self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting
+        if self.conn is not None:
+            done = {"done": self.rank, "state": state, "reason": reason[: wire.MAX_TEXT]}
+            self.conn.send(done)
 
 
-def peers_for(spec: SpecRecord) -> Peers:
-    """The hub for node 0, a spoke for the others; nothing to watch for a single node."""
-    peers = Peers(spec)
+def peers_for(spec: SpecRecord, key: Optional[bytes]) -> Peers:
+    """The hub for node 0, a spoke for the others, both holding the run's ``key``; nothing
+    to watch for a single node."""
+    peers = Peers(spec, key)
     if peers.nnodes <= 1 or not peers.addr or peers.port <= 0:
         return peers
-    return Hub(spec) if peers.rank == 0 else Spoke(spec)
+    return Hub(spec, key) if peers.rank == 0 else Spoke(spec, key)

@@ -35,6 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from sshddp.remote import imports, network
 from sshddp.remote.common import home_path, listdir
+from sshddp.remote.workdir import inspect
 
 Facts = Dict[str, Any]
 Held = Tuple[socket.socket, Optional[threading.Thread]]
@@ -323,6 +324,7 @@ def _basics(args: Mapping[str, Any]) -> Facts:
         "login_env": _watched(args.get("watch")),
         "cpus": _cpus(),
         "disk": _disk(os.path.join(args.get("workdir") or "~/.sshddp", "runs")),
+        "workdir": inspect(os.path.expanduser(args.get("workdir") or "~/.sshddp")),
     }
 
 

@@ -3,10 +3,12 @@
 torchrun runs ``python rank.py SCRIPT ARGS...`` or ``python rank.py -m MODULE ARGS...``
 (through ``--no-python``), and this runs SCRIPT or MODULE as ``python SCRIPT`` / ``python -m
 MODULE`` would: same sys.argv, sys.path[0] and __main__. What it adds: stdout and stderr
-line-buffered, as on a terminal, whatever they are. The ranks of a node share one pipe to the
-supervisor; with one write per line, lines of different ranks never mix (a pipe keeps writes
-of up to 4 KB whole) and output is live. torchrun's own ``python -u`` would write a line's
-text and its newline separately. Standalone: it imports nothing of sshddp.
+line-buffered, as on a terminal, whatever they are, and each line written in one piece up to
+LINE_BYTES. The ranks of a node share one pipe (or pty) to the supervisor; with one write
+per line, lines of different ranks never mix (a pipe keeps writes of up to 4 KB whole, a
+pty writes of any length) and output is live. torchrun's own ``python -u`` would write a
+line's text and its newline separately, and so would a line-buffered stream for a line over
+its 8 KB chunk. Standalone: it imports nothing of sshddp.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+LINE_BYTES = 1 << 20  # a line up to this long leaves the rank in one write
+
+
 def _line_buffered() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+            # print() writes the text, then the newline; past the chunk size the text alone
+            # would be flushed, and another rank's line could land before its newline.
+            stream._CHUNK_SIZE = LINE_BYTES  # type: ignore[union-attr]
         except (AttributeError, ValueError):  # replaced or closed stream: leave it
             pass
 

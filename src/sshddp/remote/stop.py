@@ -1,8 +1,11 @@
 """Stop one node's run (idempotent).
 
 args: {"rundir", "force": bool, "reason": str}
-Signals the supervisor recorded in state.json (after checking it is that supervisor), and
-waits for exit.json. When the supervisor is gone, kills the node's processes itself.
+Signals the supervisor recorded in state.json (after checking it is that supervisor: pid,
+start time and boot), and waits for exit.json. When the supervisor is gone, stops the
+node's processes itself: those carrying the node's marker, and torchrun's process group
+only while torchrun, named by its pid, start time and boot, still leads it. A group whose
+number now belongs to another process is left alone, and the exit record says so.
 Prints one JSON line: the node's exit record plus {"already": bool} (a StopAnswer).
 """
 
@@ -14,7 +17,17 @@ import time
 from typing import Any, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.common import atomic_write_json, emit, kill_run, pid_alive, read_json, start_time
+from sshddp.remote.common import (
+    Group,
+    atomic_write_json,
+    create,
+    emit,
+    kill_run,
+    pid_alive,
+    read_json,
+    same_process,
+    send_signal,
+)
 from sshddp.remote.contract import StopAnswer
 
 SUPERVISOR_EXTRA = 15.0  # seconds beyond the grace a signalled supervisor has to finish
@@ -22,15 +35,32 @@ SUPERVISOR_EXTRA = 15.0  # seconds beyond the grace a signalled supervisor has t
 
 def _is_our_supervisor(state: dict[str, Any]) -> bool:
     """The pid in state.json is still this node's supervisor (not a process that reused it)."""
-    pid = state.get("supervisor_pid")
-    if not isinstance(pid, int):
-        return False
-    return pid_alive(pid) and start_time(pid) == state.get("supervisor_start")
+    return same_process(
+        state.get("supervisor_pid"), state.get("supervisor_start"), state.get("boot_id")
+    )
 
 
-def _answer(record: dict[str, Any], already: bool) -> StopAnswer:
+def torchrun_group(state: dict[str, Any]) -> tuple[Optional[Group], str]:
+    """torchrun's process group, if torchrun (pid, start time, boot) still leads it; else
+    None and, when its number now names another live process, what was left alone."""
+    pgid, started = state.get("pgid"), state.get("pid_start")
+    if not isinstance(pgid, int) or pgid <= 0 or not isinstance(started, int):
+        return None, ""  # never recorded: only the marker finds the node's processes
+    if same_process(pgid, started, state.get("boot_id")):
+        return (pgid, started), ""
+    if pid_alive(pgid):
+        return None, (
+            f"pid {pgid} (torchrun's, and its process group's number) now names another "
+            "process: it and its group were left alone"
+        )
+    return None, ""
+
+
+def _answer(record: dict[str, Any], already: bool, note: str = "") -> StopAnswer:
     answer: StopAnswer = dict(record)  # type: ignore[assignment]
     answer["already"] = already
+    if note:
+        answer["note"] = note
     return answer
 
 
@@ -47,40 +77,48 @@ def stop(args: dict[str, Any]) -> StopAnswer:
     spec = read_json(os.path.join(rundir, contract.SPEC))
     if spec is None:
         return {"state": contract.UNKNOWN, "already": True, "reason": "no such run directory"}
-    reason_path = os.path.join(rundir, contract.STOP_REASON)
-    if not os.path.exists(reason_path):
-        with open(reason_path, "w") as fh:
-            fh.write(args.get("reason") or "stopped on request")
+    _note_reason(rundir, args.get("reason") or "stopped on request")
     state = read_json(os.path.join(rundir, contract.STATE)) or {}
     grace = 0.0 if args.get("force") else float(spec["grace"])
     if _is_our_supervisor(state):
-        done = _signal_supervisor(
-            state["supervisor_pid"], bool(args.get("force")), grace, exit_path
-        )
+        pid, started = state["supervisor_pid"], state["supervisor_start"]
+        done = _signal_supervisor(pid, started, bool(args.get("force")), grace, exit_path)
         if done is not None:
             return _answer(done, False)
-    # No supervisor (SIGKILLed, host rebooted): do its job.
+    # No supervisor (SIGKILLed, host rebooted): do its job, on what is provably the run's.
+    group, left_alone = torchrun_group(state)
     agent = spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
-    kill_run(state.get("pgid"), spec["mark"], grace, agent=agent)
+    kill_run(group, spec["mark"], grace, agent=agent)
     result = read_json(exit_path)
     if result is None:
+        reason = "stopped after its supervisor was lost"
         result = {
             "schema": contract.SCHEMA,
             "state": contract.STOPPED,
             "returncode": None,
             "node_rank": spec["node_rank"],
-            "reason": "stopped after its supervisor was lost",
+            "reason": f"{reason}; {left_alone}" if left_alone else reason,
             "ended": time.time(),
         }
         atomic_write_json(exit_path, result)
-    return _answer(result, False)
+    return _answer(result, False, left_alone)
+
+
+def _note_reason(rundir: str, reason: str) -> None:
+    """Why the node was asked to stop: the first asker's reason is kept."""
+    try:
+        with os.fdopen(create(os.path.join(rundir, contract.STOP_REASON)), "w") as fh:
+            fh.write(reason)
+    except OSError:  # there already: the first asker's stands
+        pass
 
 
 def _signal_supervisor(
-    pid: int, force: bool, grace: float, exit_path: str
+    pid: int, started: int, force: bool, grace: float, exit_path: str
 ) -> Optional[dict[str, Any]]:
     """Ask the supervisor to stop its node; its exit record, or None if it vanished first."""
-    os.kill(pid, signal.SIGUSR1 if force else signal.SIGTERM)
+    if not send_signal(pid, started, signal.SIGUSR1 if force else signal.SIGTERM):
+        return None
     deadline = time.time() + grace + SUPERVISOR_EXTRA
     while time.time() < deadline and pid_alive(pid):
         done = read_json(exit_path)

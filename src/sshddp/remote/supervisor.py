@@ -7,7 +7,12 @@ RUNDIR/node.log (``output.NodeOutput``), records state.json, and on SIGTERM (gra
 SIGUSR1 (immediate) stops exactly this node's processes: torchrun's process group plus
 every process carrying this node's run marker. Its last act is exit.json. Ranks start
 through rank.py, which line-buffers them: one write per line. The supervisors of a run
-watch each other (``peers``), so a run stops everywhere without any laptop.
+watch each other (``peers``), authenticated by the run's key, so a run stops everywhere
+without any laptop.
+
+torchrun's exit is noticed without reaping it (``waitid`` with ``WNOWAIT``): its zombie keeps
+its pid, and so its process group's number, from being reused until the node's processes
+are gone, so teardown never signals a stranger's group.
 """
 
 from __future__ import annotations
@@ -22,8 +27,16 @@ from typing import Any, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.bound import session_gone
-from sshddp.remote.common import atomic_write_json, kill_run, read_json, start_time
-from sshddp.remote.contract import ExitRecord, SpecRecord
+from sshddp.remote.common import (
+    Group,
+    atomic_write_json,
+    boot_id,
+    kill_run,
+    read_json,
+    start_time,
+    unlink,
+)
+from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.peers import Peers, peers_for
 
@@ -70,8 +83,10 @@ class Supervisor:
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.output: Optional[NodeOutput] = None
         self.wake: Optional[Wakeup] = None
-        self.peers: Peers = peers_for(self.spec)
+        self.peers: Peers = peers_for(self.spec, take_key(rundir))
         self.started = time.time()
+        self.group: Optional[Group] = None  #: torchrun's process group, once it runs
+        self.escaped: list[Escaped] = []
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -88,7 +103,11 @@ class Supervisor:
         self.wake = Wakeup()
         if self.wake.fd is not None:
             self.peers.on_abort = self.wake.poke
-        self.output = output = NodeOutput(self.rundir, bool(self.spec.get("tty")))
+        try:
+            self.output = output = NodeOutput(self.rundir, bool(self.spec.get("tty")))
+        except OSError as exc:  # a file planted in the run directory, say
+            self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
+            return False
         argv = torchrun_argv(self.rundir, self.spec)
         try:
             self.proc = subprocess.Popen(
@@ -110,21 +129,13 @@ class Supervisor:
         return True
 
     def _record_state(self, pid: int) -> None:
-        me = os.getpid()
-        state = {
-            "schema": contract.SCHEMA,
-            "state": contract.RUNNING,
-            "supervisor_pid": me,
-            "supervisor_start": start_time(me),
-            "pid": pid,
-            "pgid": pid,
-            "started": self.started,
-        }
-        atomic_write_json(self.path(contract.STATE), state)
+        started = start_time(pid)  # not reaped before teardown: it names torchrun
+        if started is not None:
+            self.group = (pid, started)
+        atomic_write_json(self.path(contract.STATE), state_record(pid, started, self.started))
 
     def reap(self) -> None:
-        if self.proc is not None:
-            self.proc.poll()
+        """Called while teardown waits: keep the output flowing (torchrun is reaped after)."""
         self._pump(0)
 
     def _pump(self, timeout: float) -> bool:
@@ -132,20 +143,19 @@ class Supervisor:
         wake = self.wake.fd if self.wake is not None else None
         return self.output.pump(timeout, wake)
 
-    def loop(self) -> Optional[int]:
-        """Copy output until torchrun exits (its code) or the node must stop (None)."""
+    def loop(self) -> bool:
+        """Copy output until torchrun exits (True) or the node must stop (False)."""
         assert self.proc is not None and self.output is not None
         wake = self.wake is not None and self.wake.fd is not None
         wait = IDLE_WAIT if wake else POLL_WAIT
         while True:
-            rc = self.proc.poll()
-            if rc is not None:
-                return rc
+            if exited(self.proc):
+                return True
             if self.stop_signal is not None or self.peers.abort is not None or self.output.full:
-                return None
+                return False
             if session_gone(self.rundir, self.parent):
                 self.stop_signal = signal.SIGTERM  # stopped as if signalled
-                return None
+                return False
             if not self._pump(wait):
                 time.sleep(0.02)
 
@@ -163,8 +173,7 @@ class Supervisor:
             self.peers.wait_others()
             return
         self.peers.start()
-        rc = self.loop()
-        state, reason = self._stopped() if rc is None else self._exited(rc)
+        state, reason = self._exited() if self.loop() else self._stopped()
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
@@ -174,11 +183,10 @@ class Supervisor:
         """Stop the node's processes (asked to, or aborted by a peer); its final state."""
         assert self.proc is not None and self.output is not None
         grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
-        kill_run(
-            self.proc.pid, self.spec["mark"], grace, self.reap, self.hurry, agent=self._torchrun()
-        )
+        agent = self._torchrun()
+        kill_run(self.group, self.spec["mark"], grace, self.reap, self.hurry, agent=agent)
         self.proc.wait()
-        self.output.drain()
+        self.escaped = self.output.drain()
         abort = self.peers.abort
         state, reason = (
             contract.STOPPED,
@@ -188,19 +196,18 @@ class Supervisor:
             state, reason = contract.FAILED, self.output.full
         return state, reason
 
-    def _exited(self, rc: int) -> tuple[str, str]:
+    def _exited(self) -> tuple[str, str]:
         """torchrun is gone: children that escaped into their own session must not outlive
         it. Its final state."""
         assert self.proc is not None and self.output is not None
-        kill_run(self.proc.pid, self.spec["mark"], 0, self.reap)
-        self.output.drain()
+        kill_run(self.group, self.spec["mark"], 0, self.reap)
+        rc = self.proc.wait()
+        self.escaped = self.output.drain()
         if self.output.full:  # a node whose output was cut short never passes as complete
             return contract.FAILED, self.output.full
         if rc == 0:
             return contract.SUCCEEDED, ""
-        return contract.FAILED, _describe(
-            rc, "torchrun" if self._torchrun() else "the node's launcher"
-        )
+        return contract.FAILED, _describe(rc, "torchrun" if self._torchrun() else "the launcher")
 
     def _torchrun(self) -> bool:
         """torchrun runs the node (its workers are in sessions of their own)."""
@@ -212,7 +219,74 @@ class Supervisor:
     def finish(self, state: str, rc: Optional[int], reason: str) -> None:
         if self.output is not None:
             self.output.unreserve()
-        write_exit(self.rundir, self.spec["node_rank"], self.started, state, rc, reason)
+        reason = with_escaped(reason, self.escaped)
+        write_exit(
+            self.rundir, self.spec["node_rank"], self.started, state, rc, reason, self.escaped
+        )
+
+
+def state_record(pid: int, started: Optional[int], since: float) -> dict[str, Any]:
+    """state.json: this supervisor and torchrun, each named by pid and start time."""
+    me = os.getpid()
+    return {
+        "schema": contract.SCHEMA,
+        "state": contract.RUNNING,
+        "supervisor_pid": me,
+        "supervisor_start": start_time(me),
+        "pid": pid,
+        "pgid": pid,
+        "pid_start": started,
+        "boot_id": boot_id(),
+        "started": since,
+    }
+
+
+def exited(proc: subprocess.Popen[bytes]) -> bool:
+    """torchrun has exited. It is not reaped (``WNOWAIT``): as a zombie it keeps its pid,
+    and so its process group's number, from being reused until teardown is done."""
+    if proc.returncode is not None:
+        return True
+    try:
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, proc.pid, flags) is not None
+    except ChildProcessError:
+        return proc.poll() is not None
+
+
+def take_key(rundir: str) -> Optional[bytes]:
+    """The supervisors' shared secret, from the file staging left; the file goes at once."""
+    path = os.path.join(rundir, contract.PEER_KEY)
+    try:
+        with open(path) as fh:
+            text = fh.read().strip()
+    except OSError:
+        return None
+    finally:
+        unlink(path)
+    try:
+        return bytes.fromhex(text) or None
+    except ValueError:
+        return None
+
+
+def with_escaped(reason: str, escaped: list[Escaped]) -> str:
+    """``reason``, and what the report says of processes that escaped teardown (logged)."""
+    if not escaped:
+        return reason
+    told = escaped_text(escaped)
+    print(f"sshddp supervisor: {told}", file=sys.stderr, flush=True)
+    return f"{reason}; {told}" if reason else told
+
+
+def escaped_text(escaped: list[Escaped]) -> str:
+    """What the report says of processes that escaped teardown."""
+    named = ", ".join(f"pid {e['pid']} ({e['command']})" for e in escaped[:5])
+    more = f" and {len(escaped) - 5} more" if len(escaped) > 5 else ""
+    return (
+        f"{len(escaped)} process(es) left the run's session and environment and kept its "
+        f"output open after it ended: {named}{more}; sshddp stopped reading their output "
+        "and did not signal them (it cannot prove they are the run's): end them yourself"
+    )
 
 
 def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
@@ -257,7 +331,13 @@ def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
 
 
 def write_exit(
-    rundir: str, node_rank: int, started: float, state: str, rc: Optional[int], reason: str
+    rundir: str,
+    node_rank: int,
+    started: float,
+    state: str,
+    rc: Optional[int],
+    reason: str,
+    escaped: Optional[list[Escaped]] = None,
 ) -> None:
     """exit.json: how the node ended (the supervisor's last act)."""
     result: ExitRecord = {
@@ -269,6 +349,8 @@ def write_exit(
         "ended": time.time(),
         "node_rank": node_rank,
     }
+    if escaped:
+        result["escaped"] = escaped
     if rc is not None and rc < 0:
         result["signal"] = _signame(-rc)
     try:

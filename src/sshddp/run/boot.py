@@ -3,12 +3,17 @@
 Nothing starts anywhere unless every node staged: a node that cannot stage (full disk,
 host gone, bad checksum, missing script) makes the others remove what they staged. Node 0
 goes first: its probe must let go of the rendezvous port before any node's torchrun could
-reach that listener instead of node 0's store. A node that fails to start stops the ones
-that did.
+reach that listener instead of node 0's store. The code then streams to every node at once.
+A node that fails to start stops the ones that did.
+
+Each run gets a new secret, the key its supervisors authenticate each other with (port
+P + 1). It reaches each host in the boot order on the session's stdin, never an argv, and
+is kept nowhere on this machine: not in the plan, the registry or any log.
 """
 
 from __future__ import annotations
 
+import secrets
 from functools import cache
 from typing import Any, Callable, Optional
 
@@ -54,6 +59,7 @@ class Boot:
         # node removes what it staged, nothing starts anywhere).
         self.before_start = before_start
         self.cancelled = False
+        self.peer_key = secrets.token_hex(32)  #: the supervisors' shared secret for this run
 
     def run(self, teardown: Teardown) -> bool:
         """Boot every node; False (and every started node stopped) when one failed."""
@@ -92,12 +98,13 @@ class Boot:
 
     def _go(self, node: NodePlan) -> HostSession:
         session = self._session(node)
-        session.go(self._boot_args(node), self.payload.data)
+        session.go(self._boot_args(node))
         session.answer("release")
         return session
 
     def _stage(self, node: NodePlan, first: NodePlan) -> Problem:
         session = self._session(node) if node is first else self._go(node)
+        session.send_code(self.payload.chunks())
         answer = session.answer("stage")
         return None if answer.get("ok") else str(answer.get("error"))
 
@@ -121,6 +128,7 @@ class Boot:
             "keep_runs": plan.keep_runs,
             "bound": node.host.transport == "srun",  # the node ends with its job step
             "workspace": node.workspace,
+            "peer_key": self.peer_key,
         }
 
     def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:

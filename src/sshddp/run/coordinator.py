@@ -152,6 +152,7 @@ class Launch:
                     state.close_sessions()  # those no follower took over
         finally:
             logs.close()
+            payload.close()
 
     def _preflight(
         self, state: RunState, inventory: Inventory, payload: Payload

@@ -1,17 +1,23 @@
 """The code a run ships: one script file, or a whole local directory honouring .gitignore.
 
 Every node receives the same bytes; the host checks their SHA-256 before anything starts.
+The bytes are written once to a temporary file and streamed from it to every host in
+CHUNK-sized pieces, so the coordinator's memory stays flat whatever their size. A directory
+ships as a plain tar, uncompressed, as ``tar | ssh tar x`` and rsync send by default: most
+of a big workdir is data that does not compress, and compressing it would cost more CPU
+than the bytes it saves on a LAN.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tarfile
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 from sshddp import defaults
 from sshddp.errors import UsageError
@@ -19,27 +25,42 @@ from sshddp.model.plan import CodeSpec, LaunchOptions, decide_code
 from sshddp.run.inputs import LocalFiles
 
 MAX_BUNDLE = defaults.MAX_CODE_BYTES
+CHUNK = 1 << 20  #: bytes read from the bundle and written to a host at a time
 
 
 @dataclass(frozen=True)
 class Payload:
-    """The bytes shipped to every host, with their digest."""
+    """The bytes shipped to every host, with their digest, kept in a temporary file."""
 
     kind: str  #: "file", "tar" or "none"
     name: str  #: file name on the host (for "file")
-    data: bytes
+    size: int  #: bytes shipped
     sha256: str
-
-    @property
-    def disk_bytes(self) -> int:
-        """What the code takes on a host once stored (a tar is stored unpacked)."""
-        if self.kind != "tar":
-            return len(self.data)
-        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
-            return sum(m.size for m in tar.getmembers())
+    disk_bytes: int  #: what the code takes on a host once stored (a tar is stored unpacked)
+    file: Optional[IO[bytes]] = field(default=None, compare=False, repr=False)
 
     def header(self) -> dict[str, object]:
-        return {"kind": self.kind, "name": self.name, "size": len(self.data), "sha256": self.sha256}
+        return {"kind": self.kind, "name": self.name, "size": self.size, "sha256": self.sha256}
+
+    def chunks(self) -> Iterator[bytes]:
+        """The bytes, CHUNK at a time. Each call reads on its own (``pread``), so every
+        host's thread can stream them at once."""
+        offset = 0
+        while offset < self.size:
+            assert self.file is not None
+            data = os.pread(self.file.fileno(), min(CHUNK, self.size - offset), offset)
+            if not data:
+                raise OSError(f"the code bundle ended at {offset} of {self.size} bytes")
+            offset += len(data)
+            yield data
+
+    def read_all(self) -> bytes:
+        """Every byte at once (for tests and small payloads)."""
+        return b"".join(self.chunks())
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def code_spec(options: LaunchOptions) -> CodeSpec:
@@ -48,23 +69,49 @@ def code_spec(options: LaunchOptions) -> CodeSpec:
 
 
 def build_payload(code: CodeSpec) -> Payload:
-    """Read (or pack) the code once; every node gets these bytes."""
-    if code.kind == "file":
-        assert code.local_path is not None
-        data = _read(Path(code.local_path))
-        return Payload("file", code.target, data, hashlib.sha256(data).hexdigest())
-    if code.kind == "tar":
-        assert code.local_path is not None
-        data = _pack(Path(code.local_path))
-        return Payload("tar", "", data, hashlib.sha256(data).hexdigest())
-    return Payload("none", "", b"", hashlib.sha256(b"").hexdigest())
-
-
-def _read(path: Path) -> bytes:
+    """Copy (or pack) the code once into a temporary file; every node gets these bytes.
+    The caller closes it."""
+    if code.kind == "none" or code.kind == "remote":
+        return Payload("none", "", 0, hashlib.sha256(b"").hexdigest(), 0)
+    assert code.local_path is not None
+    bundle = _Bundle()
     try:
-        return path.read_bytes()
+        if code.kind == "file":
+            name, stored = code.target, _copy(Path(code.local_path), bundle)
+        else:
+            name, stored = "", _pack(Path(code.local_path), bundle)
+        bundle.file.flush()
+    except BaseException:
+        bundle.file.close()
+        raise
+    return Payload(code.kind, name, bundle.size, bundle.sha.hexdigest(), stored, bundle.file)
+
+
+class _Bundle:
+    """A temporary file that hashes what is written to it."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile()
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _copy(path: Path, bundle: _Bundle) -> int:
+    try:
+        with open(path, "rb") as fh:
+            while data := fh.read(CHUNK):
+                bundle.write(data)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the script: {exc.strerror}") from exc
+    return bundle.size
 
 
 def shipped_files(root: Path) -> list[str]:
@@ -94,10 +141,11 @@ def _ignored(specs: list[tuple[str, Optional[Any]]], rel: str) -> bool:
     return False
 
 
-def _pack(root: Path) -> bytes:
-    buf = io.BytesIO()
+def _pack(root: Path, bundle: _Bundle) -> int:
+    """Write a tar of the shipped files to ``bundle``; the bytes they hold."""
     total = 0
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+    copy = {"copybufsize": CHUNK}  # tarfile writes each file's bytes straight through
+    with tarfile.open(fileobj=bundle, mode="w", **copy) as tar:  # type: ignore[call-overload]
         for rel in shipped_files(root):
             path = root / rel
             if path.is_symlink() or not path.is_file():
@@ -113,4 +161,4 @@ def _pack(root: Path) -> bytes:
             info.uname = info.gname = ""
             with open(path, "rb") as fh:
                 tar.addfile(info, fh)
-    return buf.getvalue()
+    return total
