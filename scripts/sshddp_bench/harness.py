@@ -273,8 +273,6 @@ def kill_pids(pids: Sequence[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-
-
 def _suite_processes() -> dict[int, str]:
     """Pid -> command line of every process whose environment has a run id of this suite."""
     needle = f"SSHDDP_RUN_ID={RUN_PREFIX}".encode()
