@@ -44,7 +44,8 @@ def test_the_pick_reaches_every_node_argv_and_spec() -> None:
         spec = after.spec(node)
         assert spec["peers"]["port"] == 29503 and "10.0.0.1:29502" in spec["argv"]
     fixed = LaunchOptions(script="train.py", port=29400)
-    assert with_port(inv, fixed, plan(fixed), 29400) == plan(fixed)
+    before_pick = plan(fixed)
+    assert with_port(inv, fixed, before_pick, 29400) == before_pick
 
 
 def test_the_pick_reaches_a_node_launchers_environment_and_placeholders() -> None:

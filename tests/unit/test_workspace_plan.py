@@ -18,7 +18,7 @@ from sshddp.model.plan import (
     workspace_dir,
 )
 from sshddp.run.payload import code_spec
-from sshddp.run.registry import RunRecord
+from sshddp.run.registry import RunRecord, record_json, record_of
 
 INVENTORY = """\
 hosts:
@@ -93,9 +93,9 @@ def test_the_registry_keeps_each_node_s_cwd_for_fetch(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("")
     p = plan(code_spec(LaunchOptions(script=str(tmp_path / "t.py"))))
     record = RunRecord.of(p, "inv.yaml", None)
-    again = RunRecord.from_json(record.to_json())
+    again = record_of(record_json(record))
     assert [n.cwd for n in again.plan().nodes] == [n.cwd for n in p.nodes]
-    old = record.to_json()
+    old = record_json(record)
     for node in old["nodes"]:
         del node["cwd"]  # a record written before there was one
-    assert [n.cwd for n in RunRecord.from_json(old).nodes] == ["", ""]
+    assert [n.cwd for n in record_of(old).nodes] == ["", ""]

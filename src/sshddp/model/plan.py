@@ -277,7 +277,8 @@ def with_port(
     ``{master_port}`` all follow it."""
     picked = replace(options, port=port)
     addr = plan.rdzv_addr
-    return make_plan(inventory, picked, plan.run_id, plan.code, lambda h: addr, plan.secret_names)
+    again = make_plan(inventory, picked, plan.run_id, plan.code, lambda h: addr, plan.secret_names)
+    return replace(again, nonce=plan.nonce)  # the same launch: its nodes' marks stay
 
 
 def _rdzv_port(inventory: Inventory, options: LaunchOptions) -> int:
