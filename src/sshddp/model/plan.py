@@ -196,23 +196,7 @@ def make_plan(
     nodes = []
     for i, h in enumerate(hosts):
         figures = NodeFigures(i, len(hosts), nprocs[i], sum(nprocs), *rdzv)
-        rundir = run_dir(h.workdir, run_id, i)
-        space = None if options.fresh_cwd else workspace_dir(h.workdir, code)
-        env = MappingProxyType(
-            {**h.env, **dict(options.env), **launcher_env(options.launcher, figures)}
-        )
-        node = NodePlan(
-            host=h,
-            node_rank=i,
-            nproc=nprocs[i],
-            first_rank=sum(nprocs[:i]),
-            rundir=rundir,
-            env=env,
-            argv=_argv(options, code, figures, rundir, h.python, run_id),
-            cwd=space or _cwd(code, rundir),
-            workspace=space,
-        )
-        nodes.append(node)
+        nodes.append(_node(options, code, h, figures, sum(nprocs[:i]), run_id))
     return LaunchPlan(
         run_id=run_id,
         nodes=tuple(nodes),
@@ -230,6 +214,31 @@ def make_plan(
         launcher=options.launcher,
         command=options.command,
         nonce=secrets.token_hex(6),
+    )
+
+
+def _node(
+    options: LaunchOptions,
+    code: CodeSpec,
+    host: Host,
+    figures: NodeFigures,
+    first_rank: int,
+    run_id: str,
+) -> NodePlan:
+    """One host's part: where it runs, with what environment, and its command."""
+    rundir = run_dir(host.workdir, run_id, figures.node_rank)
+    space = None if options.fresh_cwd else workspace_dir(host.workdir, code)
+    env = {**host.env, **dict(options.env), **launcher_env(options.launcher, figures)}
+    return NodePlan(
+        host=host,
+        node_rank=figures.node_rank,
+        nproc=figures.nproc,
+        first_rank=first_rank,
+        rundir=rundir,
+        env=MappingProxyType(env),
+        argv=_argv(options, code, figures, rundir, host.python, run_id),
+        cwd=space or _cwd(code, rundir),
+        workspace=space,
     )
 
 
