@@ -41,6 +41,10 @@ class StacksRow:
     cpu: Stat  #: `sshddp stacks`'s own CPU (user + sys, with what it reaped)
 
 
+def hosts(n: int) -> str:
+    return f"{n} host" if n == 1 else f"{n} hosts"
+
+
 def command_argv(b: Bench, name: str, how: str) -> list[str]:
     if how == "ps":
         return [*b.sshddp, "ps", "--ssh-config", b.ssh_config]
@@ -51,7 +55,7 @@ def command_argv(b: Bench, name: str, how: str) -> list[str]:
 def command_once(b: Bench, name: str, n: int, how: str) -> tuple[float, float]:
     """(seconds, CPU seconds) of one command; `stacks` is checked to have read every rank."""
     done = expect_rc(b.start(command_argv(b, name, how), stdout_null=True).finish(), 0, how)
-    want = f"{n * ST_NPROC} ranks on {n} hosts in 1 group"
+    want = f"{n * ST_NPROC} ranks on {hosts(n)} in 1 group"
     if how != "ps" and want not in done.stderr:
         raise BenchError(f"sshddp stacks: expected “{want}” on stderr, got:\n{done.stderr}")
     return done.wall, done.cpu
@@ -90,12 +94,12 @@ def stacks_table(r: StacksRow) -> list[str]:
     target = (
         verdict(r.plain.median <= TARGET_S, f"{r.plain.median - TARGET_S:.2f} s over")
         if ranks >= 16
-        else f"not measured ({ranks} ranks on {r.hosts} hosts only)"
+        else f"not measured ({ranks} ranks on {hosts(r.hosts)} only)"
     )
     over = r.plain.median - r.ps.median
     return [
-        f"A detached run of {r.hosts} hosts × {ST_NPROC} sleeping ranks ({ranks} ranks, plus "
-        f"{r.hosts} torchrun agents, every one read). Seconds from starting the command to "
+        f"A detached run of {hosts(r.hosts)} × {ST_NPROC} sleeping ranks ({ranks} ranks and "
+        f"{r.hosts} torchrun, every one read). Seconds from starting the command to "
         "its exit, the three commands in turn:",
         "",
         "| command | end to end (s) | target ≤ 1.5 s at 16 ranks on 8 hosts |",
@@ -135,7 +139,7 @@ CASE: Case[StacksRow] = Case(
     hosts=lambda sizes: sizes.stacks,
     run=lambda b, sizes, reps: bench_stacks(b, sizes.stacks, reps),
     title=lambda row: (
-        f"Stacks of a running run ({row.hosts * ST_NPROC} ranks on {row.hosts} hosts)"
+        f"Stacks of a running run ({row.hosts * ST_NPROC} ranks on {hosts(row.hosts)})"
     ),
     table=stacks_table,
     noisy=stacks_noisy,
