@@ -8,7 +8,6 @@ sum exact), which node's link is far slower than the others', the table and the 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -44,6 +43,8 @@ class SmokeReport:
 
     def slow_nodes(self) -> list[int]:
         """Nodes whose link to node 0 is below ``SLOW_FRACTION`` of the others' median."""
+        import statistics  # only smoke needs it; every command imports this module
+
         links = {p["node"]: p["gbps"] for p in self.record.get("p2p", [])}
         slow = []
         for node, gbps in links.items():
