@@ -34,7 +34,7 @@ def launch_resume(cluster: SshdCluster, inv: Path, log_dir: Path, *extra: str) -
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # 62 launches of a script that imports no torch, ~3-6 s each
+@pytest.mark.timeout(1800)  # 62 launches of a script without torch: 3 s each idle, 20 s at load 16
 def test_a_checkpoint_is_found_by_the_next_run_and_survives_sixty_more(
     ssh_env: SshdCluster,
     tmp_path: Path,
