@@ -121,6 +121,7 @@ class Node:
             input=shipped.header("stacks", args),
             capture_output=True,
             timeout=120,
+            env={**os.environ, "PATH": _path_without_py_spy()},
         )
         assert done.returncode == 0, done.stderr.decode()
         return dict(json.loads(done.stdout))
@@ -251,6 +252,13 @@ def test_native_reads_through_py_spy_where_it_is_beside_the_interpreter(node: No
         assert answer["note"].startswith(f"py-spy is not installed (looked for {beside} and on")
     (node.cwd / "release").write_text("go")
     assert node.wait_for("recv") == "5 0"  # py-spy's ptrace did not cut the recv short
+
+
+def _path_without_py_spy() -> str:
+    """PATH less the directories holding a py-spy (an activated virtualenv puts one there):
+    the collector must find py-spy beside the node's interpreter or not at all."""
+    dirs = os.environ["PATH"].split(os.pathsep)
+    return os.pathsep.join(d for d in dirs if not os.access(os.path.join(d, "py-spy"), os.X_OK))
 
 
 def test_two_collections_at_once_each_read_one_whole_dump(node: Node) -> None:
