@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import click
 
+from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
@@ -18,7 +19,7 @@ from sshddp.run.stacks import Collected
 
 
 @click.command(name="stacks", context_settings=CONTEXT)
-@click.argument("run")
+@click.argument("run", shell_complete=complete_run_ids)
 @click.option("--node", type=click.IntRange(min=0), metavar="K", help="Only node K.")
 @click.option(
     "--native",
