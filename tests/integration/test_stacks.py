@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -30,19 +30,6 @@ def line_of(marker: str) -> int:
         if text.rstrip().endswith(f"# {marker}"):
             return number
     raise AssertionError(f"no line marked {marker} in {HANG}")
-
-
-def sshddp(
-    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def stacks_json(cluster: SshdCluster, cwd: Path, *args: str) -> dict[str, Any]:
