@@ -155,7 +155,16 @@ def test_stacks_of_ranks_blocked_in_c_with_threads_signal_handlers_and_workers(
     h1's stacks still come, and the exit status says a host was missed."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
     started = sshddp(
-        ssh_env, tmp_path, "launch", "--detach", "--name", "blk", str(inv), str(HANG), "blocked"
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--detach",
+        "--fresh-cwd",
+        "--name",
+        "blk",
+        str(inv),
+        str(HANG),
+        "blocked",
     )
     assert started.returncode == 0, started.stderr
     try:
@@ -237,7 +246,16 @@ def test_native_stacks_with_py_spy_on_one_host_and_missing_on_the_other(
     doc["hosts"][1]["python"] = str(venv_without_py_spy(tmp_path))
     inv.write_text(yaml.safe_dump(doc))
     started = sshddp(
-        ssh_env, tmp_path, "launch", "--detach", "--name", "nat", str(inv), str(HANG), "blocked"
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--detach",
+        "--fresh-cwd",
+        "--name",
+        "nat",
+        str(inv),
+        str(HANG),
+        "blocked",
     )
     assert started.returncode == 0, started.stderr
     try:
