@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,7 @@ from typing import Callable
 import pytest
 from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
 
+from sshddp import defaults
 from sshddp_lab.sshd import SshdCluster
 
 BARS = Path(__file__).parent / "payloads" / "bars.py"
@@ -82,12 +84,13 @@ def shows_bars(tmux: Tmux, step: int) -> Callable[[], bool]:
     return lambda: all(bar(r, step).search(tmux.screen()) for r in range(3))
 
 
-def assert_logs_whole(tmp: Path, workdir: Path, run: str) -> list[bytes]:
+def assert_logs_whole(tmp: Path, workdir: Path, run: str, steps: int = 10) -> list[bytes]:
     local = [(tmp / "sshddp-logs" / run / f"node{n}-h{n + 1}.log").read_bytes() for n in range(3)]
     remote = [(workdir / f"runs/{run}/n{n}/node.log").read_bytes() for n in range(3)]
     assert local == remote
     for n, log in enumerate(local):  # every state of the bar, as the rank wrote it
         assert b"\r" in log and f"rank{n}: 100%".encode() in log, log
+        assert f"| {steps}/{steps} ".encode() in log
         assert f"rank {n} epoch done\n".encode() in log
     return local
 
@@ -118,3 +121,53 @@ def test_each_ranks_bar_advances_live_on_a_terminal(
         assert len(bar(r, 10).findall(screen)) == 1 and not bar(r, 6).search(screen), screen
     assert_logs_whole(tmp_path, workdir, "bars")
     run_no_leak("bars")
+
+
+def test_piped_bars_are_sparse_and_ranks_shows_only_the_ranks_named(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2, 3], nproc=1)
+    start = time.monotonic()
+    r = subprocess.run(
+        [*SSHDDP, "launch", "--ranks", "0,2", "--name", "piped", inv, BARS, "40", "0.25"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        timeout=BOUND,
+    )
+    took = time.monotonic() - start
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert b"\r" not in r.stdout and "[1 h2]" not in out, out
+    for rank in (0, 2):
+        states = [
+            ln for ln in out.splitlines() if ln.startswith(f"[{rank} h{rank + 1}] rank{rank}:")
+        ]
+        # The first state, one at most every 5 s after it, and the final one (40/40).
+        assert 2 <= len(states) <= took / defaults.BAR_EVERY + 2, (took, states)
+        assert states[-1].endswith("]") and "| 40/40 " in states[-1], states
+        assert f"[{rank} h{rank + 1}] rank {rank} epoch done" in out
+    logs = assert_logs_whole(tmp_path, workdir, "piped", steps=40)
+    assert logs[1].count(b"\r") >= 40  # rank 1's every state is in its log, not on the console
+
+    # logs --rank / --ranks: the same filter over the local copies; a bad one is refused.
+    one = subprocess.run(
+        [*SSHDDP, "logs", "piped", "--rank", "1"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        timeout=BOUND,
+    )
+    assert one.returncode == 0, one.stderr
+    lines = one.stdout.decode().splitlines()
+    assert lines and all(ln.startswith("[1 h2] ") for ln in lines), (lines, one.stderr)
+    bad = subprocess.run(
+        [*SSHDDP, "logs", "piped", "--ranks", "1,7"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        timeout=BOUND,
+    )
+    assert bad.returncode == 2 and b"Traceback" not in bad.stderr, bad.stderr
+    assert b"--ranks: run piped has ranks 0-2; there is no rank 7" in bad.stderr, bad.stderr
+    run_no_leak("piped")

@@ -81,9 +81,7 @@ def test_a_carriage_return_never_overprints_the_prefix() -> None:
     console = Console(stream, color=False)
     console.add_node(1, "1 h2", 6)
     console.write(1, b"xxxxxxxx\rsshddp: run r succeeded\nbar 10%\rbar 100%\r\n\x1b]0;t\x07ok\n")
-    assert stream.getvalue() == (
-        b"[1 h2] sshddp: run r succeeded\n[1 h2] bar 100%\n[1 h2] ok\n"
-    )
+    assert stream.getvalue() == (b"[1 h2] sshddp: run r succeeded\n[1 h2] bar 100%\n[1 h2] ok\n")
 
 
 def test_console_messages_escape_what_came_from_a_host() -> None:
