@@ -6,11 +6,16 @@ torchrun + gloo ranks drawing real tqdm bars: on a terminal (a tmux pane, read w
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +176,54 @@ def test_piped_bars_are_sparse_and_ranks_shows_only_the_ranks_named(
     assert bad.returncode == 2 and b"Traceback" not in bad.stderr, bad.stderr
     assert b"--ranks: run piped has ranks 0-2; there is no rank 7" in bad.stderr, bad.stderr
     run_no_leak("piped")
+
+
+def pty_size(workdir: Path, run: str, node: int) -> tuple[int, int]:
+    """The columns and rows of node ``node``'s pty, read where its torchrun writes."""
+    state = json.loads((workdir / f"runs/{run}/n{node}/state.json").read_text())
+    fd = os.open(os.readlink(f"/proc/{state['pid']}/fd/1"), os.O_RDONLY | os.O_NOCTTY)
+    try:
+        rows, columns, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+    finally:
+        os.close(fd)
+    return columns, rows
+
+
+def test_tty_ranks_get_the_terminals_size_and_its_resizes(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], tmux: Tmux, run_no_leak
+) -> None:
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2, 3], nproc=1)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    launch = sshddp_line("launch", "--tty", "--name", "sized", inv, BARS, 10, 0.05, gates)
+    tmux.start(tmp_path, launch)
+    wait_until(shows_bars(tmux, 3), BOUND, f"every rank's bar at 3/10:\n{tmux.screen()}")
+    screen = tmux.screen()
+    for r in range(3):
+        assert f"[{r} h{r + 1}] rank {r} size {COLUMNS}x{ROWS}" in screen, screen
+    local = tmp_path / "sshddp-logs" / "sized"
+    log = (local / "node0-h1.log").read_bytes()
+    state = log.rsplit(b"\r", 1)[1].decode()  # the bar as rank 0 drew it: the pty's width
+    assert state.startswith("rank0:") and len(state) == COLUMNS - 1, repr(state)  # tqdm's -1
+
+    tmux.tmux("resize-window", "-x", "110", "-y", "30")  # the user's window shrinks
+    for n in range(3):
+        resized = lambda n=n: pty_size(workdir, "sized", n) == (110, 30)  # noqa: E731
+        wait_until(resized, BOUND, f"node {n}'s pty to get the new size")
+    (gates / "3").touch()
+    wait_until(
+        lambda: all(f"rank {r} size 110x30" in tmux.screen() for r in range(3)),
+        BOUND,
+        f"every rank to see the new size:\n{tmux.screen()}",
+    )
+    wait_until(shows_bars(tmux, 6), BOUND, f"every rank's bar at 6/10:\n{tmux.screen()}")
+    screen = tmux.screen()  # the bars are redrawn at the new width, and fit it
+    assert all(len(bar(r, 6).search(screen)[0]) > 0 for r in range(3))
+    bars = [ln for ln in screen.splitlines() if re.match(r"\[\d h\d\] rank\d:", ln)]
+    assert len(bars) == 3 and all(len(ln) < 110 for ln in bars), screen
+    (gates / "6").touch()
+    wait_until(lambda: "EXIT=" in tmux.screen(), BOUND, f"the run's end:\n{tmux.screen()}")
+    assert "EXIT=0" in tmux.screen(), tmux.history()
+    remote = [(workdir / f"runs/sized/n{n}/node.log").read_bytes() for n in range(3)]
+    assert [(local / f"node{n}-h{n + 1}.log").read_bytes() for n in range(3)] == remote
+    run_no_leak("sized")

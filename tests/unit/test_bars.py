@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from sshddp.model.bars import LineState, Sparse, bar_line, last_state, settle
+from sshddp.model.bars import LineState, Sparse, bar_line, last_state, screen_rows, settle
 from sshddp.run.sinks import Console
 
 
@@ -98,3 +98,10 @@ def test_a_node_that_ranks_leaves_out_prints_nothing() -> None:
     console.write(1, b"one\n")
     console.flush_node(0)
     assert stream.getvalue() == b"[1 h2] one\n"
+
+
+def test_rows_to_erase_follow_a_narrower_window() -> None:
+    assert screen_rows([], 80) == 0
+    assert screen_rows([79, 10], 80) == 2
+    assert screen_rows([149, 10], 110) == 3  # the 149-character line now wraps once
+    assert screen_rows([0], 80) == 1

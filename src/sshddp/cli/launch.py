@@ -179,6 +179,7 @@ def launch_options(
         grace=kw["grace"],
         heartbeat_timeout=kw["heartbeat_timeout"],
         tty=kw["tty"],
+        tty_size=terminal.size(),
         launcher=kw["launcher"],
         torchrun_args=tuple(kw["torchrun_args"]),
         local_rank_arg=kw["local_rank_arg"],

@@ -43,6 +43,12 @@ class Terminal:
             environ=environ,
         )
 
+    def size(self) -> tuple[int, int]:
+        """The user's terminal's columns and rows (stdout's, else stderr's), else 80x24."""
+        from sshddp.run.sinks import terminal_size  # a launch imports it anyway
+
+        return terminal_size(self.stdout, self.stderr)
+
     def out(self, text: str) -> None:
         self.stdout.write(text if text.endswith("\n") else text + "\n")
         self.stdout.flush()

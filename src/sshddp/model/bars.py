@@ -78,6 +78,12 @@ def bar_line(state: bytes, columns: int) -> bytes:
     return text[: max(columns, 0)].encode("utf-8")
 
 
+def screen_rows(widths: list[int], columns: int) -> int:
+    """The rows that lines of ``widths`` characters take on a terminal ``columns`` wide: a
+    window made narrower re-wraps the lines already drawn (tmux and most terminals do)."""
+    return sum(max(1, -(-width // max(columns, 1))) for width in widths)
+
+
 class Sparse:
     """When piped, a bar's state is printed at most every ``every`` seconds per node (its
     first state at once); its final state comes as the finished line."""

@@ -50,6 +50,7 @@ from sshddp.run.runstate import RunState
 from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sinks import Screen, open_sinks
 from sshddp.run.teardown import Teardown
+from sshddp.run.winch import forward_resizes
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ class Launch:
             return None
         # follow, and tear down on the first failure (or the Ctrl-C that came meanwhile, or
         # the end of the Slurm job the run lives in)
-        with _detach_on(state), JobWatch(state, teardown) as job:
+        resizes = forward_resizes(state, self.screen.stdout_bytes)
+        with _detach_on(state), resizes, JobWatch(state, teardown) as job:
             result = job.settle(Followers(state, teardown, interrupts=self.interrupts).run())
         return _recorded(result, self.screen)
 
@@ -231,7 +233,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         state = RunState(live, pool, logs, console)
         teardown = Teardown(state)
         try:
-            with _detach_on(state), JobWatch(state, teardown) as job:
+            resizes = forward_resizes(state, screen.stdout_bytes)
+            with _detach_on(state), resizes, JobWatch(state, teardown) as job:
                 result = job.settle(Followers(state, teardown, interrupts=interrupts).run())
         finally:
             logs.close()

@@ -17,11 +17,11 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional, Protocol
+from typing import IO, Any, BinaryIO, Callable, Optional, Protocol
 
 from sshddp import defaults
 from sshddp.errors import LogWriteFailed, UsageError
-from sshddp.model.bars import LineState, Sparse, bar_line
+from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.plan import LaunchPlan
 from sshddp.model.ranksel import check_ranks, rank_label, shows
@@ -142,7 +142,7 @@ class _BarRegion:
         self._stream = stream
         self._prefix = prefixes
         self._bars: dict[int, bytes] = {}
-        self._drawn = 0  # lines the region takes on the screen now
+        self._widths: list[int] = []  # the characters of each line the region drew
 
     def set(self, node_rank: int, state: Optional[bytes]) -> bool:
         """Note a node's bar state (None: it has none); whether that changes the region."""
@@ -154,23 +154,30 @@ class _BarRegion:
 
     def around(self, lines: bytes) -> bytes:
         """Erase the region, print ``lines`` where it was, draw it again below them."""
-        columns, rows = _size(self._stream)
-        erase = b"\x1b[%dA\x1b[J" % self._drawn if self._drawn else b""
-        drawn = []
+        columns, rows = terminal_size(self._stream)
+        up = screen_rows(self._widths, columns)  # a narrower window re-wraps what was drawn
+        erase = b"\x1b[%dA\x1b[J" % up if up else b""
+        drawn, self._widths = [], []
         for node_rank in sorted(self._bars)[: max(1, rows - 2)]:
             prefix = self._prefix.get(node_rank, b"")
-            room = columns - 1 - len(_SGR.sub(b"", prefix).decode("utf-8", "replace"))
-            drawn.append(prefix + bar_line(self._bars[node_rank], room) + _RESET + b"\n")
-        self._drawn = len(drawn)
+            shown = len(_SGR.sub(b"", prefix).decode("utf-8", "replace"))
+            bar = bar_line(self._bars[node_rank], columns - 1 - shown)
+            drawn.append(prefix + bar + _RESET + b"\n")
+            self._widths.append(shown + len(bar.decode("utf-8", "replace")))
         return erase + lines + b"".join(drawn)
 
 
-def _size(stream: BinaryIO) -> tuple[int, int]:
-    try:
-        size = os.get_terminal_size(stream.fileno())
-    except (OSError, ValueError, AttributeError):
-        return defaults.TTY_SIZE
-    return size.columns or defaults.TTY_SIZE[0], size.lines or defaults.TTY_SIZE[1]
+def terminal_size(*streams: IO[Any]) -> tuple[int, int]:
+    """The columns and rows of the terminal the first of ``streams`` that is on one is on;
+    80x24 when none is."""
+    for stream in streams:
+        try:
+            size = os.get_terminal_size(stream.fileno())
+        except (OSError, ValueError, AttributeError):  # not a terminal, or no descriptor
+            continue
+        if size.columns and size.lines:
+            return size.columns, size.lines
+    return defaults.TTY_SIZE
 
 
 class NodeLogs:
