@@ -70,8 +70,19 @@ class Tmux:
 
 @pytest.fixture
 def tmux(ssh_env: SshdCluster, tmp_path: Path) -> Iterator[Tmux]:
+    """The pane; should a test fail midway, the run it left going is stopped (killing tmux
+    only detaches sshddp from it)."""
     term = Tmux(cli_env(ssh_env))
     yield term
+    if "EXIT=" not in term.screen():
+        for run in ("bars", "sized"):
+            subprocess.run(
+                [*SSHDDP, "stop", "--force", run],
+                cwd=tmp_path,
+                env=cli_env(ssh_env),
+                capture_output=True,
+                timeout=BOUND,
+            )
     term.stop()
 
 

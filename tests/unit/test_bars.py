@@ -40,9 +40,11 @@ def test_a_bar_redrawn_for_hours_keeps_a_bounded_line() -> None:
 
 
 def test_a_bar_line_never_wraps_and_drops_colours() -> None:
-    assert bar_line(b"\x1b[32m50%|\xe2\x96\x88\xe2\x96\x88|\x1b[0m\t1/2", 6) == "50%|██".encode()
-    assert bar_line(b"short", 80) == b"short"
-    assert bar_line(b"x", -3) == b""
+    state = b"\x1b[32m50%|\xe2\x96\x88\xe2\x96\x88|\x1b[0m\t1/2"
+    assert bar_line(state, 80) == "50%|██| 1/2".encode()
+    assert bar_line(state, 7) == "50%…1/2".encode()  # the middle goes: both ends stay
+    assert bar_line(b"short   ", 5) == b"short"
+    assert bar_line(b"xy", 1) == b"x" and bar_line(b"x", -3) == b""
 
 
 def test_sparse_shows_a_bar_at_most_every_period_and_at_once_after_it_ended() -> None:

@@ -73,9 +73,14 @@ class LineState:
 
 def bar_line(state: bytes, columns: int) -> bytes:
     """A bar's state as one terminal line of at most ``columns`` characters: colours and
-    tabs dropped (a cut could leave a colour on), cut to the width so it never wraps."""
-    text = _HIDDEN.sub(b"", state).replace(b"\t", b" ").decode("utf-8", "replace")
-    return text[: max(columns, 0)].encode("utf-8")
+    tabs dropped (a cut could leave a colour on). A longer one loses its middle, so that it
+    never wraps and both ends stay: a bar's name and percentage, and its count and rate."""
+    text = _HIDDEN.sub(b"", state).replace(b"\t", b" ").decode("utf-8", "replace").rstrip()
+    if len(text) > columns:
+        head = max(columns, 0) // 2
+        tail = max(columns - head - 1, 0)
+        text = text[:head] + "…" + text[len(text) - tail :] if columns > 1 else text[:columns]
+    return text.encode("utf-8")
 
 
 def screen_rows(widths: list[int], columns: int) -> int:
