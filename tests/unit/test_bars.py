@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import pty
+from pathlib import Path
 
 from sshddp.model.bars import LineState, Sparse, bar_line, last_state, screen_rows, settle
-from sshddp.run.sinks import Console
+from sshddp.remote.output import set_size
+from sshddp.remote.winsize import resize
+from sshddp.run.sinks import Console, terminal_size
 
 
 def test_a_redrawn_line_settles_to_what_a_terminal_leaves() -> None:
@@ -107,3 +113,25 @@ def test_rows_to_erase_follow_a_narrower_window() -> None:
     assert screen_rows([79, 10], 80) == 2
     assert screen_rows([149, 10], 110) == 3  # the 149-character line now wraps once
     assert screen_rows([0], 80) == 1
+
+
+def test_the_terminal_size_is_the_first_terminal_s_else_80x24() -> None:
+    assert terminal_size(io.BytesIO(), io.StringIO()) == (80, 24)
+    master, slave = pty.openpty()
+    try:
+        set_size(slave, [132, 43])  # what the host does to the ranks' pty
+        with open(slave, "wb", closefd=False) as stream:
+            assert terminal_size(io.BytesIO(), stream) == (132, 43)
+        set_size(slave, [0, 99999])  # out of range: clamped, never an error
+        assert terminal_size(open(slave, "wb", closefd=False)) == (1, 0xFFFF)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_resizing_a_node_without_a_terminal_says_why(tmp_path: Path) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps({"tty": False}))
+    assert resize(str(tmp_path), 100, 30) == "the node has no terminal (launched without --tty)"
+    (tmp_path / "spec.json").write_text(json.dumps({"tty": True}))
+    (tmp_path / "state.json").write_text(json.dumps({"pid": 1, "pid_start": -5}))
+    assert resize(str(tmp_path), 100, 30) == "the node's torchrun is not running"
