@@ -35,3 +35,7 @@ SLURM_POLL = 2.0  #: seconds between looks at the job's state while a run over S
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report
 STACKS_TIMEOUT = 2.0  #: seconds each process of a run has to write its stacks (``stacks``)
+
+# The console
+BAR_EVERY = 5.0  #: seconds between a progress bar's states on a console that is not a terminal
+TTY_SIZE = (80, 24)  #: columns and rows of the ranks' pty (--tty) when sshddp has no terminal

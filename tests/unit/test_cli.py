@@ -251,3 +251,14 @@ def test_traceback_flag_shows_the_traceback(tmp_path: Path) -> None:
     assert shown.code == ExitCode.BAD_INPUT
     assert "Traceback (most recent call last)" in shown.err
     assert "InventoryError" in shown.err
+
+
+def test_ranks_are_checked_against_the_run_before_anything_starts(inv: Path, script: Path) -> None:
+    ok = sshddp(["launch", "--dry-run", "--ranks", "0,3", str(inv), str(script)])
+    assert ok.code == ExitCode.OK, ok.explain()
+    over = sshddp(["launch", "--dry-run", "--ranks", "0,4-6", str(inv), str(script)])
+    assert_clean_failure(over, ExitCode.BAD_INPUT)
+    assert "--ranks: run " in over.err and "has ranks 0-3; there is no rank 4" in over.err
+    bad = sshddp(["launch", "--ranks", "0,,1", str(inv), str(script)])
+    assert_clean_failure(bad, ExitCode.BAD_INPUT)
+    assert "--ranks 0,,1: '' is not a rank or a range" in bad.err, bad.explain()

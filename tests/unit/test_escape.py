@@ -76,15 +76,12 @@ def test_needs_filter_is_false_for_ordinary_output() -> None:
     assert needs_filter(b"x\ry") and needs_filter(b"\x1b[31m") and needs_filter("\x9b".encode())
 
 
-def test_the_console_redraws_the_prefix_after_a_carriage_return() -> None:
+def test_a_carriage_return_never_overprints_the_prefix() -> None:
     stream = io.BytesIO()
     console = Console(stream, color=False)
-    console.add_node(1, "h2", 6)
+    console.add_node(1, "1 h2", 6)
     console.write(1, b"xxxxxxxx\rsshddp: run r succeeded\nbar 10%\rbar 100%\r\n\x1b]0;t\x07ok\n")
-    assert stream.getvalue() == (
-        b"[1 h2] xxxxxxxx\r[1 h2] sshddp: run r succeeded\n"
-        b"[1 h2] bar 10%\r[1 h2] bar 100%\r\n[1 h2] ok\n"
-    )
+    assert stream.getvalue() == (b"[1 h2] sshddp: run r succeeded\n[1 h2] bar 100%\n[1 h2] ok\n")
 
 
 def test_console_messages_escape_what_came_from_a_host() -> None:

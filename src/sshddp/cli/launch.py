@@ -16,6 +16,8 @@ from sshddp.cli.options import (
     PORT_OR_AUTO,
     Exit,
     make_ssh,
+    ranks_option,
+    select_ranks,
     ssh_options,
     terminal_of,
     transport_option,
@@ -39,6 +41,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.command(cls=DashDashCommand, context_settings={**CONTEXT, "allow_interspersed_args": False})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INVENTORY SCRIPT [ARGS]...")
 @ssh_options
+@ranks_option
 @host_list_options
 @transport_option
 @click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
@@ -124,6 +127,7 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     check_not_in_step(terminal.environ)
+    select_ranks(terminal, kw["show_ranks"])
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
     options, secrets = launch_options(rest, kw, terminal, dashdash)
     mode = coordinator.LaunchMode(
@@ -175,6 +179,7 @@ def launch_options(
         grace=kw["grace"],
         heartbeat_timeout=kw["heartbeat_timeout"],
         tty=kw["tty"],
+        tty_size=terminal.size(),
         launcher=kw["launcher"],
         torchrun_args=tuple(kw["torchrun_args"]),
         local_rank_arg=kw["local_rank_arg"],

@@ -14,6 +14,7 @@ from sshddp import defaults
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.hosts.transport import SshOptions
+from sshddp.model.ranksel import parse_ranks
 from sshddp.run.registry import RunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,6 +81,23 @@ class PortOrAuto(click.ParamType):
 
 PORT_OR_AUTO = PortOrAuto()
 PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29500 up)."
+
+
+def ranks_option(fn: F) -> F:
+    """``--ranks``: the ranks whose output the console shows; the log files keep all."""
+    return click.option(
+        "--ranks",
+        "show_ranks",
+        metavar="LIST",
+        help="Show only these global ranks' output on the console, e.g. 0 or 0,3-5; the log "
+        "files keep every rank's. A node running several ranks is shown whole.",
+    )(fn)
+
+
+def select_ranks(terminal: Terminal, text: Optional[str], option: str = "--ranks") -> None:
+    """Parse ``--ranks`` (bad input: a UsageError naming the part) onto the terminal."""
+    if text is not None:
+        terminal.ranks = parse_ranks(text, option)
 
 
 def transport_option(fn: F) -> F:

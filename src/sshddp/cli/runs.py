@@ -10,8 +10,17 @@ import click
 
 from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.launch import report_result
-from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
-from sshddp.errors import ExitCode
+from sshddp.cli.options import (
+    CONTEXT,
+    Exit,
+    check_node,
+    make_ssh,
+    ranks_option,
+    select_ranks,
+    ssh_options,
+    terminal_of,
+)
+from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import visible
 from sshddp.model.state import NodeState
@@ -31,10 +40,12 @@ def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
 @click.command(name="attach", context_settings=CONTEXT)
 @click.argument("run", shell_complete=complete_run_ids)
 @ssh_options
+@ranks_option
 @click.pass_context
 def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     """Follow RUN live again, like launch; exit with its result."""
     terminal = terminal_of(ctx)
+    select_ranks(terminal, kw["show_ranks"])
     record = runs.started(registry.resolve(run))
     result = coordinator.attach(record, _ssh_for(record, kw), kw["fanout"], terminal)
     raise Exit(report_result(terminal, result))
@@ -45,10 +56,17 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.option("--node", type=click.IntRange(min=0), metavar="K", help="Only node K (raw).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Last N lines per node.")
+@click.option("--rank", metavar="N", help="Only rank N's output (as --ranks N).")
 @ssh_options
+@ranks_option
 @click.pass_context
 def logs(ctx: click.Context, run: str, **kw: Any) -> None:
     """Print RUN's logs, fetching what the local copy lacks from the hosts first."""
+    given = [o for o in ("node", "rank", "show_ranks") if kw[o] is not None]
+    if len(given) > 1:
+        raise UsageError("logs takes one of --node K, --rank N and --ranks LIST, not several")
+    select_ranks(terminal_of(ctx), kw["rank"], "--rank")
+    select_ranks(terminal_of(ctx), kw["show_ranks"])
     record = runs.started(registry.resolve(run))
     node = kw["node"]
     check_node(record, node)

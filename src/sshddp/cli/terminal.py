@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, Optional, TextIO
 
 if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
     from rich.console import Console, RenderableType
@@ -30,6 +30,7 @@ class Terminal:
     stdout_bytes: BinaryIO
     color: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
+    ranks: Optional[frozenset[int]] = None  #: --ranks: the ranks whose output is shown
 
     @classmethod
     def from_process(cls) -> Terminal:
@@ -41,6 +42,12 @@ class Terminal:
             color=_wants_color(sys.stdout, environ),
             environ=environ,
         )
+
+    def size(self) -> tuple[int, int]:
+        """The user's terminal's columns and rows (stdout's, else stderr's), else 80x24."""
+        from sshddp.run.sinks import terminal_size  # a launch imports it anyway
+
+        return terminal_size(self.stdout, self.stderr)
 
     def out(self, text: str) -> None:
         self.stdout.write(text if text.endswith("\n") else text + "\n")

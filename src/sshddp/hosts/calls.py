@@ -41,6 +41,14 @@ def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float)
     return answer
 
 
+def resize_node(transport: Transport, rundir: str, columns: int, rows: int) -> str:
+    """Give the node's pty (--tty) a new size (``remote/winsize.py``); "" or why not."""
+    answer = shipped.call(
+        transport, "winsize", {"rundir": rundir, "columns": columns, "rows": rows}
+    )
+    return "" if answer.get("ok") else str(answer.get("error", "no answer"))
+
+
 def follow_node(transport: Transport, rundir: str, offset: int) -> RemoteProcess:
     """Stream the node's log from ``offset`` until it ends; the status comes on stderr
     (``status_record``)."""

@@ -59,6 +59,7 @@ class LaunchOptions:
     grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
+    tty_size: tuple[int, int] = defaults.TTY_SIZE  #: the pty's columns and rows (--tty)
     launcher: Launcher = "torchrun"  #: torchrun, or one process per node (``node``)
     command: tuple[str, ...] = ()  #: ``--launcher node -- COMMAND``, placeholders unexpanded
     torchrun_args: tuple[str, ...] = ()  #: ``--torchrun-arg`` options, passed to torchrun
@@ -119,6 +120,7 @@ class LaunchPlan:
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that stops the run
     secret_names: frozenset[str] = field(default_factory=frozenset)  #: env names to mask
     tty: bool = False  #: ranks write to a pty instead of a pipe
+    tty_size: tuple[int, int] = defaults.TTY_SIZE  #: its columns and rows: the user's terminal's
     keep_runs: int = defaults.KEEP_RUNS  #: run directories a host keeps, this run included
     nproc_per_node: Optional[int] = None  #: the user's override of every host's count
     launcher: Launcher = "torchrun"  #: what each node starts: torchrun, or its own launcher
@@ -158,6 +160,7 @@ class LaunchPlan:
                 "hosts": [n.host.host for n in self.nodes],
             },
             "tty": self.tty,
+            "tty_size": list(self.tty_size),
             "launcher": spec_launcher(self.launcher, self.command),
         }
 
@@ -210,6 +213,7 @@ def make_plan(
         heartbeat_timeout=options.heartbeat_timeout,
         secret_names=envvars.secret_names(secret_names, [h.env for h in hosts]),
         tty=options.tty,
+        tty_size=options.tty_size,
         nproc_per_node=options.nproc_per_node,
         launcher=options.launcher,
         command=options.command,

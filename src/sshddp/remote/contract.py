@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 2  #: 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`
+SCHEMA = 3  #: 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`;
+#: 3: spec.json `tty_size`
 
 # The files of a run directory.
 SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
@@ -83,6 +84,7 @@ class SpecRecord(TypedDict):
     peers: PeersSpec
     tty: bool  #: ranks write to a pty instead of a pipe
     launcher: str  #: LAUNCH_TORCHRUN, LAUNCH_NODE or LAUNCH_COMMAND (schema 2)
+    tty_size: list[int]  #: the pty's [columns, rows] with tty (schema 3)
 
 
 class StateRecord(TypedDict):

@@ -17,6 +17,8 @@ import fcntl
 import os
 import pty
 import select
+import struct
+import termios
 import time
 import tty
 from typing import Optional
@@ -31,13 +33,16 @@ F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
 RESERVE_BYTES = 64 * 1024
 ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+DEFAULT_SIZE = [80, 24]  # columns, rows of the pty when the spec names none (defaults.TTY_SIZE)
 
 
-def open_output(use_tty: bool) -> tuple[int, int]:
-    """(read end, write end) of the node's output: a pipe, or a raw pty."""
+def open_output(use_tty: bool, size: Optional[list[int]] = None) -> tuple[int, int]:
+    """(read end, write end) of the node's output: a pipe, or a raw pty of ``size``
+    ([columns, rows], the user's terminal's)."""
     if use_tty:
         master, slave = pty.openpty()
         tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+        set_size(slave, size or DEFAULT_SIZE)
         return master, slave
     read, write = os.pipe()
     try:
@@ -47,14 +52,21 @@ def open_output(use_tty: bool) -> tuple[int, int]:
     return read, write
 
 
+def set_size(fd: int, size: list[int]) -> None:
+    """Give the terminal ``fd`` is on [columns, rows] (TIOCSWINSZ), as a terminal emulator
+    does when its window changes."""
+    columns, rows = (max(1, min(int(v), 0xFFFF)) for v in size[:2])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
 class NodeOutput:
     """Copies the output's read end into node.log."""
 
-    def __init__(self, rundir: str, use_tty: bool) -> None:
+    def __init__(self, rundir: str, use_tty: bool, size: Optional[list[int]] = None) -> None:
         self.rundir = rundir
         self.log = create(os.path.join(rundir, contract.LOG), flags=os.O_APPEND)
         self._reserve()
-        master, self.slave = open_output(use_tty)
+        master, self.slave = open_output(use_tty, size)
         self.writer = _proc_name(self.slave, use_tty)  # how /proc names the write end
         os.set_blocking(master, False)
         self.master: Optional[int] = master

@@ -104,7 +104,8 @@ class Supervisor:
         if self.wake.fd is not None:
             self.peers.on_abort = self.wake.poke
         try:
-            self.output = output = NodeOutput(self.rundir, bool(self.spec.get("tty")))
+            tty = bool(self.spec.get("tty"))
+            self.output = output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
         except OSError as exc:  # a file planted in the run directory, say
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False

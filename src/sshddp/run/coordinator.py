@@ -36,6 +36,7 @@ from sshddp.model.plan import (
     new_run_id,
     with_port,
 )
+from sshddp.model.ranksel import check_ranks
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
 from sshddp.run import preflight, registry
@@ -49,6 +50,7 @@ from sshddp.run.runstate import RunState
 from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sinks import Screen, open_sinks
 from sshddp.run.teardown import Teardown
+from sshddp.run.winch import forward_resizes
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def launch(
     if mode.detach:
         refuse_detach(inventory.hosts)
     plan = build_plan(inventory, options, ssh, secrets)
+    if screen.ranks is not None:  # before anything is reserved or started
+        check_ranks(screen.ranks, plan.world_size, plan.run_id)
     if mode.dry_run:
         screen.out(describe(plan))
         return None
@@ -131,9 +135,7 @@ class Launch:
     def _run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         plan = self.plan
         self.record = _reserve(plan, inventory.source, ssh)
-        logs, console = open_sinks(
-            plan, Path(plan.log_dir).absolute(), self.screen.stdout_bytes, self.screen.color
-        )
+        logs, console = open_sinks(plan, Path(plan.log_dir).absolute(), self.screen)
         try:
             auto = plan.rdzv_port == defaults.AUTO_PORT
             if not auto:  # with --port auto, once node 0 picked it
@@ -197,7 +199,8 @@ class Launch:
             return None
         # follow, and tear down on the first failure (or the Ctrl-C that came meanwhile, or
         # the end of the Slurm job the run lives in)
-        with _detach_on(state), JobWatch(state, teardown) as job:
+        resizes = forward_resizes(state, self.screen.stdout_bytes)
+        with _detach_on(state), resizes, JobWatch(state, teardown) as job:
             result = job.settle(Followers(state, teardown, interrupts=self.interrupts).run())
         return _recorded(result, self.screen)
 
@@ -221,7 +224,7 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         gone = gone_nodes(pool, plan)
         if len(gone) == len(plan.nodes):
             return _all_gone(record, gone, screen)
-        logs, console = open_sinks(plan, Path(record.log_dir), screen.stdout_bytes, screen.color)
+        logs, console = open_sinks(plan, Path(record.log_dir), screen)
         screen.err(
             f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
             + ("it cannot be detached (transport srun)" if _bound(plan) else "Ctrl-\\ detaches")
@@ -230,7 +233,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         state = RunState(live, pool, logs, console)
         teardown = Teardown(state)
         try:
-            with _detach_on(state), JobWatch(state, teardown) as job:
+            resizes = forward_resizes(state, screen.stdout_bytes)
+            with _detach_on(state), resizes, JobWatch(state, teardown) as job:
                 result = job.settle(Followers(state, teardown, interrupts=interrupts).run())
         finally:
             logs.close()

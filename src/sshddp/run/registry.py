@@ -195,13 +195,18 @@ class RunRecord:
         return RunResult(self.run_id, nodes, self.root_cause, log_dir=Path(self.log_dir))
 
     def plan(self) -> LaunchPlan:
-        """Enough of the run's plan to follow, fetch and stop it."""
+        """Enough of the run's plan to follow, fetch and stop it, and to name each node's
+        ranks (torchrun numbers them node after node, in node-rank order)."""
+        first: dict[int, int] = {}
+        total = 0
+        for n in sorted(self.nodes, key=lambda n: n.node_rank):
+            first[n.node_rank], total = total, total + n.nproc
         nodes = tuple(
             NodePlan(
                 host=n.host,
                 node_rank=n.node_rank,
                 nproc=n.nproc,
-                first_rank=0,
+                first_rank=first[n.node_rank],
                 rundir=n.rundir,
                 env={},
                 argv=(),

@@ -107,7 +107,7 @@ def show_logs(
     nodes = [n for n in plan.nodes if node is None or n.node_rank == node]
     with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
-        logs, console = open_sinks(plan, Path(record.log_dir), screen.stdout_bytes, screen.color)
+        logs, console = open_sinks(plan, Path(record.log_dir), screen)
         try:
             reachable = [n for n in nodes if errors[n.index] is None]
             fetched = pool.map(lambda n: _fetch(pool, n, logs), reachable)

@@ -38,6 +38,7 @@ class _QuietScreen:
     screen: Screen
     stdout_bytes: BinaryIO
     color: bool = False
+    ranks: Optional[frozenset[int]] = None
 
     def out(self, text: str) -> None:
         self.screen.err(text)

@@ -1,0 +1,135 @@
+"""The console's view of progress bars (model.bars) and the Console that draws them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+from pathlib import Path
+
+from sshddp.model.bars import LineState, Sparse, bar_line, last_state, screen_rows, settle
+from sshddp.remote.output import set_size
+from sshddp.remote.winsize import resize
+from sshddp.run.sinks import Console, terminal_size
+
+
+def test_a_redrawn_line_settles_to_what_a_terminal_leaves() -> None:
+    assert last_state(b"\r 10%|#    |\r100%|#####|") == b"100%|#####|"
+    assert last_state(b"bar 100%\r") == b"bar 100%"  # a bar that ends each state with \r
+    assert last_state(b"\rbar 50%\r          \rsaved\r") == b"saved"  # tqdm.write over a bar
+    assert last_state(b"\r   \r") == b""
+    assert settle(b"a\n\r1%\r2%\nb") == b"a\n2%\nb"
+    plain = b"no carriage return\n" * 3
+    assert settle(plain) is plain
+
+
+def test_the_unfinished_line_is_a_live_bar_only_once_a_cr_redraws_it() -> None:
+    state = LineState()
+    first = state.feed(b"epoch 0\n\r  0%|")
+    assert first.lines == b"epoch 0" and first.bar == b"  0%|"
+    assert state.feed(b"     |").bar == b"  0%|     |"  # a state written in two pieces
+    assert state.feed(b"\r 50%|##   |").bar == b" 50%|##   |"
+    done = state.feed(b"\r100%|#####|\nloss 0.1")
+    assert done.lines == b"100%|#####|" and done.bar is None
+    assert state.finish() == b"loss 0.1" and state.finish() is None
+
+
+def test_a_bar_redrawn_for_hours_keeps_a_bounded_line() -> None:
+    state = LineState(max_partial=64 * 1024)
+    for i in range(20000):
+        update = state.feed(b"\r%5d/20000 |####|" % i)
+        assert update.lines is None  # never printed as a line of its own
+    assert update.bar == b"19999/20000 |####|"
+    assert len(state.partial) < 5000
+    assert state.feed(b"\r   \rdone\n").lines == b"done"
+
+
+def test_a_bar_line_never_wraps_and_drops_colours() -> None:
+    state = b"\x1b[32m50%|\xe2\x96\x88\xe2\x96\x88|\x1b[0m\t1/2"
+    assert bar_line(state, 80) == "50%|██| 1/2".encode()
+    assert bar_line(state, 7) == "50%…1/2".encode()  # the middle goes: both ends stay
+    assert bar_line(b"short   ", 5) == b"short"
+    assert bar_line(b"xy", 1) == b"x" and bar_line(b"x", -3) == b""
+
+
+def test_sparse_shows_a_bar_at_most_every_period_and_at_once_after_it_ended() -> None:
+    sparse = Sparse(5.0)
+    assert sparse.due(0, 100.0) and sparse.due(1, 100.5)
+    assert not sparse.due(0, 104.9)
+    assert sparse.due(0, 105.0)
+    sparse.done(0)
+    assert sparse.due(0, 105.1)
+
+
+def _console(live: bool, clock: list[float]) -> tuple[io.BytesIO, Console]:
+    stream = io.BytesIO()
+    console = Console(stream, color=False, live=live, bar_every=5.0, clock=lambda: clock[0])
+    console.add_node(0, "0 h1", 6)
+    console.add_node(1, "1 h2", 6)
+    return stream, console
+
+
+def test_piped_bars_are_sparse_and_end_with_their_final_state() -> None:
+    clock = [0.0]
+    stream, console = _console(False, clock)
+    for i in range(100):  # 100 states over 10 s: the first, and one each 5 s
+        clock[0] = i / 10
+        console.write(0, b"\r%3d%%" % i)
+    console.write(0, b"\r100%\ntrained\n")
+    assert stream.getvalue() == b"[0 h1]   0%\n[0 h1]  50%\n[0 h1] 100%\n[0 h1] trained\n"
+
+
+def test_on_a_terminal_each_bar_is_one_line_below_the_scrolling_output() -> None:
+    clock = [0.0]
+    stream, console = _console(True, clock)
+    console.write(0, b"\r 10%")
+    assert stream.getvalue() == b"[0 h1]  10%\x1b[0m\n"
+    console.write(1, b"\r 20%")  # the region is erased and drawn again, one line per node
+    assert stream.getvalue().endswith(b"\x1b[1A\x1b[J[0 h1]  10%\x1b[0m\n[1 h2]  20%\x1b[0m\n")
+    console.write(1, b"\rhello\n")  # a finished line scrolls above the bars
+    assert stream.getvalue().endswith(b"\x1b[2A\x1b[J[1 h2] hello\n[0 h1]  10%\x1b[0m\n")
+    console.message("sshddp: note")
+    assert stream.getvalue().endswith(b"\x1b[1A\x1b[Jsshddp: note\n[0 h1]  10%\x1b[0m\n")
+    console.flush_node(0)  # the node ended: its last state stays, as a line
+    assert stream.getvalue().endswith(b"\x1b[1A\x1b[J[0 h1]  10%\n")
+
+
+def test_a_node_that_ranks_leaves_out_prints_nothing() -> None:
+    stream = io.BytesIO()
+    console = Console(stream, color=False)
+    console.add_node(0, "0 h1", 6, shown=False)
+    console.add_node(1, "1 h2", 6)
+    console.write(0, b"zero\n")
+    console.write(1, b"one\n")
+    console.flush_node(0)
+    assert stream.getvalue() == b"[1 h2] one\n"
+
+
+def test_rows_to_erase_follow_a_narrower_window() -> None:
+    assert screen_rows([], 80) == 0
+    assert screen_rows([79, 10], 80) == 2
+    assert screen_rows([149, 10], 110) == 3  # the 149-character line now wraps once
+    assert screen_rows([0], 80) == 1
+
+
+def test_the_terminal_size_is_the_first_terminal_s_else_80x24() -> None:
+    assert terminal_size(io.BytesIO(), io.StringIO()) == (80, 24)
+    master, slave = pty.openpty()
+    try:
+        set_size(slave, [132, 43])  # what the host does to the ranks' pty
+        with open(slave, "wb", closefd=False) as stream:
+            assert terminal_size(io.BytesIO(), stream) == (132, 43)
+        set_size(slave, [0, 99999])  # out of range: clamped, never an error
+        assert terminal_size(open(slave, "wb", closefd=False)) == (1, 0xFFFF)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_resizing_a_node_without_a_terminal_says_why(tmp_path: Path) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps({"tty": False}))
+    assert resize(str(tmp_path), 100, 30) == "the node has no terminal (launched without --tty)"
+    (tmp_path / "spec.json").write_text(json.dumps({"tty": True}))
+    (tmp_path / "state.json").write_text(json.dumps({"pid": 1, "pid_start": -5}))
+    assert resize(str(tmp_path), 100, 30) == "the node's torchrun is not running"
