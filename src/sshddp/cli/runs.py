@@ -98,9 +98,7 @@ def _ps_table(rows: list[run_ps.PsRow]) -> Table:
         table.add_column(col)
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
-        summary = " ".join(
-            f"{i}:{NodeState.of(s.get('state')).value}" for i, s in enumerate(row.states)
-        )
+        summary = " ".join(row.node_text(i) for i in range(len(row.states)))
         table.add_row(
             row.run_id,
             started,

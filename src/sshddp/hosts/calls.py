@@ -16,6 +16,7 @@ from sshddp.remote.contract import (
     ExitRecord,
     FetchHeader,
     FetchTrailer,
+    HangRecord,
     NodeStacks,
     StopAnswer,
 )
@@ -39,6 +40,12 @@ def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float)
         transport, "stacks", {"rundir": rundir, "native": native, "timeout": timeout}
     )
     return answer
+
+
+def node_hang(transport: Transport, rundir: str) -> Optional[HangRecord]:
+    """What the node's watchdog recorded when the run hung (``remote/hang.py``), if any."""
+    answer: HangRecord = shipped.call(transport, "hang", {"rundir": rundir})
+    return answer if isinstance(answer, dict) and answer else None
 
 
 def follow_node(transport: Transport, rundir: str, offset: int) -> RemoteProcess:

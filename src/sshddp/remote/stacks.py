@@ -113,8 +113,10 @@ def _native(answer: NodeStacks, found: list[Found]) -> None:
 def processes(mark: str, state: dict[str, Any]) -> list[Found]:
     """The node's live processes, each with its role and an empty stack record."""
     agent = state.get("pid")
+    pgid, started = state.get("pgid"), state.get("pid_start")
+    group = (pgid, started) if isinstance(pgid, int) and isinstance(started, int) else None
     procs = {}
-    for pid in run_pids(state.get("pgid"), mark):
+    for pid in run_pids(group, mark):
         proc = describe(pid)
         if proc is not None:
             procs[pid] = proc
