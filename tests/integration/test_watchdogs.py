@@ -8,16 +8,16 @@ the others wait in, a node whose ranks block before init_process_group.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import wait_until, write_inventory
 from test_stacks import HANG, line_of, sshddp, wait_ready
 
 from sshddp_lab.sshd import SshdCluster
 
 HUNG = 6
+STALL = "20"  # seconds: longer than torch takes to import on a loaded machine (no output)
 
 
 def ps_run(cluster: SshdCluster, cwd: Path, run: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def test_stall_timeout_stops_the_run_and_names_the_sleeping_rank(
         "--name",
         "stl",
         "--stall-timeout",
-        "8",
+        STALL,
         str(inv),
         str(HANG),
         "sleeper",
@@ -87,7 +87,7 @@ def test_detached_stall_stops_the_run_with_no_coordinator(
     """Detached: the supervisors notice the stall and stop the run on their own; `ps` says
     stalled, and `stacks` of the ended run shows the stacks the watchdog took."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
-    args = ["--detach", "--name", "dst", "--stall-timeout", "6", str(inv), str(HANG)]
+    args = ["--detach", "--name", "dst", "--stall-timeout", STALL, str(inv), str(HANG)]
     started = sshddp(ssh_env, tmp_path, "launch", *args, "sleeper", "3")
     assert started.returncode == 0, started.stderr
     row = wait_finished(ssh_env, tmp_path, "dst", 180)
@@ -106,19 +106,19 @@ def test_init_timeout_names_the_node_that_never_joined(
     others wait in it. --init-timeout stops the run on its own and says which ranks never
     called it, which wait; `stacks` of the ended run shows where node 1's ranks stand."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
-    args = ["--detach", "--name", "ini", "--init-timeout", "10", str(inv), str(HANG)]
+    args = ["--detach", "--name", "ini", "--init-timeout", STALL, str(inv), str(HANG)]
     started = sshddp(ssh_env, tmp_path, "launch", *args, "initblock", "1")
     assert started.returncode == 0, started.stderr
     row = wait_finished(ssh_env, tmp_path, "ini", 180)
     assert [n["state"] for n in row["nodes"]] == ["stalled"] * 3, row
     reason = row["nodes"][0]["reason"]
-    assert "did not form within 10 s (--init-timeout)" in reason, reason
+    assert f"did not form within {STALL} s (--init-timeout)" in reason, reason
     assert "node 1 (h2): 0/2 joined, ranks 2-3 never called init_process_group" in reason, reason
     assert "node 0 (h1): 0/2 joined, ranks 0-1 wait in init_process_group" in reason, reason
     shown = sshddp(ssh_env, tmp_path, "stacks", "ini")
     assert shown.returncode == 0, shown.stderr
     assert "the init watchdog fired" in shown.stdout, shown.stdout
-    assert f'line {line_of("BLOCKS BEFORE INIT")}, in block_before_init' in shown.stdout
+    assert f"line {line_of('BLOCKS BEFORE INIT')}, in block_before_init" in shown.stdout
     assert "=== odd one out: ranks 2-3 on h2 (2 ranks) ===" in shown.stdout, shown.stdout
     run_no_leak("ini")
 
@@ -132,20 +132,28 @@ def test_on_stall_report_keeps_the_run_and_ps_shows_joined_and_quiet(
     args = ["--detach", "--name", "rep", "--stall-timeout", "4", "--on-stall", "report"]
     started = sshddp(ssh_env, tmp_path, "launch", *args, str(inv), str(HANG), "sleeper", "3")
     assert started.returncode == 0, started.stderr
-    wait_ready(workdir, "rep", 3, 6)
-    hangs = [workdir / "runs" / "rep" / f"n{n}" / "hang.json" for n in range(3)]
-    wait_until(lambda: all(h.exists() for h in hangs), 90, "every node's hang.json")
-    record = json.loads(hangs[1].read_text())
-    assert record["kind"] == "stall" and record["action"] == "report", record
-    ranks = {p["rank"] for p in record["stacks"]["processes"] if p["role"] == "rank"}
-    assert ranks == {2, 3}, record
-    row = ps_run(ssh_env, tmp_path, "rep")
-    assert not row["finished"], row
-    assert [n["state"] for n in row["nodes"]] == ["running"] * 3, row
-    assert [n["joined"] for n in row["nodes"]] == [2, 2, 2], row
-    assert all(n["quiet"] >= 1 for n in row["nodes"]), row
-    table = sshddp(ssh_env, tmp_path, "ps", "rep")
-    assert "(2/2 joined, quiet" in table.stdout, table.stdout
-    stopped = sshddp(ssh_env, tmp_path, "stop", "rep")
+    try:
+        wait_ready(workdir, "rep", 3, 6)
+        hangs = [workdir / "runs" / "rep" / f"n{n}" / "hang.json" for n in range(3)]
+        wait_until(lambda: all(h.exists() for h in hangs), 90, "every node's hang.json")
+        record = json.loads(hangs[1].read_text())
+        assert record["kind"] == "stall" and record["action"] == "report", record
+        ranks = {p["rank"] for p in record["stacks"]["processes"] if p["role"] == "rank"}
+        assert ranks == {2, 3}, record
+        rows: list[dict[str, Any]] = []
+
+        def quiet() -> bool:  # the ranks printed READY last: every node falls silent
+            rows.append(ps_run(ssh_env, tmp_path, "rep"))
+            return all((n["quiet"] or 0) >= 2 for n in rows[-1]["nodes"])
+
+        wait_until(quiet, 60, "every node quiet for 2 s")
+        row = rows[-1]
+        assert not row["finished"], row
+        assert [n["state"] for n in row["nodes"]] == ["running"] * 3, row
+        assert [n["joined"] for n in row["nodes"]] == [2, 2, 2], row
+        table = sshddp(ssh_env, tmp_path, "ps", "rep")
+        assert "(2/2 joined, quiet" in table.stdout, table.stdout
+    finally:
+        stopped = sshddp(ssh_env, tmp_path, "stop", "rep")
     assert stopped.returncode == 0, stopped.stderr
     run_no_leak("rep")

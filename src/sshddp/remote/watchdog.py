@@ -193,6 +193,8 @@ class Watchdog:
             time.sleep(TICK)
             facts = dict(self.facts())
             facts[0] = self.mine()
+            if not self._stall() and formed(nprocs, facts):
+                return  # the world formed and nothing else is watched
             found = verdict(self.watch, nprocs, facts, time.time() - self.since, hosts)
             if found is None or time.time() - reported_at < self._stall():
                 continue
