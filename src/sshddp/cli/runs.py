@@ -11,6 +11,7 @@ import click
 from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.launch import report_result
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.watchdog import hang_report
 from sshddp.errors import ExitCode
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import visible
@@ -36,7 +37,10 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     """Follow RUN live again, like launch; exit with its result."""
     terminal = terminal_of(ctx)
     record = runs.started(registry.resolve(run))
-    result = coordinator.attach(record, _ssh_for(record, kw), kw["fanout"], terminal)
+    ssh = _ssh_for(record, kw)
+    result = coordinator.attach(record, ssh, kw["fanout"], terminal)
+    if result.hung:
+        hang_report(terminal, record.run_id, ssh, kw["fanout"])
     raise Exit(report_result(terminal, result))
 
 
