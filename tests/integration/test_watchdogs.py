@@ -157,3 +157,22 @@ def test_on_stall_report_keeps_the_run_and_ps_shows_joined_and_quiet(
         stopped = sshddp(ssh_env, tmp_path, "stop", "rep")
     assert stopped.returncode == 0, stopped.stderr
     run_no_leak("rep")
+
+
+def test_attached_init_timeout_exits_6_with_the_finding_and_the_stacks(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Attached, 2 hosts x 2 ranks: node 1's ranks block before init_process_group. The
+    launch exits 6; its report gives the init watchdog's finding and where node 1's ranks
+    stand; nothing of the run is left."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
+    args = ["--name", "ina", "--init-timeout", STALL, str(inv), str(HANG), "initblock", "1"]
+    done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=240)
+    assert done.returncode == HUNG, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "the init watchdog fired" in done.stderr, done.stderr
+    assert "node 1 (h2): 0/2 joined, ranks 2-3 never called init_process_group" in done.stderr
+    assert "=== ranks 2-3 on h2 (2 ranks) ===" in done.stderr, done.stderr  # 2 groups of 2
+    assert f"line {line_of('BLOCKS BEFORE INIT')}, in block_before_init" in done.stderr
+    assert "run ina hung: a watchdog stopped it" in done.stderr, done.stderr
+    run_no_leak("ina")
