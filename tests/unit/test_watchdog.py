@@ -247,3 +247,33 @@ def test_a_rank_records_init_process_group_with_real_torch(tmp_path: Path) -> No
         [sys.executable, "-c", untouched], env=env, capture_output=True, text=True, timeout=60
     )
     assert plain.stdout == "False\n", plain.stderr  # the hook never imports torch itself
+
+
+def test_the_hang_report_escapes_what_came_from_the_hosts() -> None:
+    record = hang_record(0, "h1", [], 0, 1)
+    record["reason"] = "stall \x1b[2J\x07 here"
+    text = hang.render("r", [hang.NodeHang(0, "h1", record)])
+    assert "\x1b" not in text and "\x07" not in text
+    assert "stall \\x1b[2J\\x07 here" in text
+
+
+def test_a_node_records_its_hang_then_stops_only_when_told_to_stop(tmp_path: Path) -> None:
+    """The watchdog's node side, on this host: hang.json with the node's stacks (no process
+    runs here) and its facts; "report" leaves the node running, "stop" sets the verdict
+    and wakes the supervisor."""
+    from sshddp.remote.watchdog import Watchdog
+
+    spec = {"schema": 3, "run_id": "r", "node_rank": 1, "mark": "r/n1/x", "watch": watch(stall=5)}
+    (tmp_path / contract.SPEC).write_text(json.dumps(spec))
+    woken: list[bool] = []
+    dog = Watchdog(str(tmp_path), spec, time.time())  # type: ignore[arg-type]
+    dog.on_verdict = lambda: woken.append(True)
+    dog.hang(contract.HANG_STALL, "quiet", contract.ON_STALL_REPORT)
+    record = json.loads((tmp_path / contract.HANG).read_text())
+    assert record["kind"] == "stall" and record["action"] == "report" and record["node_rank"] == 1
+    assert record["stacks"]["node_rank"] == 1 and record["stacks"]["processes"] == []
+    assert record["watch"]["entered"] == [] and record["nccl"] == []
+    assert dog.verdict is None and not dog.busy.is_set()
+    dog.hang(contract.HANG_INIT, "no world", contract.ON_STALL_STOP)
+    assert dog.verdict == (contract.HANG_INIT, "no world") and woken == [True, True]
+    assert json.loads((tmp_path / contract.HANG).read_text())["kind"] == "init"

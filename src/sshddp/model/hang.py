@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sshddp.model import stacks
+from sshddp.model.escape import visible
 from sshddp.model.stacks import HostStacks
 from sshddp.remote import contract
 from sshddp.remote.contract import HangRecord
@@ -42,7 +43,8 @@ def finding(hangs: Sequence[NodeHang]) -> Optional[HangRecord]:
 
 
 def render(run_id: str, hangs: Sequence[NodeHang]) -> str:
-    """The hang report: what was found and when, then the stacks, odd ones out first."""
+    """The hang report: what was found and when, then the stacks, odd ones out first;
+    whatever came from the hosts shown with its control characters escaped."""
     first = finding(hangs)
     if first is None:
         return ""
@@ -61,6 +63,8 @@ def render(run_id: str, hangs: Sequence[NodeHang]) -> str:
     for h in hangs:
         if h.record is None and h.error:
             lines.append(f"node {h.node_rank} ({h.host}): no stacks: {h.error}")
+        elif h.record is not None and h.record["stacks"]["note"]:
+            lines.append(f"node {h.node_rank} ({h.host}): {h.record['stacks']['note']}")
         for path in h.record["nccl"] if h.record else ():
             lines.append(f"NCCL flight recorder dump on {h.host}: {path}")
-    return "\n".join(lines) + "\n"
+    return visible("\n".join(lines), multiline=True) + "\n"

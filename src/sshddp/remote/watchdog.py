@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from sshddp.remote import contract
 from sshddp.remote.common import atomic_write_json, listdir
-from sshddp.remote.contract import HangRecord, NodeWatch, SpecRecord, WatchSpec
+from sshddp.remote.contract import HangRecord, NodeStacks, NodeWatch, SpecRecord, WatchSpec
 from sshddp.remote.joined import node_watch
 from sshddp.remote.peers import Peers
 
@@ -231,6 +231,19 @@ class Watchdog:
     def _record(self, kind: str, reason: str, action: str) -> HangRecord:
         from sshddp.remote.stacks import collect  # only a hung run pays for it
 
+        stacks: NodeStacks
+        try:
+            stacks = collect(self.rundir)
+        except Exception as exc:  # the node must stop all the same; the report says why
+            stacks = {
+                "schema": contract.SCHEMA,
+                "node_rank": int(self.spec["node_rank"]),
+                "state": contract.RUNNING,
+                "processes": [],
+                "py_spy": None,
+                "note": f"no stacks: {type(exc).__name__}: {exc}",
+                "elapsed": 0.0,
+            }
         return {
             "schema": contract.SCHEMA,
             "kind": kind,
@@ -239,7 +252,7 @@ class Watchdog:
             "node_rank": int(self.spec["node_rank"]),
             "action": action,
             "watch": self.mine(),
-            "stacks": collect(self.rundir),
+            "stacks": stacks,
             "nccl": nccl_dumps(self.rundir),
         }
 
