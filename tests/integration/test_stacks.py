@@ -188,7 +188,8 @@ def test_stacks_of_ranks_blocked_in_c_with_threads_signal_handlers_and_workers(
             found = {f for w in workers for t in functions(w) for f in t}
             assert {"forked_worker", "spawned_worker"} <= found, workers
             assert len(processes(doc, "agent")) == 2
-        (workdir / "runs/blk/n0/code/release").write_text("")
+        cwd = json.loads((workdir / "runs/blk/n0/spec.json").read_text())["cwd"]
+        (Path(cwd) / "release").write_text("")  # the ranks' cwd: the script's workspace
         log0 = workdir / "runs/blk/n0/node.log"
         wait_until(lambda: "recv returned" in log0.read_text(), 30, "rank 0's recv to return")
         assert "rank 0 recv returned 5 errno 0" in log0.read_text()  # no EINTR
