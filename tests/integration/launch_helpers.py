@@ -66,6 +66,20 @@ def cli_env(cluster: SshdCluster) -> dict[str, str]:
     return {**os.environ, "SSHDDP_SSH_CONFIG": str(cluster.ssh_config)}
 
 
+def sshddp(
+    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``sshddp ARGS`` as a subprocess in ``cwd``, reaching the test cluster's hosts."""
+    return subprocess.run(
+        [*SSHDDP, *args],
+        cwd=cwd,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def launch(
     cluster: SshdCluster,
     tmp: Path,

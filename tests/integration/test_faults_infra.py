@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, wait_until
+from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, sshddp, wait_until
 
 from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
 from sshddp_lab.sshd import SshdCluster, processes_with_env
@@ -83,19 +83,6 @@ def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
         text=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-    )
-
-
-def sshddp(
-    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
     )
 
 

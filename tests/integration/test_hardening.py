@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster, processes_with_env
 
@@ -33,19 +33,6 @@ BOUND = 90.0  # generous upper bound for what should take seconds on a loaded ma
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def sshddp(
-    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:

@@ -106,7 +106,7 @@ def test_fingerprints_are_sha256_as_ssh_keygen_shows_them(
     changed = doctor(cluster, tmp_path, free_port(), cluster.ssh_config)
     assert changed.code == ExitCode.CHECK_FAILED, changed.explain()
     new_fp = ssh_keygen_fingerprint(cluster, 2)
-    assert f"CHANGED (got ssh-ed25519 {new_fp}, known_hosts has {known_fp})" in changed.out
+    assert f"CHANGED: it is now ssh-ed25519 {new_fp}, known_hosts has {known_fp}" in changed.out
 
 
 def test_accept_new_writes_hashed_names_into_a_hashed_known_hosts(

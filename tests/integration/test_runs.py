@@ -9,22 +9,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, wait_until, write_inventory
+from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
-
-
-def sshddp(
-    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def detach(

@@ -309,7 +309,10 @@ def test_stop_over_srun_leaves_nothing_in_any_step(
     stop = run(slurm_cluster, [*SSHDDP, "stop", run_id], tmp_path)
     assert stop.returncode == 0, stop.stderr
     rc, out, err = finish(proc)
-    assert rc == 1 and err.count("stopped with `sshddp stop`") == 3, err
+    nodes = [line for line in err.splitlines() if line.lstrip().startswith("node ")]
+    assert rc == 1 and len(nodes) == 3, err
+    for line in nodes:  # node K, host, state, reason
+        assert line.split()[3] == "stopped" and line.endswith("stopped with `sshddp stop`"), err
     assert "a run over srun cannot be detached" in out
     run_no_leak(run_id, timeout=30)
     no_steps_left(slurm_cluster, job)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -30,19 +30,6 @@ def line_of(marker: str) -> int:
         if text.rstrip().endswith(f"# {marker}"):
             return number
     raise AssertionError(f"no line marked {marker} in {HANG}")
-
-
-def sshddp(
-    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def stacks_json(cluster: SshdCluster, cwd: Path, *args: str) -> dict[str, Any]:
@@ -168,7 +155,16 @@ def test_stacks_of_ranks_blocked_in_c_with_threads_signal_handlers_and_workers(
     h1's stacks still come, and the exit status says a host was missed."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
     started = sshddp(
-        ssh_env, tmp_path, "launch", "--detach", "--name", "blk", str(inv), str(HANG), "blocked"
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--detach",
+        "--fresh-cwd",
+        "--name",
+        "blk",
+        str(inv),
+        str(HANG),
+        "blocked",
     )
     assert started.returncode == 0, started.stderr
     try:
@@ -188,8 +184,7 @@ def test_stacks_of_ranks_blocked_in_c_with_threads_signal_handlers_and_workers(
             found = {f for w in workers for t in functions(w) for f in t}
             assert {"forked_worker", "spawned_worker"} <= found, workers
             assert len(processes(doc, "agent")) == 2
-        cwd = json.loads((workdir / "runs/blk/n0/spec.json").read_text())["cwd"]
-        (Path(cwd) / "release").write_text("")  # the ranks' cwd: the script's workspace
+        (workdir / "runs/blk/n0/code/release").write_text("")
         log0 = workdir / "runs/blk/n0/node.log"
         wait_until(lambda: "recv returned" in log0.read_text(), 30, "rank 0's recv to return")
         assert "rank 0 recv returned 5 errno 0" in log0.read_text()  # no EINTR
@@ -251,7 +246,16 @@ def test_native_stacks_with_py_spy_on_one_host_and_missing_on_the_other(
     doc["hosts"][1]["python"] = str(venv_without_py_spy(tmp_path))
     inv.write_text(yaml.safe_dump(doc))
     started = sshddp(
-        ssh_env, tmp_path, "launch", "--detach", "--name", "nat", str(inv), str(HANG), "blocked"
+        ssh_env,
+        tmp_path,
+        "launch",
+        "--detach",
+        "--fresh-cwd",
+        "--name",
+        "nat",
+        str(inv),
+        str(HANG),
+        "blocked",
     )
     assert started.returncode == 0, started.stderr
     try:

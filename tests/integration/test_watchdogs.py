@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import wait_until, write_inventory
-from test_stacks import HANG, line_of, sshddp, wait_ready
+from launch_helpers import sshddp, wait_until, write_inventory
+from test_stacks import HANG, line_of, wait_ready
 
 from sshddp_lab.sshd import SshdCluster
 

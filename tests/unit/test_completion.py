@@ -1,5 +1,5 @@
 """Small things people reach for: ``-V``, and shell completion (``_SSHDDP_COMPLETE``) that
-completes run ids for attach, logs, ps, stop and fetch from the local registry alone."""
+completes run ids for attach, logs, ps, stop, stacks and fetch from the local registry alone."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def complete(words: str) -> list[str]:
     return sorted(line for line in done.stdout.splitlines() if line)
 
 
-@pytest.mark.parametrize("command", ["attach", "logs", "ps", "stop", "fetch"])
+@pytest.mark.parametrize("command", ["attach", "logs", "ps", "stop", "stacks", "fetch"])
 def test_run_ids_complete_from_the_registry(command: str) -> None:
     record_runs()
     assert complete(f"sshddp {command} ab") == ["abc123", "abd456"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sshddp.cli.complete import complete_run_ids
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode
 from sshddp.run import fetch as fetching
@@ -86,10 +86,7 @@ def fetch(ctx: click.Context, run: str, path: str, dest: str, **kw: Any) -> None
     terminal = terminal_of(ctx)
     record = registry.resolve(run)
     node = kw["node"]
-    if node is not None and node >= len(record.nodes):
-        raise click.BadParameter(
-            f"run {record.run_id} has nodes 0-{len(record.nodes) - 1}", param_hint="--node"
-        )
+    check_node(record, node)
     ssh = make_ssh(kw, fallback_config=record.ssh_config)
     with progress_for(terminal) as progress:
         copies = fetching.fetch(record, ssh, kw["fanout"], path, Path(dest), node, progress)

@@ -14,6 +14,7 @@ from sshddp import defaults
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.hosts.transport import SshOptions
+from sshddp.run.registry import RunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -108,3 +109,11 @@ def terminal_of(ctx: click.Context) -> Terminal:
     terminal = ctx.obj
     assert isinstance(terminal, Terminal)
     return terminal
+
+
+def check_node(record: RunRecord, node: Optional[int]) -> None:
+    """Refuse a ``--node`` the run does not have (``None``: every node)."""
+    if node is not None and node >= len(record.nodes):
+        raise click.BadParameter(
+            f"run {record.run_id} has nodes 0-{len(record.nodes) - 1}", param_hint="--node"
+        )

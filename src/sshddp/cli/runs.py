@@ -10,7 +10,7 @@ import click
 
 from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.launch import report_result
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
 from sshddp.cli.watchdog import hang_report
 from sshddp.errors import ExitCode
 from sshddp.hosts.transport import SshOptions
@@ -55,10 +55,7 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
     """Print RUN's logs, fetching what the local copy lacks from the hosts first."""
     record = runs.started(registry.resolve(run))
     node = kw["node"]
-    if node is not None and node >= len(record.nodes):
-        raise click.BadParameter(
-            f"run {record.run_id} has nodes 0-{len(record.nodes) - 1}", param_hint="--node"
-        )
+    check_node(record, node)
     ssh = _ssh_for(record, kw)
     runs.show_logs(record, ssh, kw["fanout"], terminal_of(ctx), node, kw["tail"], kw["follow"])
     raise Exit(ExitCode.OK)

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 import click
 
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.complete import complete_run_ids
+from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 from sshddp.hosts.transport import SshOptions
@@ -21,7 +22,7 @@ from sshddp.run.stacks import Collected
 
 
 @click.command(name="stacks", context_settings=CONTEXT)
-@click.argument("run")
+@click.argument("run", shell_complete=complete_run_ids)
 @click.option("--node", type=click.IntRange(min=0), metavar="K", help="Only node K.")
 @click.option(
     "--native",
@@ -40,10 +41,7 @@ def stacks(ctx: click.Context, run: str, **kw: Any) -> None:
     terminal = terminal_of(ctx)
     record = registry.resolve(run)
     node = kw["node"]
-    if node is not None and node >= len(record.nodes):
-        raise click.BadParameter(
-            f"run {record.run_id} has nodes 0-{len(record.nodes) - 1}", param_hint="--node"
-        )
+    check_node(record, node)
     ssh = make_ssh(kw, fallback_config=record.ssh_config)
     got = run_stacks.collect(record, ssh, kw["fanout"], node, kw["native"])
     if not got.live and not got.unreachable and show_hang(terminal, record, ssh, kw["fanout"]):

@@ -32,6 +32,7 @@ from sshddp.remote.common import emit, listdir, pid_alive, read_json, run_pids, 
 from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 from sshddp.remote.follow import node_status
 from sshddp.remote.frames import cwd_of, note, python_frame
+from sshddp.remote.stop import torchrun_group
 
 DUMP_TIMEOUT = 2.0  #: seconds the signalled processes have to write their dumps
 SETTLE = 0.05  #: a dump is whole once its file has not grown for this long
@@ -113,9 +114,8 @@ def _native(answer: NodeStacks, found: list[Found]) -> None:
 def processes(mark: str, state: dict[str, Any]) -> list[Found]:
     """The node's live processes, each with its role and an empty stack record."""
     agent = state.get("pid")
-    pgid, started = state.get("pgid"), state.get("pid_start")
-    group = (pgid, started) if isinstance(pgid, int) and isinstance(started, int) else None
     procs = {}
+    group, _ = torchrun_group(state)  # None once torchrun no longer leads its group
     for pid in run_pids(group, mark):
         proc = describe(pid)
         if proc is not None:
