@@ -7,6 +7,7 @@ argument says:
 * ``latency``: sleeps 1 s and exits 0;
 * ``teardown``: the last rank prints ``FAIL <time>`` after 1 s and raises, the others sleep;
 * ``sleep``: sleeps 300 s (the node-loss runs signal it first);
+* ``initblock``: node 1's ranks sleep 300 s, the others wait in gloo's init_process_group;
 * ``flood MB [all]``: rank 0 (every rank with ``all``) writes MB MiB of 64-byte lines
   between a ``START <time>`` and an ``END <time>`` line.
 """
@@ -35,6 +36,13 @@ elif mode == "teardown":
         raise RuntimeError("injected failure (benchmark)")
     time.sleep(300)
 elif mode == "sleep":
+    time.sleep(300)
+elif mode == "initblock":
+    if os.environ.get("GROUP_RANK") == "1":
+        time.sleep(300)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
     time.sleep(300)
 elif mode == "flood" and (rank == 0 or sys.argv[3:] == ["all"]):
     chunk = {LINE!r} * (1 << 20 >> 6)

@@ -13,6 +13,7 @@ from sshddp_bench import (
     doctor,
     exec_true,
     fetch,
+    hang,
     launch,
     logs,
     nodeloss,
@@ -42,6 +43,7 @@ CASES: tuple[Case[Any], ...] = (
     stacks.CASE,
     ps.CASE,
     workdir.CASE,
+    hang.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -15,6 +15,8 @@ AUTO_PORT = -1  #: `--port auto` / `rendezvous: {port: auto}`: node 0 picks a fr
 LOG_DIR = "sshddp-logs"  #: local log root; a run's logs go to LOG_DIR/<run id>/
 GRACE = 10.0  #: seconds from SIGTERM to SIGKILL at teardown
 HEARTBEAT_TIMEOUT = 30.0  #: seconds of silence after which a node counts as lost
+INIT_TIMEOUT = 300.0  #: seconds for the world to form (every rank through init_process_group)
+ON_STALL = "stop"  #: what a stall (--stall-timeout) does: stop the run, or only report it
 KEEP_RUNS = 50  #: run directories a host keeps, counting the one being launched
 MAX_CODE_BYTES = 512 * 1024 * 1024  #: the most a --workdir may ship
 

@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     CHECK_FAILED = 3  #: doctor or the launch preflight found a failing check
     UNREACHABLE = 4  #: a host needed for the command could not be reached
     NOT_RUNNING = 5  #: the run has ended: nothing to look at live (``stacks``)
+    HUNG = 6  #: a watchdog stopped the run: the world never formed, or the run stalled
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
     LOG_WRITE_FAILED = 74  #: a local file (a log, the registry) could not take bytes (EX_IOERR)
     INTERRUPTED = 130  #: Ctrl-C

@@ -174,7 +174,7 @@ def test_two_runs_on_the_same_hosts_stop_one_keeps_other(
     assert processes_with_env("SSHDDP_RUN_ID", "twob"), "stopping one run touched the other"
     assert remote_states(wb, "twob", 2) == ["running", "running"]
     ps = sshddp(ssh_env, b, "ps")
-    assert "twob" in ps.stdout and "0:running 1:running" in ps.stdout
+    assert "twob" in ps.stdout and "0:running(" in ps.stdout and "1:running(" in ps.stdout
     assert sshddp(ssh_env, b, "stop", "twob").returncode == 0
     run_no_leak("twob", timeout=2.0)
 

@@ -23,6 +23,7 @@ from sshddp.cli.options import (
     transport_option,
 )
 from sshddp.cli.terminal import Terminal
+from sshddp.cli.watchdog import hang_report, watchdog_options
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.allocation import check_not_in_step
 from sshddp.model.envvars import parse_env_pairs
@@ -114,6 +115,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="Run in a new directory for this run only (removed by retention), not in the "
     "workspace that the script's directory keeps on each host.",
 )
+@watchdog_options
 @click.pass_context
 def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     """Start SCRIPT (or -m MODULE) under torchrun on every host of INVENTORY (or of -H).
@@ -138,6 +140,8 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     except PreflightFailed as failed:
         terminal.show(doctor_table(failed.reports), to_stderr=True)
         raise
+    if result is not None and result.hung:
+        hang_report(terminal, result.run_id, ssh, kw["fanout"])
     raise Exit(ExitCode.OK if result is None else report_result(terminal, result))
 
 
@@ -184,6 +188,9 @@ def launch_options(
         torchrun_args=tuple(kw["torchrun_args"]),
         local_rank_arg=kw["local_rank_arg"],
         fresh_cwd=kw["fresh_cwd"],
+        init_timeout=kw["init_timeout"],
+        stall_timeout=kw["stall_timeout"],
+        on_stall=kw["on_stall"],
     )
     return options, secrets
 

@@ -20,6 +20,7 @@ from sshddp.cli.options import (
     ssh_options,
     terminal_of,
 )
+from sshddp.cli.watchdog import hang_report
 from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import visible
@@ -47,7 +48,10 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     terminal = terminal_of(ctx)
     select_ranks(terminal, kw["show_ranks"])
     record = runs.started(registry.resolve(run))
-    result = coordinator.attach(record, _ssh_for(record, kw), kw["fanout"], terminal)
+    ssh = _ssh_for(record, kw)
+    result = coordinator.attach(record, ssh, kw["fanout"], terminal)
+    if result.hung:
+        hang_report(terminal, record.run_id, ssh, kw["fanout"])
     raise Exit(report_result(terminal, result))
 
 
@@ -113,9 +117,7 @@ def _ps_table(rows: list[run_ps.PsRow]) -> Table:
         table.add_column(col)
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started))
-        summary = " ".join(
-            f"{i}:{NodeState.of(s.get('state')).value}" for i, s in enumerate(row.states)
-        )
+        summary = " ".join(row.node_text(i) for i in range(len(row.states)))
         table.add_row(
             row.run_id,
             started,

@@ -12,7 +12,10 @@ from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
+from sshddp.hosts.transport import SshOptions
+from sshddp.model import hang as model_hang
 from sshddp.model import stacks as model
+from sshddp.run import hang as run_hang
 from sshddp.run import registry
 from sshddp.run import stacks as run_stacks
 from sshddp.run.stacks import Collected
@@ -41,6 +44,8 @@ def stacks(ctx: click.Context, run: str, **kw: Any) -> None:
     check_node(record, node)
     ssh = make_ssh(kw, fallback_config=record.ssh_config)
     got = run_stacks.collect(record, ssh, kw["fanout"], node, kw["native"])
+    if not got.live and not got.unreachable and show_hang(terminal, record, ssh, kw["fanout"]):
+        raise Exit(ExitCode.OK)  # it ended hung: the stacks its watchdog took
     run_stacks.check_live(got)
     unsaved: Optional[SshddpError] = None
     try:
@@ -60,6 +65,15 @@ def stacks(ctx: click.Context, run: str, **kw: Any) -> None:
     if unsaved is not None:
         raise unsaved
     raise Exit(ExitCode.UNREACHABLE if got.unreachable else ExitCode.OK)
+
+
+def show_hang(terminal: Terminal, record: registry.RunRecord, ssh: SshOptions, fanout: int) -> bool:
+    """Print the stacks a watchdog took when the run hung (on stdout); False when no node
+    recorded any."""
+    text = model_hang.render(record.run_id, run_hang.collect(record, ssh, fanout))
+    if text:
+        terminal.out(text.rstrip("\n"))
+    return bool(text)
 
 
 def _notes(

@@ -16,6 +16,7 @@ from sshddp.remote.contract import (
     ExitRecord,
     FetchHeader,
     FetchTrailer,
+    HangRecord,
     NodeStacks,
     StopAnswer,
 )
@@ -47,6 +48,12 @@ def resize_node(transport: Transport, rundir: str, columns: int, rows: int) -> s
         transport, "winsize", {"rundir": rundir, "columns": columns, "rows": rows}
     )
     return "" if answer.get("ok") else str(answer.get("error", "no answer"))
+
+
+def node_hang(transport: Transport, rundir: str) -> Optional[HangRecord]:
+    """What the node's watchdog recorded when the run hung (``remote/hang.py``), if any."""
+    answer: HangRecord = shipped.call(transport, "hang", {"rundir": rundir})
+    return answer if isinstance(answer, dict) and answer else None
 
 
 def follow_node(transport: Transport, rundir: str, offset: int) -> RemoteProcess:

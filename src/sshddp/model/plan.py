@@ -65,6 +65,9 @@ class LaunchOptions:
     torchrun_args: tuple[str, ...] = ()  #: ``--torchrun-arg`` options, passed to torchrun
     local_rank_arg: bool = False  #: append ``--local_rank=N`` to the script's arguments
     fresh_cwd: bool = False  #: a new working directory per run instead of the workspace
+    init_timeout: float = defaults.INIT_TIMEOUT  #: seconds for the world to form; 0: off
+    stall_timeout: float = 0.0  #: seconds with no output from any rank that stall; 0: off
+    on_stall: str = defaults.ON_STALL  #: "stop" or "report"
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class LaunchPlan:
     launcher: Launcher = "torchrun"  #: what each node starts: torchrun, or its own launcher
     command: tuple[str, ...] = ()  #: a node launcher's command (``-- COMMAND``), if any
     nonce: str = ""  #: random, one per launch: no two runs' node marks are ever the same
+    watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
 
     def mark(self, node: NodePlan) -> str:
         """The marker in every process of ``node`` (teardown finds them by it): the run id
@@ -162,6 +166,12 @@ class LaunchPlan:
             "tty": self.tty,
             "tty_size": list(self.tty_size),
             "launcher": spec_launcher(self.launcher, self.command),
+            "watch": {
+                "init_timeout": self.watch[0],
+                "stall_timeout": self.watch[1],
+                "on_stall": self.watch[2],
+                "nprocs": [n.nproc for n in self.nodes],
+            },
         }
 
 
@@ -218,6 +228,7 @@ def make_plan(
         launcher=options.launcher,
         command=options.command,
         nonce=secrets.token_hex(6),
+        watch=(options.init_timeout, options.stall_timeout, options.on_stall),
     )
 
 
@@ -317,6 +328,8 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
         )
     if options.heartbeat_timeout <= 0:
         raise UsageError("--heartbeat-timeout must be positive")
+    if min(options.init_timeout, options.stall_timeout) < 0:
+        raise UsageError("--init-timeout and --stall-timeout must not be negative (0: off)")
     if options.grace < 0 or options.max_restarts < 0:
         raise UsageError("--grace and --max-restarts must not be negative")
     if options.launcher == "node" and options.max_restarts:

@@ -279,6 +279,8 @@ def _verdict(result: RunResult) -> str:
         if peer_cause(result):  # a cut-off supervisor stops its own node
             return "failed; lost contact with some hosts, whose supervisors stop on their own"
         return "lost contact with some hosts; the run may still be going"
+    if result.hung:
+        return "hung: a watchdog stopped it (`sshddp stacks` shows the stacks it took)"
     gone = [str(n.node_rank) for n in result.nodes if n.state is NodeState.GONE]
     if gone and not any(n.state.bad for n in result.nodes):
         return (

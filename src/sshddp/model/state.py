@@ -29,7 +29,8 @@ class NodeState(str, Enum):
     torchrun exited 0. FAILED: torchrun exited non-zero, or the node could not be staged
     or started. STOPPED: stopped on request (Ctrl-C, ``sshddp stop``) or because another
     node ended the run. LOST: the node's supervisor vanished (host down, processes
-    killed); the others stop. The last four are final: the host keeps them in exit.json.
+    killed); the others stop. STALLED: stopped by a watchdog (``--init-timeout``,
+    ``--stall-timeout``): the run hung. The last five are final: the host keeps them in exit.json.
 
     Two more say what the coordinator does not know: UNREACHABLE, its host could not be
     reached (the node may still be running there), and UNKNOWN, a state this version cannot
@@ -45,6 +46,7 @@ class NodeState(str, Enum):
     FAILED = contract.FAILED
     STOPPED = contract.STOPPED
     LOST = contract.LOST
+    STALLED = contract.STALLED
     UNREACHABLE = "unreachable"
     UNKNOWN = contract.UNKNOWN
     GONE = "gone"
@@ -57,7 +59,7 @@ class NodeState(str, Enum):
     @property
     def bad(self) -> bool:
         """An end that stops the rest of the run."""
-        return self in (NodeState.FAILED, NodeState.LOST)
+        return self in (NodeState.FAILED, NodeState.LOST, NodeState.STALLED)
 
     @classmethod
     def of(cls, value: object) -> NodeState:
@@ -108,6 +110,11 @@ class RunResult:
         return all(n.state is NodeState.SUCCEEDED for n in self.nodes)
 
     @property
+    def hung(self) -> bool:
+        """A watchdog stopped the run (some node ended STALLED)."""
+        return any(n.state is NodeState.STALLED for n in self.nodes)
+
+    @property
     def root(self) -> Optional[NodeResult]:
         """The node that failed first, if the coordinator saw one fail."""
         return next((n for n in self.nodes if n.node_rank == self.root_cause), None)
@@ -125,6 +132,8 @@ class RunResult:
             return ExitCode.OK
         if self.cause:
             return ExitCode.RUN_FAILED
+        if self.hung:
+            return ExitCode.HUNG
         unreachable = any(n.state is NodeState.UNREACHABLE for n in self.nodes)
         if self.root_cause is None and unreachable and not peer_cause(self):
             return ExitCode.UNREACHABLE

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 3  #: 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`;
-#: 3: spec.json `tty_size`
+SCHEMA = 3  #: 3: spec.json `tty_size` and `watch`; joined/, hang.json, nccl/; the state STALLED
+# 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`
 
 # The files of a run directory.
 SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
@@ -36,6 +36,9 @@ CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
 CODE_SHA256 = "code.sha256"  #: the SHA-256 of the shipped bytes, checked as they arrived
 WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept across runs
 STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, appended
+JOINED = "joined"  #: <global rank>: a JoinedRecord per rank that called init_process_group
+HANG = "hang.json"  #: what the node's watchdog saw when the run hung (HangRecord)
+NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA hosts
 
 # Environment variables every process of a node carries.
 RUN_ID_VAR = "SSHDDP_RUN_ID"
@@ -58,7 +61,14 @@ FAILED = "failed"
 STOPPED = "stopped"
 LOST = "lost"
 UNKNOWN = "unknown"
-FINAL_STATES = (SUCCEEDED, FAILED, STOPPED, LOST)
+STALLED = "stalled"  #: stopped by a watchdog: the world never formed, or no output came
+FINAL_STATES = (SUCCEEDED, FAILED, STOPPED, LOST, STALLED)
+
+# What the watchdogs decided (HangRecord.kind).
+HANG_INIT = "init"  #: the world did not form within the init timeout
+HANG_STALL = "stall"  #: no rank of the run wrote output within the stall timeout
+ON_STALL_STOP = "stop"  #: a stall stops the run
+ON_STALL_REPORT = "report"  #: a stall is reported (hang.json, supervisor.log); the run goes on
 
 
 class PeersSpec(TypedDict):
@@ -71,7 +81,16 @@ class PeersSpec(TypedDict):
     hosts: list[str]  #: host names by node rank, for messages
 
 
-class SpecRecord(TypedDict):
+class WatchSpec(TypedDict):
+    """The node's watchdogs (run by node 0's supervisor, fed by every node's heartbeat)."""
+
+    init_timeout: float  #: seconds for every rank to return from init_process_group; 0: off
+    stall_timeout: float  #: seconds with no output from any rank of the run; 0: off
+    on_stall: str  #: ON_STALL_STOP or ON_STALL_REPORT
+    nprocs: list[int]  #: every node's count of ranks, by node rank (the world's shape)
+
+
+class SpecRecord(TypedDict, total=False):
     """spec.json: what the supervisor runs."""
 
     schema: int
@@ -85,6 +104,41 @@ class SpecRecord(TypedDict):
     tty: bool  #: ranks write to a pty instead of a pipe
     launcher: str  #: LAUNCH_TORCHRUN, LAUNCH_NODE or LAUNCH_COMMAND (schema 2)
     tty_size: list[int]  #: the pty's [columns, rows] with tty (schema 3)
+    watch: WatchSpec  #: the watchdogs (schema 3); absent: none
+
+
+class JoinedRecord(TypedDict):
+    """joined/<rank>: a rank's call of ``torch.distributed.init_process_group``, written
+    by the node's sitecustomize (``ranksite``) when the call starts and again when it
+    returns: the rank is then part of the world."""
+
+    schema: int
+    rank: int
+    pid: int
+    entered: float  #: when the call started (epoch seconds)
+    joined: Optional[float]  #: when it returned; None while it waits
+
+
+class NodeWatch(TypedDict):
+    """What a node's heartbeat tells node 0's watchdog."""
+
+    entered: list[int]  #: global ranks inside init_process_group, or through it
+    joined: list[int]  #: global ranks that returned from it
+    quiet: float  #: seconds since the node last wrote output (or since it started)
+
+
+class HangRecord(TypedDict):
+    """hang.json: what a node saw when the watchdog of its run fired."""
+
+    schema: int
+    kind: str  #: HANG_INIT or HANG_STALL
+    reason: str  #: the watchdog's finding, as the report says it
+    at: float  #: when (epoch seconds)
+    node_rank: int
+    action: str  #: ON_STALL_STOP (the run was stopped) or ON_STALL_REPORT
+    watch: NodeWatch  #: this node's facts at that time
+    stacks: NodeStacks  #: every process of the node and its stacks
+    nccl: list[str]  #: the NCCL flight recorder's dump files in the run directory
 
 
 class StateRecord(TypedDict):
@@ -121,6 +175,8 @@ class ExitRecord(TypedDict, total=False):
     ended: float
     node_rank: int
     escaped: list[Escaped]  #: processes that left the run and kept its output open
+    joined: int  #: a running node's ranks through init_process_group (schema 3)
+    quiet: float  #: seconds since a running node last wrote output (schema 3)
 
 
 class StopAnswer(ExitRecord, total=False):

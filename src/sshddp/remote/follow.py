@@ -18,6 +18,7 @@ from typing import IO, Any, Optional
 from sshddp.remote import contract
 from sshddp.remote.common import emit, pid_alive, read_json, same_process
 from sshddp.remote.contract import ExitRecord
+from sshddp.remote.joined import node_watch
 
 CHUNK = 1 << 20
 POLL_MIN, POLL_MAX = 0.01, 0.1  # seconds between looks at an idle log: short after output
@@ -67,7 +68,14 @@ def node_status(rundir: str) -> ExitRecord:
             "reason": "the node's supervisor died",
             "started": state.get("started"),
         }
-    return {"state": contract.RUNNING, "started": state.get("started")}
+    started = state.get("started")
+    watch = node_watch(rundir, float(started or 0))
+    return {
+        "state": contract.RUNNING,
+        "started": started,
+        "joined": len(watch["joined"]),
+        "quiet": round(watch["quiet"], 1),
+    }
 
 
 def main(args: dict[str, Any]) -> None:

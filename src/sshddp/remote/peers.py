@@ -5,8 +5,10 @@ node's supervisor is a ``Spoke`` holding one TCP connection to it, and both side
 heartbeat line every interval. A node whose run ends other than "succeeded", a connection
 that drops before its node said it was done (its supervisor was killed: the kernel closes
 the socket), or silence longer than the timeout (host powered off, network cut): the hub
-broadcasts an abort and every supervisor stops its node. Messages: {"hb": r},
-{"done": r, "state": s, "reason": t}, {"abort": reason}, {"bye": 0}.
+broadcasts an abort and every supervisor stops its node. Messages: {"hb": r} (from a
+spoke with "w": its ``NodeWatch`` facts, for the watchdog), {"done": r, "state": s,
+"reason": t}, {"abort": reason}, {"hang": kind, "reason": t, "action": a} (the watchdog
+fired: collect the stacks, then stop or go on), {"bye": 0}.
 
 Every connection is authenticated with the run's key and every message with a MAC
 (``wire``): a stranger's connection, or another run's supervisor that reached this port,
@@ -22,7 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from sshddp.remote import wire
-from sshddp.remote.contract import SUCCEEDED, SpecRecord
+from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
 
 MAX_PENDING = 16  # connections awaiting authentication at the hub; more are closed at once
 
@@ -44,6 +46,9 @@ class Peers:
         self.names = list(conf.get("hosts") or [])
         self.abort: Optional[str] = None  # set once: why this node must stop
         self.on_abort: Optional[Callable[[], None]] = None  # wakes the supervisor's loop
+        self.watch_facts: Optional[Callable[[], NodeWatch]] = None  # a spoke's, for the hub
+        self.on_hang: Optional[Callable[[str, str, str], None]] = None  # told by the hub
+        self.facts: dict[int, NodeWatch] = {}  # the hub's: the spokes' latest facts
         self.lock = threading.Lock()
 
     def name(self, rank: int) -> str:
@@ -58,6 +63,26 @@ class Peers:
 
     def wait_others(self) -> None:
         """Stay up as long as the others need this node (the hub relays aborts)."""
+
+    def known(self) -> dict[int, NodeWatch]:
+        """The other nodes' latest watchdog facts (the hub's)."""
+        with self.lock:
+            return dict(self.facts)
+
+    def remember(self, rank: int, msg: dict[str, Any]) -> None:
+        """Keep the watchdog facts a spoke's heartbeat carries."""
+        if isinstance(msg.get("w"), dict):
+            with self.lock:
+                self.facts[rank] = msg["w"]
+
+    def links(self) -> list[wire.Conn]:
+        """The connections to the other nodes' supervisors (the hub's)."""
+        return []
+
+    def tell_hang(self, kind: str, reason: str, action: str) -> None:
+        """Tell the other nodes the run hung (the hub's)."""
+        for conn in self.links():
+            conn.send({"hang": kind, "reason": reason[: wire.MAX_TEXT], "action": action})
 
     def _set_abort(self, reason: str) -> None:
         with self.lock:
@@ -159,6 +184,7 @@ class Hub(Peers):
                 msg = None
             if msg is None:
                 break
+            self.remember(rank, msg)
             if "done" in msg:  # a node reports for itself only
                 reason = str(msg.get("reason") or "")[: wire.MAX_TEXT]
                 self.node_done(rank, str(msg.get("state")), reason)
@@ -192,6 +218,10 @@ class Hub(Peers):
             conns = list(self.conns.values())
         for conn in conns:
             conn.send({"abort": reason[: wire.MAX_TEXT]})
+
+    def links(self) -> list[wire.Conn]:
+        with self.lock:
+            return list(self.conns.values())
 
     def all_done(self) -> bool:
         with self.lock:
@@ -270,13 +300,20 @@ class Spoke(Peers):
                 break
             if "abort" in msg:
                 self._set_abort(str(msg["abort"])[: wire.MAX_TEXT])
+            if "hang" in msg and self.on_hang is not None:
+                self.on_hang(str(msg["hang"]), str(msg.get("reason")), str(msg.get("action")))
             if "bye" in msg:
                 return  # node 0 is done and leaves; nothing is lost
         self._set_abort(f"lost the connection to {self.name(0)} (its host or supervisor is gone)")
 
     def _heartbeat(self, conn: wire.Conn) -> None:
-        while conn.send({"hb": self.rank}):
+        while conn.send(self._beat()):
             time.sleep(self.interval)
+
+    def _beat(self) -> dict[str, Any]:
+        if self.watch_facts is None:
+            return {"hb": self.rank}
+        return {"hb": self.rank, "w": self.watch_facts()}
 
     def report(self, state: str, reason: str) -> None:
         self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting

@@ -17,8 +17,13 @@ SIGUSR2, SIGTERM, SIGINT, SIGCHLD, SIGHUP and SIGCONT), so a script's own handle
 touched. Registered without ``chain``: chaining re-raises the signal to the handler that was
 there before, the default one, which ends a process on a real-time signal, and it drops
 SA_RESTART, so a C call blocked in the receiving thread would fail with EINTR. A forked
-child (a DataLoader worker) opens its own file. Standalone: it imports nothing of sshddp.
-Python 3.8+.
+child (a DataLoader worker) opens its own file.
+
+And it tells the watchdogs which ranks joined the world: in a rank (RANK set), the first
+import of ``torch.distributed.distributed_c10d`` gets its ``init_process_group`` wrapped,
+through an import hook, so torch is never imported here. The wrapper writes
+RUNDIR/joined/<rank> (``contract.JoinedRecord``) as the call starts and again once it
+returns. Standalone: it imports nothing of sshddp. Python 3.8+.
 """
 
 from __future__ import annotations
@@ -95,7 +100,90 @@ def _open_dump(directory: str, signum: int) -> None:
     _dump = dump
 
 
+C10D = "torch.distributed.distributed_c10d"
+
+
+class _JoinHook:
+    """A meta path finder that wraps ``init_process_group`` once its module is loaded."""
+
+    def __init__(self, rundir: str, rank: int) -> None:
+        self.rundir = rundir
+        self.rank = rank
+
+    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+        if name != C10D:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        execute = loader.exec_module
+
+        def exec_module(module):  # type: ignore[no-untyped-def]
+            execute(module)
+            _wrap_init(module, self.rundir, self.rank)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _wrap_init(module: object, rundir: str, rank: int) -> None:
+    import functools
+
+    init = getattr(module, "init_process_group", None)
+    if init is None:
+        return
+
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entered = _write_joined(rundir, rank, None, None)
+        result = init(*args, **kwargs)
+        _write_joined(rundir, rank, entered, _now())
+        return result
+
+    module.init_process_group = init_process_group  # type: ignore[attr-defined]
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def _write_joined(
+    rundir: str, rank: int, entered: Optional[float], joined: Optional[float]
+) -> float:
+    """RUNDIR/joined/<rank>, replaced atomically; when the call started."""
+    import json
+
+    entered = entered if entered is not None else _now()
+    record = {"schema": 3, "rank": rank, "pid": os.getpid(), "entered": entered, "joined": joined}
+    directory = os.path.join(rundir, "joined")
+    try:
+        os.makedirs(directory, 0o700, exist_ok=True)
+        tmp = os.path.join(directory, f".{rank}.{os.getpid()}")
+        with open(tmp, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, os.path.join(directory, str(rank)))
+    except OSError:  # no room: the watchdog sees this rank as not joined
+        pass
+    return entered
+
+
+def _hook_init() -> None:
+    rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rank = os.environ.get("RANK", "")
+    if not rank.isdigit() or not os.path.isfile(os.path.join(rundir, "spec.json")):
+        return
+    if C10D not in sys.modules:
+        sys.meta_path.insert(0, _JoinHook(rundir, int(rank)))
+
+
 _line_buffered()
 _register_dumps()
+_hook_init()
 os.register_at_fork(after_in_child=_register_dumps)
 _chain()

@@ -39,6 +39,7 @@ from sshddp.remote.common import (
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.peers import Peers, peers_for
+from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
 POLL_WAIT = 0.02  # the loop's sleep where no wakeup pipe could be set up (not the main thread)
@@ -87,6 +88,7 @@ class Supervisor:
         self.started = time.time()
         self.group: Optional[Group] = None  #: torchrun's process group, once it runs
         self.escaped: list[Escaped] = []
+        self.watchdog = Watchdog(rundir, self.spec, self.started)
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -103,6 +105,7 @@ class Supervisor:
         self.wake = Wakeup()
         if self.wake.fd is not None:
             self.peers.on_abort = self.wake.poke
+        arm(self.watchdog, self.peers, self.wake.poke)
         try:
             tty = bool(self.spec.get("tty"))
             self.output = output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
@@ -152,20 +155,15 @@ class Supervisor:
         while True:
             if exited(self.proc):
                 return True
-            if self.stop_signal is not None or self.peers.abort is not None or self.output.full:
+            if self.stop_signal is not None or self.output.full or self.watchdog.verdict:
                 return False
+            if self.peers.abort is not None and not self.watchdog.busy.is_set():
+                return False  # (while this node's stacks are taken, its ranks stay)
             if session_gone(self.rundir, self.parent):
                 self.stop_signal = signal.SIGTERM  # stopped as if signalled
                 return False
             if not self._pump(wait):
                 time.sleep(0.02)
-
-    def stop_reason(self, default: str) -> str:
-        try:
-            with open(self.path(contract.STOP_REASON)) as fh:
-                return fh.read().strip() or default
-        except OSError:
-            return default
 
     def run(self) -> None:
         if not self.start():
@@ -174,6 +172,7 @@ class Supervisor:
             self.peers.wait_others()
             return
         self.peers.start()
+        self.watchdog.start()
         state, reason = self._exited() if self.loop() else self._stopped()
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
@@ -191,8 +190,10 @@ class Supervisor:
         abort = self.peers.abort
         state, reason = (
             contract.STOPPED,
-            self.stop_reason("stopped: " + abort if abort else "stopped on request"),
+            stop_reason(self.rundir, "stopped: " + abort if abort else "stopped on request"),
         )
+        if self.watchdog.verdict is not None:
+            state, reason = contract.STALLED, self.watchdog.verdict[1]
         if self.output.full and not abort and self.stop_signal is None:
             state, reason = contract.FAILED, self.output.full
         return state, reason
@@ -224,6 +225,15 @@ class Supervisor:
         write_exit(
             self.rundir, self.spec["node_rank"], self.started, state, rc, reason, self.escaped
         )
+
+
+def stop_reason(rundir: str, default: str) -> str:
+    """Why the node was asked to stop (the first asker's words), else ``default``."""
+    try:
+        with open(os.path.join(rundir, contract.STOP_REASON)) as fh:
+            return fh.read().strip() or default
+    except OSError:
+        return default
 
 
 def state_record(pid: int, started: Optional[int], since: float) -> dict[str, Any]:
@@ -301,6 +311,7 @@ def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
     except OSError:
         pass
     env.update(extra)
+    env.update(nccl_env(rundir, env))
     # Every Python process of the node imports RUNDIR/site/sitecustomize.py first.
     site = os.path.join(rundir, contract.SITE)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)

@@ -46,6 +46,17 @@ class PsRow:
     root_cause: str  #: the earliest node to fail or be lost, in words
     finished: bool  #: every node has ended (its end is recorded)
     launching: bool = False  #: its launch is still in its preflight: no node started yet
+    nprocs: tuple[int, ...] = ()  #: every node's count of ranks
+
+    def node_text(self, i: int) -> str:
+        """``1:running`` and, for a running node, ``(2/4 joined, quiet 12s)``: how many of
+        its ranks are through init_process_group, how long since it last wrote output."""
+        s = self.states[i]
+        text = f"{i}:{NodeState.of(s.get('state')).value}"
+        if "joined" not in s:
+            return text
+        of = f"/{self.nprocs[i]}" if i < len(self.nprocs) else ""
+        return text + f"({s['joined']}{of} joined, quiet {s.get('quiet', 0):.0f}s)"
 
     def to_json(self) -> dict[str, Any]:
         """The row as ``ps --json`` prints it (README, "sshddp ps --json")."""
@@ -57,6 +68,8 @@ class PsRow:
                 "reason": s.get("reason") or "",
                 "returncode": s.get("returncode"),
                 "ended": s.get("ended"),
+                "joined": s.get("joined"),
+                "quiet": s.get("quiet"),
             }
             for rank, (host, s) in enumerate(zip(self.hosts, self.states))
         ]
@@ -141,6 +154,7 @@ def _row(record: RunRecord, states: Sequence[ExitRecord], finished: bool) -> PsR
         tuple(states),
         record.cause or root_cause(states, hosts),
         finished,
+        nprocs=tuple(n.nproc for n in record.nodes),
     )
 
 

@@ -11,6 +11,8 @@ blocked     no collective; every rank installs its own SIGUSR1 and SIGUSR2 handl
             2: starts a forked and a spawned worker (forked_worker, spawned_worker) and
                waits for them
             3: sleeps in plain_sleep
+initblock N the ranks of node N (GROUP_RANK) sleep forever before init_process_group (in
+            block_before_init); the others wait in it
 Every rank prints "READY <rank>" once it stands where it will hang.
 """
 
@@ -43,6 +45,22 @@ def sleeper(culprit: int) -> None:
     if rank == culprit:
         sleep_before_allreduce()
     dist.all_reduce(torch.ones(1))  # WAITS HERE
+
+
+def block_before_init() -> None:
+    forever()  # BLOCKS BEFORE INIT
+
+
+def initblock(node: int) -> None:
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    print(f"READY {rank}", flush=True)
+    if int(os.environ["GROUP_RANK"]) == node:
+        block_before_init()
+    dist.init_process_group("gloo")  # INIT WAITS HERE
+    print(f"rank {rank} joined", flush=True)
+    forever()
 
 
 def recv_in_c(rank: int) -> None:
@@ -120,5 +138,7 @@ def blocked() -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "sleeper":
         sleeper(int(sys.argv[2]))
+    elif sys.argv[1] == "initblock":
+        initblock(int(sys.argv[2]))
     else:
         blocked()

@@ -1,0 +1,57 @@
+"""The launch's watchdog options: how long the world may take to form, and how long the
+run may stay silent (``remote/watchdog.py`` runs them on the hosts)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import click
+
+from sshddp import defaults
+from sshddp.cli.terminal import Terminal
+from sshddp.errors import SshddpError
+from sshddp.hosts.transport import SshOptions
+from sshddp.model.hang import render
+from sshddp.run import registry
+from sshddp.run.hang import collect
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def watchdog_options(fn: F) -> F:
+    """--init-timeout, --stall-timeout and --on-stall."""
+    fn = click.option(
+        "--on-stall",
+        type=click.Choice(["stop", "report"]),
+        default=defaults.ON_STALL,
+        show_default=True,
+        help="On a stall: collect every rank's stacks, then stop the run (state stalled, "
+        "exit code 6), or only report them and let it go on.",
+    )(fn)
+    fn = click.option(
+        "--stall-timeout",
+        type=click.FloatRange(min=0),
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="A run none of whose ranks wrote output for this long has stalled; 0: off.",
+    )(fn)
+    return click.option(
+        "--init-timeout",
+        type=click.FloatRange(min=0),
+        default=defaults.INIT_TIMEOUT,
+        show_default=True,
+        metavar="SECONDS",
+        help="Once a rank calls init_process_group, every rank must be through it this long "
+        "after the run started, or the run is stopped (exit code 6); 0: off.",
+    )(fn)
+
+
+def hang_report(terminal: Terminal, run_id: str, ssh: SshOptions, fanout: int) -> None:
+    """After a run a watchdog stopped: the stacks it took, read back from the hosts."""
+    try:
+        text = render(run_id, collect(registry.resolve(run_id), ssh, fanout))
+    except SshddpError as exc:
+        text = f"sshddp: the stacks the watchdog took could not be read: {exc.message}"
+    if text:
+        terminal.err(text.rstrip("\n"))

@@ -1,0 +1,272 @@
+"""The run's watchdogs, run by its supervisors: so they work with no laptop attached.
+
+Every node's supervisor knows its own facts (``node_watch``): which of its ranks called
+``init_process_group`` and which returned from it (RUNDIR/joined/, written by the ranks'
+sitecustomize, ``ranksite``), and how long ago the node last wrote output (node.log's
+modification time: the supervisor appends to it as the ranks write). The other nodes send
+theirs to node 0 with every heartbeat (``peers``). Node 0's supervisor decides
+(``verdict``, pure):
+
+- init: the world has not formed (some rank has not returned from init_process_group, or
+  some node has not reported at all) ``init_timeout`` seconds after node 0 started;
+- stall: no node of the run wrote output for ``stall_timeout`` seconds.
+
+Then every node, told over the peers' wire, collects the stacks of its processes
+(``stacks.collect``) and the NCCL flight recorder's dumps into RUNDIR/hang.json
+(``contract.HangRecord``); with the action "stop" it then stops its node, which ends in
+state STALLED.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Callable, Optional, Sequence, Tuple
+
+from sshddp.remote import contract
+from sshddp.remote.common import atomic_write_json, listdir
+from sshddp.remote.contract import HangRecord, NodeStacks, NodeWatch, SpecRecord, WatchSpec
+from sshddp.remote.joined import node_watch
+from sshddp.remote.peers import Peers
+
+TICK = 1.0  #: seconds between the watchdog's looks (the heartbeat's own interval)
+TRACE_BUFFER = "2000"  #: TORCH_NCCL_TRACE_BUFFER_SIZE: collectives the recorder keeps per rank
+
+Verdict = Tuple[str, str]  # (kind, reason)
+
+
+#: The flight recorder's settings, each with the name older torch reads (torch 2.13 warns
+#: on every rank's output for the old names, so only the new ones are set).
+FLIGHT_RECORDER = {
+    "TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "TORCH_NCCL_DUMP_ON_TIMEOUT",
+}
+
+
+def nccl_env(rundir: str, env: dict[str, str]) -> dict[str, str]:
+    """The NCCL flight recorder's settings, armed unless the user set them (by either
+    name): it keeps the last collectives of every rank and dumps them into
+    RUNDIR/nccl/trace_<rank> when a collective times out. Only a NCCL process group reads
+    them: harmless without CUDA."""
+    values = {
+        "TORCH_FR_BUFFER_SIZE": TRACE_BUFFER,
+        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(rundir, contract.NCCL, "trace_"),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    armed = {
+        name: value
+        for name, value in values.items()
+        if name not in env and FLIGHT_RECORDER[name] not in env
+    }
+    try:
+        os.makedirs(os.path.join(rundir, contract.NCCL), 0o700, exist_ok=True)
+    except OSError:  # no room: there will be no dumps
+        pass
+    return armed
+
+
+def nccl_dumps(rundir: str) -> list[str]:
+    """The flight recorder's dump files in the run directory."""
+    directory = os.path.join(rundir, contract.NCCL)
+    return [os.path.join(directory, name) for name in sorted(listdir(directory))]
+
+
+def ranks_of(nprocs: Sequence[int], node: int) -> list[int]:
+    """The global ranks of node ``node``."""
+    first = sum(nprocs[:node])
+    return list(range(first, first + nprocs[node]))
+
+
+def formed(nprocs: Sequence[int], facts: dict[int, NodeWatch]) -> bool:
+    """Every rank of every node returned from init_process_group."""
+    return all(
+        node in facts and set(ranks_of(nprocs, node)) <= set(facts[node]["joined"])
+        for node in range(len(nprocs))
+    )
+
+
+def ranges(numbers: Sequence[int]) -> str:
+    """0,1,2,5 -> "0-2,5"."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in sorted(numbers):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(_span(run))
+        run = [n]
+    if run:
+        out.append(_span(run))
+    return ",".join(out)
+
+
+def _span(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def world_text(nprocs: Sequence[int], facts: dict[int, NodeWatch], hosts: Sequence[str]) -> str:
+    """Per node: which ranks joined, which wait in init_process_group, which never called
+    it; a node that never reported is said so."""
+    parts = []
+    for node in range(len(nprocs)):
+        host = hosts[node] if node < len(hosts) else "?"
+        ranks = ranks_of(nprocs, node)
+        fact = facts.get(node)
+        if fact is None:
+            parts.append(f"node {node} ({host}): never reported (ranks {ranges(ranks)})")
+            continue
+        joined = [r for r in ranks if r in fact["joined"]]
+        waiting = [r for r in ranks if r in fact["entered"] and r not in joined]
+        never = [r for r in ranks if r not in fact["entered"]]
+        said = [f"{len(joined)}/{len(ranks)} joined"]
+        if waiting:
+            said.append(f"ranks {ranges(waiting)} wait in init_process_group")
+        if never:
+            said.append(f"ranks {ranges(never)} never called init_process_group")
+        parts.append(f"node {node} ({host}): " + ", ".join(said))
+    return "; ".join(parts)
+
+
+def verdict(
+    watch: WatchSpec,
+    nprocs: Sequence[int],
+    facts: dict[int, NodeWatch],
+    elapsed: float,
+    hosts: Sequence[str],
+) -> Optional[Verdict]:
+    """Whether the run hung, and how, from every node's facts ``elapsed`` seconds after
+    node 0 started (a node missing from ``facts`` has not reported yet)."""
+    init = float(watch.get("init_timeout") or 0)
+    expected = any(f["entered"] for f in facts.values())  # a run without torch.distributed
+    if init > 0 and expected and elapsed >= init and not formed(nprocs, facts):
+        return contract.HANG_INIT, (
+            f"the world did not form within {init:g} s (--init-timeout): "
+            + world_text(nprocs, facts, hosts)
+        )
+    stall = float(watch.get("stall_timeout") or 0)
+    if stall > 0 and len(facts) == len(nprocs):
+        quiet = min(f["quiet"] for f in facts.values())
+        if quiet >= stall:
+            return contract.HANG_STALL, (
+                f"no rank wrote output for {quiet:.0f} s (--stall-timeout {stall:g})"
+            )
+    return None
+
+
+class Watchdog:
+    """A node's part: its facts for the heartbeat, and what it does when the run hangs.
+    On node 0 it also decides (``start``)."""
+
+    def __init__(self, rundir: str, spec: SpecRecord, since: float) -> None:
+        self.rundir = rundir
+        self.spec = spec
+        self.watch: Optional[WatchSpec] = spec.get("watch")
+        self.since = since
+        self.busy = threading.Event()  #: stacks are being collected: teardown waits
+        self.verdict: Optional[Verdict] = None  #: set when the node must stop as hung
+        self.on_verdict: Callable[[], None] = lambda: None  #: wakes the supervisor's loop
+        self.facts: Callable[[], dict[int, NodeWatch]] = dict  #: the other nodes' facts
+        self.tell: Callable[[str, str, str], None] = lambda kind, reason, action: None
+
+    def mine(self) -> NodeWatch:
+        return node_watch(self.rundir, self.since)
+
+    def start(self) -> None:
+        """Node 0: decide, every TICK, in a background thread."""
+        if self.watch is None or int(self.spec["node_rank"]) != 0:
+            return
+        if not (self.watch.get("init_timeout") or self.watch.get("stall_timeout")):
+            return
+        threading.Thread(target=self._decide, daemon=True, name="watchdog").start()
+
+    def _decide(self) -> None:
+        assert self.watch is not None
+        nprocs = list(self.watch["nprocs"] or [1])
+        peers = self.spec.get("peers")
+        hosts = list(peers["hosts"]) if peers else []
+        reported_at = 0.0
+        while self.verdict is None:
+            time.sleep(TICK)
+            facts = dict(self.facts())
+            facts[0] = self.mine()
+            if not self._stall() and formed(nprocs, facts):
+                return  # the world formed and nothing else is watched
+            found = verdict(self.watch, nprocs, facts, time.time() - self.since, hosts)
+            if found is None or time.time() - reported_at < self._stall():
+                continue
+            kind, reason = found
+            action = self._action(kind)
+            self.tell(kind, reason, action)
+            self.hang(kind, reason, action)
+            reported_at = time.time()
+
+    def _stall(self) -> float:
+        return float(self.watch["stall_timeout"] or 0) if self.watch else 0.0
+
+    def _action(self, kind: str) -> str:
+        if kind == contract.HANG_INIT or not self.watch:
+            return contract.ON_STALL_STOP
+        return str(self.watch["on_stall"] or contract.ON_STALL_STOP)
+
+    def hang(self, kind: str, reason: str, action: str) -> None:
+        """The run hung: record this node's stacks, then stop the node (action "stop")."""
+        self.busy.set()
+        try:
+            record = self._record(kind, reason, action)
+            try:
+                atomic_write_json(os.path.join(self.rundir, contract.HANG), record)
+            except OSError as exc:
+                print(f"sshddp watchdog: cannot write {contract.HANG}: {exc}", file=sys.stderr)
+            print(f"sshddp watchdog: {kind}: {reason} ({action})", file=sys.stderr, flush=True)
+            if action == contract.ON_STALL_STOP:
+                self.verdict = (kind, reason)
+        finally:
+            self.busy.clear()
+        self.on_verdict()
+
+    def _record(self, kind: str, reason: str, action: str) -> HangRecord:
+        from sshddp.remote.stacks import collect  # only a hung run pays for it
+
+        stacks: NodeStacks
+        try:
+            stacks = collect(self.rundir)
+        except Exception as exc:  # the node must stop all the same; the report says why
+            stacks = {
+                "schema": contract.SCHEMA,
+                "node_rank": int(self.spec["node_rank"]),
+                "state": contract.RUNNING,
+                "processes": [],
+                "py_spy": None,
+                "note": f"no stacks: {type(exc).__name__}: {exc}",
+                "elapsed": 0.0,
+            }
+        return {
+            "schema": contract.SCHEMA,
+            "kind": kind,
+            "reason": reason,
+            "at": time.time(),
+            "node_rank": int(self.spec["node_rank"]),
+            "action": action,
+            "watch": self.mine(),
+            "stacks": stacks,
+            "nccl": nccl_dumps(self.rundir),
+        }
+
+
+def arm(watchdog: Watchdog, peers: Peers, wake: Callable[[], None]) -> None:
+    """Join a node's watchdog to its peers: its facts go out with the heartbeat, node 0
+    reads the others' and tells them when the run hangs; a verdict wakes the supervisor."""
+    peers.watch_facts = watchdog.mine
+    watchdog.facts = peers.known
+    watchdog.tell = peers.tell_hang
+    watchdog.on_verdict = wake
+
+    def told(kind: str, reason: str, action: str) -> None:
+        watchdog.busy.set()  # before the hub's next message (an abort) is read
+        threading.Thread(target=watchdog.hang, args=(kind, reason, action), daemon=True).start()
+
+    peers.on_hang = told
