@@ -276,7 +276,10 @@ def test_ps_asks_every_unfinished_run_at_once_names_a_hung_host_and_records_ends
             "reason",
             "returncode",
             "ended",
+            "joined",  # null once the node has ended
+            "quiet",
         }
+        assert row["nodes"][0]["joined"] is None and row["nodes"][0]["quiet"] is None
     table = sshddp(cluster, tmp_path, "ps", "--all")
     assert all(f"{r}" in table.stdout for r in runs) and "0:succeeded 1:succeeded" in table.stdout
     for run in runs:
