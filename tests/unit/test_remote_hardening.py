@@ -62,6 +62,37 @@ def test_a_node_directory_is_made_private_and_never_reused(tmp_path: Path) -> No
     workdir.make_rundir(str(node.parent / "n1"))  # another node of the run, same host
 
 
+def _make_node_dir(args: tuple[str, Any]) -> str:
+    rundir, barrier = args
+    barrier.wait()
+    try:
+        workdir.make_rundir(rundir)
+        return ""
+    except workdir.Unsafe as exc:
+        return str(exc)
+
+
+def test_nodes_sharing_one_workdir_all_stage_when_they_create_it_at_once(
+    tmp_path: Path,
+) -> None:
+    """A workdir on a file system every host mounts (an NFS home; here, this machine's disk
+    shared by the test hosts): the nodes of a run create it at the same moment, and every
+    one of them must succeed, not fail with 'File exists'."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    nodes = 8
+    for attempt in range(20):
+        runs = tmp_path / f"w{attempt}" / "runs" / "r1"
+        barrier = ctx.Manager().Barrier(nodes)
+        with ctx.Pool(nodes) as pool:
+            errors = pool.map(
+                _make_node_dir, [(str(runs / f"n{k}"), barrier) for k in range(nodes)]
+            )
+        assert errors == [""] * nodes, (attempt, errors)
+        assert sorted(os.listdir(runs)) == [f"n{k}" for k in range(nodes)]
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [

@@ -74,8 +74,9 @@ def make_rundir(rundir: str) -> None:
     runs = os.path.dirname(os.path.dirname(rundir))
     workdir = os.path.dirname(runs)
     try:
-        if not os.path.isdir(workdir):
-            os.makedirs(workdir, PRIVATE)
+        # exist_ok: the nodes of a run may share one file system (an NFS home) and create
+        # it at the same moment; whoever made it, the checks below apply.
+        os.makedirs(workdir, PRIVATE, exist_ok=True)
         # The workdir may be a symlink the user made (to a bigger disk): follow it.
         _check(workdir, "workdir", follow=True)
         _mkdir(runs)
