@@ -92,7 +92,10 @@ def test_rank_output_never_drives_the_terminal_and_the_logs_keep_every_byte(
     # its prefix, so no \r overprints a prefix (forged or not).
     assert_only_colours(r.stdout, "console")
     assert b"\x1b[31mred 1\x1b[0m plain" in r.stdout and b"\r" not in r.stdout
-    assert b"] progress 100%\n" in r.stdout and b"progress 50%" not in r.stdout
+    # A chunk that held a colour ends with a reset (no colour leaks past it): whether the
+    # bar's line shares a chunk with the red one depends on timing, so ignore that reset.
+    shown = r.stdout.replace(b"\x1b[0m\n", b"\n")
+    assert b"] progress 100%\n" in shown and b"progress 50%" not in shown
     for line in r.stdout.splitlines():
         assert line.startswith((b"[0 h1] ", b"[1 h2] ")), line
     # The report: control characters shown, not obeyed; the rank's lines framed.
