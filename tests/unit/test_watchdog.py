@@ -24,7 +24,7 @@ from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote import contract
 from sshddp.remote.contract import HangRecord, NodeWatch, WatchSpec
 from sshddp.remote.joined import node_watch
-from sshddp.remote.watchdog import nccl_dumps, nccl_env, ranges, verdict, world_text
+from sshddp.remote.watchdog import has_gpu, nccl_dumps, nccl_env, ranges, verdict, world_text
 from sshddp.run.ps import PsRow
 
 HOSTS = ["h1", "h2", "h3"]
@@ -115,7 +115,7 @@ def test_node_watch_reads_joined_records_and_the_log_age(tmp_path: Path) -> None
 
 
 def test_nccl_flight_recorder_is_armed_unless_the_user_set_it(tmp_path: Path) -> None:
-    env = nccl_env(str(tmp_path), {})
+    env = nccl_env(str(tmp_path), {}, gpu=True)
     assert env == {
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / contract.NCCL / "trace_"),
@@ -123,7 +123,7 @@ def test_nccl_flight_recorder_is_armed_unless_the_user_set_it(tmp_path: Path) ->
     }
     assert (tmp_path / contract.NCCL).is_dir()
     theirs = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
-    assert set(nccl_env(str(tmp_path), theirs)) == {"TORCH_FR_DUMP_TEMP_FILE"}
+    assert set(nccl_env(str(tmp_path), theirs, gpu=True)) == {"TORCH_FR_DUMP_TEMP_FILE"}
     assert nccl_dumps(str(tmp_path)) == []
     (tmp_path / contract.NCCL / "trace_1").write_bytes(b"pickle")
     (tmp_path / contract.NCCL / "trace_0").write_bytes(b"pickle")
@@ -131,6 +131,17 @@ def test_nccl_flight_recorder_is_armed_unless_the_user_set_it(tmp_path: Path) ->
         str(tmp_path / contract.NCCL / "trace_0"),
         str(tmp_path / contract.NCCL / "trace_1"),
     ]
+
+
+def test_nccl_flight_recorder_stays_off_on_a_host_without_a_gpu(tmp_path: Path) -> None:
+    """torch 2.13's gloo records every collective into the flight recorder too: a CPU
+    host (no GPU driver's device node) gets none of its settings."""
+    assert nccl_env(str(tmp_path), {}, gpu=False) == {}
+    assert not (tmp_path / contract.NCCL).exists()
+    nvidia = tmp_path / "nvidiactl"
+    assert not has_gpu([str(nvidia), str(tmp_path / "kfd")])
+    nvidia.write_bytes(b"")
+    assert has_gpu([str(nvidia), str(tmp_path / "kfd")])
 
 
 def hang_record(node_rank: int, host: str, nccl: list[str], *ranks: int) -> HangRecord:

@@ -46,11 +46,23 @@ FLIGHT_RECORDER = {
 }
 
 
-def nccl_env(rundir: str, env: dict[str, str]) -> dict[str, str]:
+#: Device nodes of a GPU driver whose collectives are NCCL's (RCCL's on ROCm).
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def has_gpu(devices: Sequence[str] = GPU_DEVICES) -> bool:
+    """Whether this host has a GPU driver loaded: any of ``devices`` exists."""
+    return any(os.path.exists(d) for d in devices)
+
+
+def nccl_env(rundir: str, env: dict[str, str], gpu: Optional[bool] = None) -> dict[str, str]:
     """The NCCL flight recorder's settings, armed unless the user set them (by either
     name): it keeps the last collectives of every rank and dumps them into
-    RUNDIR/nccl/trace_<rank> when a collective times out. Only a NCCL process group reads
-    them: harmless without CUDA."""
+    RUNDIR/nccl/trace_<rank> when a collective times out. Only on a host with a GPU
+    (``gpu``, else ``has_gpu()``): torch 2.13's gloo records into it too, every collective
+    with its Python stack, and a CPU run (gloo only) has no NCCL dump to gain from that."""
+    if not (has_gpu() if gpu is None else gpu):
+        return {}
     values = {
         "TORCH_FR_BUFFER_SIZE": TRACE_BUFFER,
         "TORCH_FR_DUMP_TEMP_FILE": os.path.join(rundir, contract.NCCL, "trace_"),
