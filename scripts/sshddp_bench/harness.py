@@ -221,7 +221,10 @@ def expect_rc(done: Finished, rc: int, what: str) -> Finished:
 
 
 def free(port: int, addr: str = "") -> bool:
+    """Nothing listens on ``addr:port``; connections of an earlier suite in TIME_WAIT do not
+    count: sshd binds with SO_REUSEADDR, as this does."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((addr, port))
         except OSError:
