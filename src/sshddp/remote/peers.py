@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from sshddp.remote import wire
-from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
+from sshddp.remote.contract import FAILED, SUCCEEDED, NodeWatch, SpecRecord
 
 MAX_PENDING = 16  # connections awaiting authentication at the hub; more are closed at once
 
@@ -49,6 +49,8 @@ class Peers:
         self.watch_facts: Optional[Callable[[], NodeWatch]] = None  # a spoke's, for the hub
         self.on_hang: Optional[Callable[[str, str, str], None]] = None  # told by the hub
         self.facts: dict[int, NodeWatch] = {}  # the hub's: the spokes' latest facts
+        #: every message from a peer, with the sender's rank (``restarts``)
+        self.on_message: Optional[Callable[[int, dict[str, Any]], None]] = None
         self.lock = threading.Lock()
 
     def name(self, rank: int) -> str:
@@ -78,6 +80,25 @@ class Peers:
     def links(self) -> list[wire.Conn]:
         """The connections to the other nodes' supervisors (the hub's)."""
         return []
+
+    def heard(self) -> set[int]:
+        """The nodes this one hears from, itself included (the hub's view)."""
+        return {self.rank}
+
+    def ended(self) -> set[int]:
+        """The nodes that reported their end (the hub's view)."""
+        return set()
+
+    def end_node(self, rank: int, reason: str) -> None:
+        """Node ``rank`` failed for good: the run stops (the hub's)."""
+        self._set_abort(f"{self.name(rank)} failed: {reason}")
+
+    def tell_hub(self, msg: dict[str, Any]) -> None:
+        """Send node 0's supervisor ``msg`` (a spoke's)."""
+
+    def broadcast_abort(self, reason: str) -> None:
+        """Stop every node (the hub tells the others)."""
+        self._set_abort(reason)
 
     def tell_hang(self, kind: str, reason: str, action: str) -> None:
         """Tell the other nodes the run hung (the hub's)."""
@@ -185,6 +206,8 @@ class Hub(Peers):
             if msg is None:
                 break
             self.remember(rank, msg)
+            if self.on_message is not None:
+                self.on_message(rank, msg)
             if "done" in msg:  # a node reports for itself only
                 reason = str(msg.get("reason") or "")[: wire.MAX_TEXT]
                 self.node_done(rank, str(msg.get("state")), reason)
@@ -222,6 +245,17 @@ class Hub(Peers):
     def links(self) -> list[wire.Conn]:
         with self.lock:
             return list(self.conns.values())
+
+    def heard(self) -> set[int]:
+        with self.lock:
+            return {0, *self.conns}
+
+    def ended(self) -> set[int]:
+        with self.lock:
+            return set(self.done)
+
+    def end_node(self, rank: int, reason: str) -> None:
+        self.node_done(rank, FAILED, reason)
 
     def all_done(self) -> bool:
         with self.lock:
@@ -302,6 +336,8 @@ class Spoke(Peers):
                 self._set_abort(str(msg["abort"])[: wire.MAX_TEXT])
             if "hang" in msg and self.on_hang is not None:
                 self.on_hang(str(msg["hang"]), str(msg.get("reason")), str(msg.get("action")))
+            if self.on_message is not None:
+                self.on_message(0, msg)
             if "bye" in msg:
                 return  # node 0 is done and leaves; nothing is lost
         self._set_abort(f"lost the connection to {self.name(0)} (its host or supervisor is gone)")
@@ -314,6 +350,10 @@ class Spoke(Peers):
         if self.watch_facts is None:
             return {"hb": self.rank}
         return {"hb": self.rank, "w": self.watch_facts()}
+
+    def tell_hub(self, msg: dict[str, Any]) -> None:
+        if self.conn is not None:
+            self.conn.send(msg)
 
     def report(self, state: str, reason: str) -> None:
         self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting

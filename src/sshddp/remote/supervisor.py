@@ -39,6 +39,7 @@ from sshddp.remote.common import (
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.peers import Peers, peers_for
+from sshddp.remote.restarts import Restarts
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -89,6 +90,8 @@ class Supervisor:
         self.group: Optional[Group] = None  #: torchrun's process group, once it runs
         self.escaped: list[Escaped] = []
         self.watchdog = Watchdog(rundir, self.spec, self.started)
+        self.restarts = Restarts(rundir, self.spec, self.peers)
+        self.env: dict[str, str] = {}  #: torchrun's environment (env.json is read once)
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -106,18 +109,31 @@ class Supervisor:
         if self.wake.fd is not None:
             self.peers.on_abort = self.wake.poke
         arm(self.watchdog, self.peers, self.wake.poke)
+        self.restarts.on_wake = self.wake.poke
         try:
             tty = bool(self.spec.get("tty"))
-            self.output = output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
+            self.output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
         except OSError as exc:  # a file planted in the run directory, say
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
+        self.env = torchrun_env(self.rundir, self.spec)
+        failed = self.spawn()
+        if failed:
+            self.finish(contract.FAILED, None, failed)
+        return not failed
+
+    def spawn(self) -> str:
+        """Start torchrun for the current attempt; why it could not ("" when it runs)."""
+        assert self.output is not None
+        output = self.output
+        if self.restarts.enabled:
+            self.restarts.begin(output, bool(self.spec.get("tty")), self.spec.get("tty_size"))
         argv = torchrun_argv(self.rundir, self.spec)
         try:
             self.proc = subprocess.Popen(
                 argv,
                 cwd=self.spec.get("cwd") or None,
-                env=torchrun_env(self.rundir, self.spec),
+                env={**self.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)},
                 stdin=subprocess.DEVNULL,
                 stdout=output.slave,
                 stderr=output.slave,
@@ -125,12 +141,11 @@ class Supervisor:
             )
         except OSError as exc:
             output.write((f"sshddp: cannot start {argv[0]}: {exc}\n").encode())
-            self.finish(contract.FAILED, None, f"cannot start torchrun: {exc}")
-            return False
+            return f"cannot start torchrun: {exc}"
         finally:
             output.close_writer()
         self._record_state(self.proc.pid)
-        return True
+        return ""
 
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
@@ -157,6 +172,8 @@ class Supervisor:
                 return True
             if self.stop_signal is not None or self.output.full or self.watchdog.verdict:
                 return False
+            if self.restarts.halting():
+                return False  # node 0 restarts the run: every node stops this attempt
             if self.peers.abort is not None and not self.watchdog.busy.is_set():
                 return False  # (while this node's stacks are taken, its ranks stay)
             if session_gone(self.rundir, self.parent):
@@ -173,11 +190,39 @@ class Supervisor:
             return
         self.peers.start()
         self.watchdog.start()
-        state, reason = self._exited() if self.loop() else self._stopped()
+        state, reason = self._attempts()
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
         self.peers.wait_others()
+
+    def _attempts(self) -> tuple[str, str]:
+        """Run the attempts (one without restarts) until the node ends; its final state."""
+        assert self.output is not None
+        while True:
+            state, reason = self._exited() if self.loop() else self._stopped()
+            if not self.restarts.again(state, reason, self._stopping):
+                break
+            failed = self.spawn()
+            if failed:
+                return contract.FAILED, failed
+            self.watchdog.restart()
+        halted = self.restarts.halting() and state in (contract.STOPPED, contract.FAILED)
+        if halted and not self.output.full:  # stopped for a restart that never came
+            abort = self.peers.abort
+            default = "stopped: " + abort if abort else "stopped on request"
+            return contract.STOPPED, stop_reason(self.rundir, default)
+        return state, reason
+
+    def _stopping(self) -> bool:
+        """The node ends whatever its attempt did: asked to, aborted, hung or out of disk."""
+        assert self.output is not None
+        return bool(
+            self.stop_signal is not None
+            or self.output.full
+            or self.watchdog.verdict
+            or self.peers.abort is not None
+        )
 
     def _stopped(self) -> tuple[str, str]:
         """Stop the node's processes (asked to, or aborted by a peer); its final state."""
@@ -223,7 +268,14 @@ class Supervisor:
             self.output.unreserve()
         reason = with_escaped(reason, self.escaped)
         write_exit(
-            self.rundir, self.spec["node_rank"], self.started, state, rc, reason, self.escaped
+            self.rundir,
+            self.spec["node_rank"],
+            self.started,
+            state,
+            rc,
+            reason,
+            self.escaped,
+            self.restarts.summary(),
         )
 
 
@@ -350,8 +402,10 @@ def write_exit(
     rc: Optional[int],
     reason: str,
     escaped: Optional[list[Escaped]] = None,
+    attempts: Optional[ExitRecord] = None,
 ) -> None:
-    """exit.json: how the node ended (the supervisor's last act)."""
+    """exit.json: how the node ended (the supervisor's last act); ``attempts``: which
+    attempt it ended in, of how many, and why the earlier ones ended."""
     result: ExitRecord = {
         "schema": contract.SCHEMA,
         "state": state,
@@ -363,6 +417,7 @@ def write_exit(
     }
     if escaped:
         result["escaped"] = escaped
+    result.update(attempts or {})
     if rc is not None and rc < 0:
         result["signal"] = _signame(-rc)
     try:

@@ -1,0 +1,133 @@
+"""--max-restarts across nodes against real runs: real sshd hosts, real torchrun, gloo on
+CPU, 3 hosts x 2 ranks; attached and detached (no coordinator: the supervisors restart).
+
+``payloads/flaky.py``: rank 5 (node 2, h3) exits with code 1 in the first attempt only, or
+in every attempt. Every rank starts a child process that must not survive a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from launch_helpers import sshddp, write_inventory
+from test_watchdogs import wait_finished
+
+from sshddp_lab.sshd import SshdCluster
+
+FLAKY = Path(__file__).parent / "payloads" / "flaky.py"
+RUN_FAILED = 1
+SUM = 126.0  # ranks 1..6 all-reduced (21), then all-reduced again by 6 ranks
+
+
+def node_dir(workdir: Path, run: str, node: int) -> Path:
+    return workdir / "runs" / run / f"n{node}"
+
+
+def attempts_of(workdir: Path, run: str, node: int) -> dict[str, Any]:
+    return dict(json.loads((node_dir(workdir, run, node) / "attempts.json").read_text()))
+
+
+def exit_of(workdir: Path, run: str, node: int) -> dict[str, Any]:
+    return dict(json.loads((node_dir(workdir, run, node) / "exit.json").read_text()))
+
+
+def summaries(log: bytes) -> list[dict[str, Any]]:
+    lines = log.decode().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def assert_second_attempt_succeeded(workdir: Path, run: str) -> None:
+    """Every node ran attempt 2 from where attempts.json says, all-reduced the right sum
+    there, and its first attempt's output (rank 5's failure, on node 2) lies before."""
+    for node in range(3):
+        record = attempts_of(workdir, run, node)
+        assert record["max_attempts"] == 3, record
+        first, second = record["attempts"]
+        assert (first["attempt"], first["offset"], first["reason"]) == (1, 0, ""), record
+        assert second["attempt"] == 2, record
+        assert "node 2 (h3) failed: rank 5 exited with code 1" == second["reason"], record
+        log = (node_dir(workdir, run, node) / "node.log").read_bytes()
+        before, after = log[: second["offset"]], log[second["offset"] :]
+        assert b"attempt 1 rank" in before and b"attempt 1 rank" not in after, log
+        assert b"attempt 2 rank" not in before, log
+        done = summaries(after)
+        assert sorted(d["rank"] for d in done) == [2 * node, 2 * node + 1], log
+        assert all(d["sum"] == SUM and d["attempt"] == 2 for d in done), done
+        ended = exit_of(workdir, run, node)
+        assert ended["state"] == "succeeded" and ended["attempt"] == 2, ended
+        assert ended["attempts"] == 3 and len(ended["earlier"]) == 1, ended
+    assert b"attempt 1 rank 5 fails" in (node_dir(workdir, run, 2) / "node.log").read_bytes()
+
+
+def assert_three_attempts_failed(workdir: Path, run: str) -> None:
+    for node in range(3):
+        record = attempts_of(workdir, run, node)
+        assert [a["attempt"] for a in record["attempts"]] == [1, 2, 3], record
+        ended = exit_of(workdir, run, node)
+        assert ended["attempt"] == 3 and ended["attempts"] == 3, ended
+        assert ended["earlier"] == ["node 2 (h3) failed: rank 5 exited with code 1"] * 2, ended
+        assert ended["state"] == ("failed" if node == 2 else "stopped"), ended
+    log = (node_dir(workdir, run, 2) / "node.log").read_bytes()
+    assert [f"attempt {k} rank 5 fails".encode() in log for k in (1, 2, 3)] == [True] * 3
+
+
+def test_a_rank_that_fails_once_restarts_every_node_and_the_run_succeeds(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Attached, --max-restarts 2: rank 5 fails in attempt 1; every node stops, then all
+    start attempt 2 together and succeed. The console says so; the report says attempt 2
+    of 3 and why attempt 1 ended; the local logs are the nodes' bytes."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
+    args = ["--name", "rs1", "--max-restarts", "2", str(inv), str(FLAKY), "once", "5"]
+    done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert_second_attempt_succeeded(workdir, "rs1")
+    for node in range(3):
+        local = tmp_path / "sshddp-logs" / "rs1" / f"node{node}-h{node + 1}.log"
+        assert local.read_bytes() == (node_dir(workdir, "rs1", node) / "node.log").read_bytes()
+    run_no_leak("rs1")
+
+
+def test_a_rank_that_always_fails_ends_after_three_attempts(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Attached, --max-restarts 2: rank 5 fails every time: 3 attempts, then the report
+    (attempt 3 of 3, why attempts 1 and 2 ended, the root cause) and exit code 1."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
+    args = ["--name", "rs2", "--max-restarts", "2", str(inv), str(FLAKY), "always", "5"]
+    done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=300)
+    assert done.returncode == RUN_FAILED, done.stderr
+    assert "Traceback (most recent call last)" not in done.stderr.split("sshddp: run rs2")[-1]
+    assert_three_attempts_failed(workdir, "rs2")
+    run_no_leak("rs2")
+
+
+def test_detached_restart_succeeds_with_no_coordinator(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Detached: the supervisors restart every node on their own; attempt 2 succeeds."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
+    args = ["--detach", "--name", "rs3", "--max-restarts", "2", str(inv), str(FLAKY)]
+    started = sshddp(ssh_env, tmp_path, "launch", *args, "once", "5")
+    assert started.returncode == 0, started.stderr
+    row = wait_finished(ssh_env, tmp_path, "rs3", 240)
+    assert [n["state"] for n in row["nodes"]] == ["succeeded"] * 3, row
+    assert_second_attempt_succeeded(workdir, "rs3")
+    run_no_leak("rs3")
+
+
+def test_detached_always_failing_rank_ends_after_three_attempts(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Detached: 3 attempts, then the run ends failed with no coordinator."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
+    args = ["--detach", "--name", "rs4", "--max-restarts", "2", str(inv), str(FLAKY)]
+    started = sshddp(ssh_env, tmp_path, "launch", *args, "always", "5")
+    assert started.returncode == 0, started.stderr
+    row = wait_finished(ssh_env, tmp_path, "rs4", 300)
+    assert [n["state"] for n in row["nodes"]] == ["stopped", "stopped", "failed"], row
+    assert_three_attempts_failed(workdir, "rs4")
+    run_no_leak("rs4")
