@@ -100,7 +100,11 @@ def test_a_rank_that_always_fails_ends_after_three_attempts(
     args = ["--name", "rs2", "--max-restarts", "2", str(inv), str(FLAKY), "always", "5"]
     done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=300)
     assert done.returncode == RUN_FAILED, done.stderr
-    assert "Traceback (most recent call last)" not in done.stderr.split("sshddp: run rs2")[-1]
+    report = done.stderr[done.stderr.index("sshddp: run rs2 failed") :]
+    assert "\nattempt 3 of 3\n" in report, report
+    why = "node 2 (h3) failed: rank 5 exited with code 1; every node restarted"
+    assert f"  attempt 1 ended: {why}\n  attempt 2 ended: {why}\n" in report, report
+    assert "root cause: node 2 on h3, global rank 5 (local rank 1)" in report, report
     assert_three_attempts_failed(workdir, "rs2")
     run_no_leak("rs2")
 

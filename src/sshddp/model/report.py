@@ -216,6 +216,7 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
         if n.returncode not in (None, 0) and not n.reason:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
+    out.extend(attempts_lines(result))
     if result.cause and not result.ok:
         out.append(f"root cause: {result.cause}")
         return "\n".join(out)
@@ -245,6 +246,26 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     if node.log_path:
         out.append(f"full log: {visible(str(node.log_path))}")
     return "\n".join(out)
+
+
+def attempts_lines(result: RunResult) -> list[str]:
+    """With ``--max-restarts``: the attempt the run ended in, of how many, and why each
+    earlier one ended (the node that went furthest says; every node restarts together)."""
+    if not result.nodes:
+        return []
+    last = max(result.nodes, key=lambda n: n.attempt)
+    if last.attempts <= 1:
+        return []
+    out = [f"attempt {last.attempt} of {last.attempts}"]
+    for k, why in enumerate(last.earlier, 1):
+        out.append(f"  attempt {k} ended: {visible(why)}; every node restarted")
+    return out
+
+
+def attempt_line(attempt: int, attempts: object, why: str) -> str:
+    """What the console says when every node starts ``attempt`` (``--max-restarts``)."""
+    of = f" of {attempts}" if isinstance(attempts, int) else ""
+    return f"sshddp: attempt {attempt}{of}: {visible(why)}; restarting every node"
 
 
 def _how(info: dict[str, Any], otherwise: str) -> str:

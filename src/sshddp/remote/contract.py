@@ -202,6 +202,7 @@ class ExitRecord(TypedDict, total=False):
     attempt: int  #: the attempt the node ended in, or runs (schema 4; absent: 1)
     attempts: int  #: how many attempts the run may make: 1 + its restarts (schema 4)
     earlier: list[str]  #: why each earlier attempt ended, oldest first (schema 4)
+    offsets: list[int]  #: where each attempt starts in node.log, by attempt (schema 4)
 
 
 class StopAnswer(ExitRecord, total=False):

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Collection, Optional
 
 from sshddp.remote import contract
+from sshddp.remote.attempts import summary
 from sshddp.remote.common import atomic_write_json, listdir, unlink
 from sshddp.remote.contract import AttemptRecord, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput, _proc_name, open_output
@@ -225,10 +226,7 @@ class Restarts:
 
     def summary(self) -> ExitRecord:
         """What exit.json says of the attempts (nothing without restarts)."""
-        if not self.enabled:
-            return {}
-        earlier = [a["reason"] for a in self.history[1:]]
-        return {"attempt": self.attempt, "attempts": self.max_attempts, "earlier": earlier}
+        return summary(self.max_attempts, self.history)
 
 
 def reopen(output: NodeOutput, tty: bool, size: Optional[list[int]]) -> None:
