@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from sshddp import defaults
@@ -266,6 +266,24 @@ def attempt_line(attempt: int, attempts: object, why: str) -> str:
     """What the console says when every node starts ``attempt`` (``--max-restarts``)."""
     of = f" of {attempts}" if isinstance(attempts, int) else ""
     return f"sshddp: attempt {attempt}{of}: {visible(why)}; restarting every node"
+
+
+def attempt_marks(node: str, status: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """Where each attempt after the first starts in a node's log (from its status record),
+    and the line ``logs`` prints there: node.log holds only the ranks' bytes."""
+    offsets, earlier, attempts = (
+        status.get("offsets"),
+        status.get("earlier"),
+        status.get("attempts"),
+    )
+    if not isinstance(offsets, list) or not isinstance(earlier, list):
+        return []
+    marks = []
+    for k, (offset, why) in enumerate(zip(offsets[1:], earlier), 2):
+        if isinstance(offset, int):
+            text = f"sshddp: {node}: attempt {k} of {attempts} starts here; attempt {k - 1} ended: "
+            marks.append((offset, text + visible(str(why))))
+    return marks
 
 
 def _how(info: dict[str, Any], otherwise: str) -> str:

@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from sshddp.remote import wire
-from sshddp.remote.contract import FAILED, SUCCEEDED, NodeWatch, SpecRecord
+from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
 
 MAX_PENDING = 16  # connections awaiting authentication at the hub; more are closed at once
 
@@ -51,6 +51,8 @@ class Peers:
         self.facts: dict[int, NodeWatch] = {}  # the hub's: the spokes' latest facts
         #: every message from a peer, with the sender's rank (``restarts``)
         self.on_message: Optional[Callable[[int, dict[str, Any]], None]] = None
+        self.done: dict[int, tuple[Optional[str], str]] = {}  # the hub's: rank -> (state, reason)
+        self.conns: dict[int, wire.Conn] = {}  # the hub's: the spokes' connections
         self.lock = threading.Lock()
 
     def name(self, rank: int) -> str:
@@ -83,15 +85,17 @@ class Peers:
 
     def heard(self) -> set[int]:
         """The nodes this one hears from, itself included (the hub's view)."""
-        return {self.rank}
+        with self.lock:
+            return {self.rank, *self.conns}
 
     def ended(self) -> set[int]:
         """The nodes that reported their end (the hub's view)."""
-        return set()
+        with self.lock:
+            return set(self.done)
 
     def end_node(self, rank: int, reason: str) -> None:
-        """Node ``rank`` failed for good: the run stops (the hub's)."""
-        self._set_abort(f"{self.name(rank)} failed: {reason}")
+        """Node ``rank`` failed for good: the run stops (the hub tells every node)."""
+        self.broadcast_abort(f"{self.name(rank)} failed: {reason}")
 
     def tell_hub(self, msg: dict[str, Any]) -> None:
         """Send node 0's supervisor ``msg`` (a spoke's)."""
@@ -118,8 +122,6 @@ class Hub(Peers):
 
     def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
         super().__init__(spec, key)
-        self.done: dict[int, tuple[Optional[str], str]] = {}  # rank -> (state, reason)
-        self.conns: dict[int, wire.Conn] = {}
         self.pending = 0  # connections not yet authenticated
 
     def start(self) -> None:
@@ -245,17 +247,6 @@ class Hub(Peers):
     def links(self) -> list[wire.Conn]:
         with self.lock:
             return list(self.conns.values())
-
-    def heard(self) -> set[int]:
-        with self.lock:
-            return {0, *self.conns}
-
-    def ended(self) -> set[int]:
-        with self.lock:
-            return set(self.done)
-
-    def end_node(self, rank: int, reason: str) -> None:
-        self.node_done(rank, FAILED, reason)
 
     def all_done(self) -> bool:
         with self.lock:

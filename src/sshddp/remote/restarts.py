@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Optional, Protocol
 
 from sshddp.remote import contract
 from sshddp.remote.attempts import summary
@@ -31,6 +31,7 @@ from sshddp.remote.common import atomic_write_json, listdir, unlink
 from sshddp.remote.contract import AttemptRecord, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput, _proc_name, open_output
 from sshddp.remote.peers import Peers
+from sshddp.remote.watchdog import Watchdog
 
 WAIT_TICK = 0.05  #: seconds between looks while a node waits for node 0's word
 TAIL_BYTES = 64 * 1024  #: how much of an attempt's end is read for torchrun's failure summary
@@ -206,13 +207,34 @@ class Restarts:
         else:
             self.peers.tell_hub(msg)
 
-    def begin(self, output: NodeOutput, tty: bool, size: Optional[list[int]]) -> None:
-        """Record the start of the next attempt (or the first) and give it a fresh output."""
+    def run(self, node: Node) -> tuple[str, str]:
+        """Run ``node``'s attempts (the first one runs) until the node ends; its final state
+        and why."""
+        while True:
+            state, reason = node._exited() if node.loop() else node._stopped()
+            if not self.again(state, reason, lambda: stopping(node)):
+                break
+            failed = node.spawn()
+            if failed:
+                return contract.FAILED, failed
+        full = node.output is not None and node.output.full
+        if self.halting() and state in (contract.STOPPED, contract.FAILED) and not full:
+            abort = self.peers.abort  # stopped for a restart that never came
+            default = "stopped: " + abort if abort else "stopped on request"
+            return contract.STOPPED, stop_reason(self.rundir, default)
+        return state, reason
+
+    def begin(self, output: NodeOutput, spec: SpecRecord, watchdog: Watchdog) -> None:
+        """Record the start of the next attempt (or the first) and give it a fresh output;
+        the world forms anew, so the watchdog watches from now."""
+        watchdog.restart()
+        if not self.enabled:
+            return
         why = ""
         if self.history:
             assert self.go is not None
             self.attempt, why = self.go
-            reopen(output, tty, size)
+            reopen(output, bool(spec.get("tty")), spec.get("tty_size"))
             for name in listdir(os.path.join(self.rundir, contract.JOINED)):
                 unlink(os.path.join(self.rundir, contract.JOINED, name))
         offset = os.fstat(output.log).st_size
@@ -227,6 +249,36 @@ class Restarts:
     def summary(self) -> ExitRecord:
         """What exit.json says of the attempts (nothing without restarts)."""
         return summary(self.max_attempts, self.history)
+
+
+class Node(Protocol):
+    """What the restarts need of a node's supervisor (``supervisor.Supervisor``)."""
+
+    output: Optional[NodeOutput]
+    stop_signal: Optional[int]
+    watchdog: Watchdog
+    peers: Peers
+
+    def loop(self) -> bool: ...  #: torchrun exited (True), or the node must stop (False)
+    def _exited(self) -> tuple[str, str]: ...  #: torchrun's end: the attempt's state
+    def _stopped(self) -> tuple[str, str]: ...  #: the node stopped: the attempt's state
+    def spawn(self) -> str: ...  #: start the next attempt; why it could not ("" if it runs)
+
+
+def stopping(node: Node) -> bool:
+    """The node ends whatever its attempt did: asked to, aborted, hung or out of disk."""
+    output = node.output
+    stops = (node.stop_signal, output.full if output else None, node.watchdog.verdict)
+    return any(v is not None for v in stops) or node.peers.abort is not None
+
+
+def stop_reason(rundir: str, default: str) -> str:
+    """Why the node was asked to stop (the first asker's words), else ``default``."""
+    try:
+        with open(os.path.join(rundir, contract.STOP_REASON)) as fh:
+            return fh.read().strip() or default
+    except OSError:
+        return default
 
 
 def reopen(output: NodeOutput, tty: bool, size: Optional[list[int]]) -> None:

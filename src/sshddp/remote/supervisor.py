@@ -39,7 +39,7 @@ from sshddp.remote.common import (
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.peers import Peers, peers_for
-from sshddp.remote.restarts import Restarts
+from sshddp.remote.restarts import Restarts, stop_reason
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -125,27 +125,13 @@ class Supervisor:
     def spawn(self) -> str:
         """Start torchrun for the current attempt; why it could not ("" when it runs)."""
         assert self.output is not None
-        output = self.output
-        if self.restarts.enabled:
-            self.restarts.begin(output, bool(self.spec.get("tty")), self.spec.get("tty_size"))
-        argv = torchrun_argv(self.rundir, self.spec)
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.spec.get("cwd") or None,
-                env={**self.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)},
-                stdin=subprocess.DEVNULL,
-                stdout=output.slave,
-                stderr=output.slave,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            output.write((f"sshddp: cannot start {argv[0]}: {exc}\n").encode())
-            return f"cannot start torchrun: {exc}"
-        finally:
-            output.close_writer()
-        self._record_state(self.proc.pid)
-        return ""
+        self.restarts.begin(self.output, self.spec, self.watchdog)
+        env = {**self.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
+        proc, failed = start_torchrun(self.rundir, self.spec, env, self.output)
+        if proc is not None:
+            self.proc = proc
+            self._record_state(proc.pid)
+        return failed
 
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
@@ -189,40 +175,11 @@ class Supervisor:
             self.peers.wait_others()
             return
         self.peers.start()
-        self.watchdog.start()
-        state, reason = self._attempts()
+        state, reason = self.restarts.run(self)  # the attempts: one without restarts
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
         self.peers.wait_others()
-
-    def _attempts(self) -> tuple[str, str]:
-        """Run the attempts (one without restarts) until the node ends; its final state."""
-        assert self.output is not None
-        while True:
-            state, reason = self._exited() if self.loop() else self._stopped()
-            if not self.restarts.again(state, reason, self._stopping):
-                break
-            failed = self.spawn()
-            if failed:
-                return contract.FAILED, failed
-            self.watchdog.restart()
-        halted = self.restarts.halting() and state in (contract.STOPPED, contract.FAILED)
-        if halted and not self.output.full:  # stopped for a restart that never came
-            abort = self.peers.abort
-            default = "stopped: " + abort if abort else "stopped on request"
-            return contract.STOPPED, stop_reason(self.rundir, default)
-        return state, reason
-
-    def _stopping(self) -> bool:
-        """The node ends whatever its attempt did: asked to, aborted, hung or out of disk."""
-        assert self.output is not None
-        return bool(
-            self.stop_signal is not None
-            or self.output.full
-            or self.watchdog.verdict
-            or self.peers.abort is not None
-        )
 
     def _stopped(self) -> tuple[str, str]:
         """Stop the node's processes (asked to, or aborted by a peer); its final state."""
@@ -267,25 +224,8 @@ class Supervisor:
         if self.output is not None:
             self.output.unreserve()
         reason = with_escaped(reason, self.escaped)
-        write_exit(
-            self.rundir,
-            self.spec["node_rank"],
-            self.started,
-            state,
-            rc,
-            reason,
-            self.escaped,
-            self.restarts.summary(),
-        )
-
-
-def stop_reason(rundir: str, default: str) -> str:
-    """Why the node was asked to stop (the first asker's words), else ``default``."""
-    try:
-        with open(os.path.join(rundir, contract.STOP_REASON)) as fh:
-            return fh.read().strip() or default
-    except OSError:
-        return default
+        node, attempts = self.spec["node_rank"], self.restarts.summary()
+        write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, attempts)
 
 
 def state_record(pid: int, started: Optional[int], since: float) -> dict[str, Any]:
@@ -392,6 +332,30 @@ def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
         at = argv.index("--no-python")
         argv[at + 1 : at + 3] = [sys.executable, os.path.join(rundir, contract.RANK_SHIM)]
     return argv
+
+
+def start_torchrun(
+    rundir: str, spec: SpecRecord, env: dict[str, str], output: NodeOutput
+) -> tuple[Optional[subprocess.Popen[bytes]], str]:
+    """torchrun (or the node's launcher) in a session of its own, writing to ``output``;
+    else None and why it could not start."""
+    argv = torchrun_argv(rundir, spec)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=spec.get("cwd") or None,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output.slave,
+            stderr=output.slave,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        output.write((f"sshddp: cannot start {argv[0]}: {exc}\n").encode())
+        return None, f"cannot start torchrun: {exc}"
+    finally:
+        output.close_writer()
+    return proc, ""
 
 
 def write_exit(
