@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 4  #: 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, `earlier`
+SCHEMA = 4  #: 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
+# `earlier`, `offsets` (remote/ranksite.py, which stands alone, repeats the number)
 # 3: spec.json `tty_size` and `watch`; joined/, hang.json, nccl/; the state STALLED
 # 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`
 
