@@ -47,7 +47,7 @@ def assert_second_attempt_succeeded(workdir: Path, run: str) -> None:
         first, second = record["attempts"]
         assert (first["attempt"], first["offset"], first["reason"]) == (1, 0, ""), record
         assert second["attempt"] == 2, record
-        assert "node 2 (h3) failed: rank 5 exited with code 1" == second["reason"], record
+        assert second["reason"] == "node 2 (h3) failed: rank 5 exited with code 1", record
         log = (node_dir(workdir, run, node) / "node.log").read_bytes()
         before, after = log[: second["offset"]], log[second["offset"] :]
         assert b"attempt 1 rank" in before and b"attempt 1 rank" not in after, log
