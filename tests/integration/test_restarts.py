@@ -18,6 +18,7 @@ from sshddp_lab.sshd import SshdCluster
 
 FLAKY = Path(__file__).parent / "payloads" / "flaky.py"
 RUN_FAILED = 1
+WHY = "node 2 (h3) failed: rank 5 exited with code 1"
 SUM = 126.0  # ranks 1..6 all-reduced (21), then all-reduced again by 6 ranks
 
 
@@ -84,6 +85,10 @@ def test_a_rank_that_fails_once_restarts_every_node_and_the_run_succeeds(
     done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    said = f"sshddp: attempt 2 of 3: {WHY}; restarting every node"
+    assert said in done.stderr, done.stderr
+    report = done.stderr[done.stderr.index("sshddp: run rs1 succeeded") :]
+    assert f"\nattempt 2 of 3\n  attempt 1 ended: {WHY}; every node restarted" in report
     assert_second_attempt_succeeded(workdir, "rs1")
     for node in range(3):
         local = tmp_path / "sshddp-logs" / "rs1" / f"node{node}-h{node + 1}.log"
@@ -120,6 +125,14 @@ def test_detached_restart_succeeds_with_no_coordinator(
     row = wait_finished(ssh_env, tmp_path, "rs3", 240)
     assert [n["state"] for n in row["nodes"]] == ["succeeded"] * 3, row
     assert_second_attempt_succeeded(workdir, "rs3")
+    shown = sshddp(ssh_env, tmp_path, "logs", "rs3")
+    assert shown.returncode == 0, shown.stderr
+    for node in range(3):
+        mark = f"sshddp: node {node} (h{node + 1}): attempt 2 of 3 starts here; attempt 1 ended: "
+        assert mark + WHY in shown.stdout + shown.stderr, shown
+    alone = sshddp(ssh_env, tmp_path, "logs", "--node", "1", "rs3")  # stdout: the node's bytes
+    assert alone.stdout.encode() == (node_dir(workdir, "rs3", 1) / "node.log").read_bytes()
+    assert "attempt 2 of 3 starts here" in alone.stderr, alone.stderr
     run_no_leak("rs3")
 
 

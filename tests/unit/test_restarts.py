@@ -20,6 +20,7 @@ from sshddp.remote import contract
 from sshddp.remote.attempts import read_summary, summary
 from sshddp.remote.restarts import failure_text, refusal
 from sshddp.run import logread
+from sshddp.run.ps import PsRow
 
 SUMMARY = b"""[rank4]: RuntimeError: Connection closed by peer
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -199,3 +200,13 @@ def test_without_restarts_a_node_has_no_attempts(tmp_path: Path) -> None:
     ended, rundir = supervise(tmp_path, "1", restarts=0)
     assert ended["state"] == "failed" and "attempt" not in ended, ended
     assert not (rundir / contract.ATTEMPTS).exists()
+
+
+def test_ps_shows_a_running_nodes_attempt() -> None:
+    running = {"state": "running", "joined": 2, "quiet": 3.0, "attempt": 2, "attempts": 3}
+    row = PsRow("r1", 0.0, 1.0, ("h1", "h2"), (running, {"state": "running"}), "", False)
+    assert row.node_text(0) == "0:running(2 joined, quiet 3s, attempt 2/3)"
+    assert row.node_text(1) == "1:running"
+    nodes = row.to_json()["nodes"]
+    assert (nodes[0]["attempt"], nodes[0]["attempts"]) == (2, 3)
+    assert nodes[1]["attempt"] is None
