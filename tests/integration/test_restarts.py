@@ -7,14 +7,17 @@ in every attempt. Every rank starts a child process that must not survive a rest
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import sshddp, write_inventory
+from launch_helpers import has_node_mark, sshddp, wait_until, write_inventory
 from test_watchdogs import wait_finished
 
-from sshddp_lab.sshd import SshdCluster
+from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 FLAKY = Path(__file__).parent / "payloads" / "flaky.py"
 RUN_FAILED = 1
@@ -148,3 +151,38 @@ def test_detached_always_failing_rank_ends_after_three_attempts(
     assert [n["state"] for n in row["nodes"]] == ["stopped", "stopped", "failed"], row
     assert_three_attempts_failed(workdir, "rs4")
     run_no_leak("rs4")
+
+
+def test_a_lost_node_is_not_restarted_into_a_hang(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Detached, --max-restarts 2, every rank all-reducing: node 1's supervisor, torchrun
+    and ranks are SIGKILLed (its host is gone). The others' ranks fail, but node 0 does not
+    restart a run that lost a node: nodes 0 and 2 end in attempt 1 of 3."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
+    args = ["--detach", "--name", "rs5", "--max-restarts", "2", str(inv), str(FLAKY)]
+    started = sshddp(ssh_env, tmp_path, "launch", *args, "loop", "0")
+    assert started.returncode == 0, started.stderr
+    logs = [node_dir(workdir, "rs5", n) / "node.log" for n in range(3)]
+    wait_until(lambda: all(b"ready" in p.read_bytes() for p in logs if p.exists()), 120, "ready")
+    wait_until(lambda: sum(p.read_bytes().count(b" ready") for p in logs) == 6, 120, "6 ranks")
+    state = json.loads((node_dir(workdir, "rs5", 1) / "state.json").read_text())
+    victims = [
+        pid
+        for pid, _ in processes_with_env("SSHDDP_RUN_ID", "rs5")
+        if pid == state["supervisor_pid"] or has_node_mark(pid, "rs5/n1")
+    ]
+    assert state["supervisor_pid"] in victims and len(victims) >= 4, victims
+    for pid in victims:  # the supervisor first: it must not see its node end
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    ended = [node_dir(workdir, "rs5", n) / "exit.json" for n in (0, 2)]
+    wait_until(lambda: all(p.exists() for p in ended), 120, "nodes 0 and 2 to end")
+    for node in (0, 2):
+        record = exit_of(workdir, "rs5", node)
+        assert record["state"] in ("stopped", "failed"), record
+        assert (record["attempt"], record["earlier"]) == (1, []), record
+        assert len(attempts_of(workdir, "rs5", node)["attempts"]) == 1
+    reason = exit_of(workdir, "rs5", 0)["reason"]
+    assert "node 1 (h2)" in reason, reason
+    run_no_leak("rs5")

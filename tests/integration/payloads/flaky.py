@@ -3,6 +3,7 @@
 once R    rank R exits with code 1 in attempt 1 (SSHDDP_ATTEMPT), after the first
           all-reduce; every rank of a later attempt all-reduces and prints a JSON summary
 always R  rank R exits with code 1 in every attempt, after the first all-reduce
+loop R    every rank all-reduces every 0.1 s, forever (R is unused): a lost node fails them
 
 Every rank first starts a DataLoader-like worker (a child process sleeping forever): a
 restart must not leave it behind. Each rank prints ``attempt A rank R ready`` once the
@@ -35,6 +36,9 @@ def main() -> None:
     print(f"attempt {attempt} rank {rank} ready", flush=True)
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
+    while MODE == "loop":
+        time.sleep(0.1)
+        dist.all_reduce(t)
     if rank == FAILING and (MODE == "always" or attempt == 1):
         print(f"attempt {attempt} rank {rank} fails", flush=True)
         os._exit(1)
