@@ -9,7 +9,11 @@ argument says:
 * ``sleep``: sleeps 300 s (the node-loss runs signal it first);
 * ``initblock``: node 1's ranks sleep 300 s, the others wait in gloo's init_process_group;
 * ``flood MB [all]``: rank 0 (every rank with ``all``) writes MB MiB of 64-byte lines
-  between a ``START <time>`` and an ``END <time>`` line.
+  between a ``START <time>`` and an ``END <time>`` line;
+* ``restart``: in the first attempt (``SSHDDP_ATTEMPT``, else torchrun's
+  ``TORCHELASTIC_RESTART_COUNT``) the last rank prints ``FAIL <time>`` after 1 s and exits
+  1, the others sleep; in a later one every rank prints ``AGAIN <rank> <time>`` at once,
+  then sleeps 1 s and exits 0.
 """
 
 from __future__ import annotations
@@ -44,6 +48,19 @@ elif mode == "initblock":
 
     dist.init_process_group("gloo")
     time.sleep(300)
+elif mode == "restart":
+    attempt = os.environ.get("SSHDDP_ATTEMPT")
+    if attempt is None:
+        attempt = str(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) + 1)
+    if attempt != "1":
+        print("AGAIN %d %.6f" % (rank, time.time()), flush=True)
+        time.sleep(1.0)
+    elif rank == world - 1:
+        time.sleep(1.0)
+        print("FAIL %.6f" % time.time(), flush=True)
+        sys.exit(1)
+    else:
+        time.sleep(300)
 elif mode == "flood" and (rank == 0 or sys.argv[3:] == ["all"]):
     chunk = {LINE!r} * (1 << 20 >> 6)
     out = sys.stdout.buffer

@@ -18,6 +18,7 @@ from sshddp_bench import (
     logs,
     nodeloss,
     ps,
+    restart,
     scale,
     slurm,
     smoke_bw,
@@ -44,6 +45,7 @@ CASES: tuple[Case[Any], ...] = (
     ps.CASE,
     workdir.CASE,
     hang.CASE,
+    restart.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -278,6 +278,8 @@ def test_ps_asks_every_unfinished_run_at_once_names_a_hung_host_and_records_ends
             "ended",
             "joined",  # null once the node has ended
             "quiet",
+            "attempt",  # null without --max-restarts
+            "attempts",
         }
         assert row["nodes"][0]["joined"] is None and row["nodes"][0]["quiet"] is None
     table = sshddp(cluster, tmp_path, "ps", "--all")

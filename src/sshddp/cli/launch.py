@@ -71,7 +71,14 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.option("--dry-run", is_flag=True, help="Print the per-node plan; connect to nothing.")
 @click.option("--no-check", is_flag=True, help="Skip the preflight checks.")
 @click.option("--detach", is_flag=True, help="Return once every node has started.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="After a failure, stop every node and start the whole run again, up to N times.",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=0),

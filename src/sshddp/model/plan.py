@@ -55,7 +55,7 @@ class LaunchOptions:
     workdir: Optional[str] = None  #: local directory shipped whole (honours .gitignore)
     log_dir: str = defaults.LOG_DIR  #: local log root
     name: Optional[str] = None  #: run id chosen by the user
-    max_restarts: int = 0  #: torchrun ``--max-restarts``
+    max_restarts: int = 0  #: times the whole run starts again after a failure (the supervisors')
     grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
@@ -130,6 +130,7 @@ class LaunchPlan:
     command: tuple[str, ...] = ()  #: a node launcher's command (``-- COMMAND``), if any
     nonce: str = ""  #: random, one per launch: no two runs' node marks are ever the same
     watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
+    max_restarts: int = 0  #: times every node starts again together after a failure
 
     def mark(self, node: NodePlan) -> str:
         """The marker in every process of ``node`` (teardown finds them by it): the run id
@@ -172,6 +173,7 @@ class LaunchPlan:
                 "on_stall": self.watch[2],
                 "nprocs": [n.nproc for n in self.nodes],
             },
+            "restarts": self.max_restarts,
         }
 
 
@@ -229,6 +231,7 @@ def make_plan(
         command=options.command,
         nonce=secrets.token_hex(6),
         watch=(options.init_timeout, options.stall_timeout, options.on_stall),
+        max_restarts=options.max_restarts,
     )
 
 
@@ -277,7 +280,7 @@ def _argv(
         node.nproc,
         (node.master_addr, node.master_port),
         run_id,
-        options.max_restarts,
+        0,  # the supervisors restart the whole run (``remote/restarts.py``), never torchrun alone
         rundir,
         program,
         options.torchrun_args,

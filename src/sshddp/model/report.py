@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from sshddp import defaults
@@ -216,6 +216,7 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
         if n.returncode not in (None, 0) and not n.reason:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
+    out.extend(attempts_lines(result))
     if result.cause and not result.ok:
         out.append(f"root cause: {result.cause}")
         return "\n".join(out)
@@ -245,6 +246,44 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     if node.log_path:
         out.append(f"full log: {visible(str(node.log_path))}")
     return "\n".join(out)
+
+
+def attempts_lines(result: RunResult) -> list[str]:
+    """With ``--max-restarts``: the attempt the run ended in, of how many, and why each
+    earlier one ended (the node that went furthest says; every node restarts together)."""
+    if not result.nodes:
+        return []
+    last = max(result.nodes, key=lambda n: n.attempt)
+    if last.attempts <= 1:
+        return []
+    out = [f"attempt {last.attempt} of {last.attempts}"]
+    for k, why in enumerate(last.earlier, 1):
+        out.append(f"  attempt {k} ended: {visible(why)}; every node restarted")
+    return out
+
+
+def attempt_line(attempt: int, attempts: object, why: str) -> str:
+    """What the console says when every node starts ``attempt`` (``--max-restarts``)."""
+    of = f" of {attempts}" if isinstance(attempts, int) else ""
+    return f"sshddp: attempt {attempt}{of}: {visible(why)}; restarting every node"
+
+
+def attempt_marks(node: str, status: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """Where each attempt after the first starts in a node's log (from its status record),
+    and the line ``logs`` prints there: node.log holds only the ranks' bytes."""
+    offsets, earlier, attempts = (
+        status.get("offsets"),
+        status.get("earlier"),
+        status.get("attempts"),
+    )
+    if not isinstance(offsets, list) or not isinstance(earlier, list):
+        return []
+    marks = []
+    for k, (offset, why) in enumerate(zip(offsets[1:], earlier), 2):
+        if isinstance(offset, int):
+            text = f"sshddp: {node}: attempt {k} of {attempts} starts here; attempt {k - 1} ended: "
+            marks.append((offset, text + visible(str(why))))
+    return marks
 
 
 def _how(info: dict[str, Any], otherwise: str) -> str:

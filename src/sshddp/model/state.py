@@ -82,6 +82,9 @@ class NodeResult:
     reason: str = ""  #: why it ended, in words (empty for a success)
     ended: Optional[float] = None  #: when (epoch seconds, the host's clock)
     log_path: Optional[Path] = None  #: the node's local log
+    attempt: int = 1  #: the attempt of the run it ended in, or runs (``--max-restarts``)
+    attempts: int = 1  #: how many attempts the run may make: 1 + its restarts
+    earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
 
     def apply(self, record: Mapping[str, Any]) -> None:
         """Take a node's exit record (exit.json, or follow's status) as its state."""
@@ -90,6 +93,10 @@ class NodeResult:
         self.signal = record.get("signal")
         self.reason = record.get("reason") or ""
         self.ended = record.get("ended")
+        self.attempt = _count(record.get("attempt"))
+        self.attempts = max(self.attempt, _count(record.get("attempts")))
+        earlier = record.get("earlier")
+        self.earlier = tuple(str(e) for e in earlier) if isinstance(earlier, list) else ()
 
 
 @dataclass
@@ -138,6 +145,12 @@ class RunResult:
         if self.root_cause is None and unreachable and not peer_cause(self):
             return ExitCode.UNREACHABLE
         return ExitCode.RUN_FAILED
+
+
+def _count(value: object) -> int:
+    """An attempt number from a host's record: 1 when absent or not a positive int."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return value if ok else 1  # type: ignore[return-value]
 
 
 PEER_PREFIX = "stopped: "  #: a supervisor's reason when a peer's end stopped its node

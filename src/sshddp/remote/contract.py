@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 3  #: 3: spec.json `tty_size` and `watch`; joined/, hang.json, nccl/; the state STALLED
+SCHEMA = 4  #: 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
+# `earlier`, `offsets` (remote/ranksite.py, which stands alone, repeats the number)
+# 3: spec.json `tty_size` and `watch`; joined/, hang.json, nccl/; the state STALLED
 # 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`
 
 # The files of a run directory.
@@ -39,11 +41,13 @@ STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, app
 JOINED = "joined"  #: <global rank>: a JoinedRecord per rank that called init_process_group
 HANG = "hang.json"  #: what the node's watchdog saw when the run hung (HangRecord)
 NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA hosts
+ATTEMPTS = "attempts.json"  #: where each attempt of the node starts in node.log (AttemptsRecord)
 
 # Environment variables every process of a node carries.
 RUN_ID_VAR = "SSHDDP_RUN_ID"
 NODE_RANK_VAR = "SSHDDP_NODE_RANK"
 MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
+ATTEMPT_VAR = "SSHDDP_ATTEMPT"  #: the run's attempt the process belongs to: 1, 2, ...
 
 # What spec.json's argv is (SpecRecord.launcher); a spec without it is torchrun's.
 LAUNCH_TORCHRUN = "torchrun"  #: torchrun; its ``--no-python`` is followed by python and rank.py
@@ -105,6 +109,7 @@ class SpecRecord(TypedDict, total=False):
     launcher: str  #: LAUNCH_TORCHRUN, LAUNCH_NODE or LAUNCH_COMMAND (schema 2)
     tty_size: list[int]  #: the pty's [columns, rows] with tty (schema 3)
     watch: WatchSpec  #: the watchdogs (schema 3); absent: none
+    restarts: int  #: times the whole run may start again after a failure (schema 4); absent: 0
 
 
 class JoinedRecord(TypedDict):
@@ -139,6 +144,24 @@ class HangRecord(TypedDict):
     watch: NodeWatch  #: this node's facts at that time
     stacks: NodeStacks  #: every process of the node and its stacks
     nccl: list[str]  #: the NCCL flight recorder's dump files in the run directory
+
+
+class AttemptRecord(TypedDict):
+    """One attempt of the run on this node: every node starts attempt k+1 together once
+    every node's attempt k has stopped."""
+
+    attempt: int  #: 1, 2, ...
+    offset: int  #: node.log's size when the attempt started: its first byte
+    started: float  #: epoch seconds
+    reason: str  #: why the attempt before it ended ("" for the first)
+
+
+class AttemptsRecord(TypedDict):
+    """attempts.json: the node's attempts so far (written as each one starts)."""
+
+    schema: int
+    max_attempts: int  #: 1 + the run's restarts
+    attempts: list[AttemptRecord]
 
 
 class StateRecord(TypedDict):
@@ -177,6 +200,10 @@ class ExitRecord(TypedDict, total=False):
     escaped: list[Escaped]  #: processes that left the run and kept its output open
     joined: int  #: a running node's ranks through init_process_group (schema 3)
     quiet: float  #: seconds since a running node last wrote output (schema 3)
+    attempt: int  #: the attempt the node ended in, or runs (schema 4; absent: 1)
+    attempts: int  #: how many attempts the run may make: 1 + its restarts (schema 4)
+    earlier: list[str]  #: why each earlier attempt ended, oldest first (schema 4)
+    offsets: list[int]  #: where each attempt starts in node.log, by attempt (schema 4)
 
 
 class StopAnswer(ExitRecord, total=False):

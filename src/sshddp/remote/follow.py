@@ -16,6 +16,7 @@ import time
 from typing import IO, Any, Optional
 
 from sshddp.remote import contract
+from sshddp.remote.attempts import read_summary
 from sshddp.remote.common import emit, pid_alive, read_json, same_process
 from sshddp.remote.contract import ExitRecord
 from sshddp.remote.joined import node_watch
@@ -70,12 +71,14 @@ def node_status(rundir: str) -> ExitRecord:
         }
     started = state.get("started")
     watch = node_watch(rundir, float(started or 0))
-    return {
+    running: ExitRecord = {
         "state": contract.RUNNING,
         "started": started,
         "joined": len(watch["joined"]),
         "quiet": round(watch["quiet"], 1),
     }
+    running.update(read_summary(rundir))
+    return running
 
 
 def main(args: dict[str, Any]) -> None:

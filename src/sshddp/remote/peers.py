@@ -49,6 +49,10 @@ class Peers:
         self.watch_facts: Optional[Callable[[], NodeWatch]] = None  # a spoke's, for the hub
         self.on_hang: Optional[Callable[[str, str, str], None]] = None  # told by the hub
         self.facts: dict[int, NodeWatch] = {}  # the hub's: the spokes' latest facts
+        #: every message from a peer, with the sender's rank (``restarts``)
+        self.on_message: Optional[Callable[[int, dict[str, Any]], None]] = None
+        self.done: dict[int, tuple[Optional[str], str]] = {}  # the hub's: rank -> (state, reason)
+        self.conns: dict[int, wire.Conn] = {}  # the hub's: the spokes' connections
         self.lock = threading.Lock()
 
     def name(self, rank: int) -> str:
@@ -79,6 +83,27 @@ class Peers:
         """The connections to the other nodes' supervisors (the hub's)."""
         return []
 
+    def heard(self) -> set[int]:
+        """The nodes this one hears from, itself included (the hub's view)."""
+        with self.lock:
+            return {self.rank, *self.conns}
+
+    def ended(self) -> set[int]:
+        """The nodes that reported their end (the hub's view)."""
+        with self.lock:
+            return set(self.done)
+
+    def end_node(self, rank: int, reason: str) -> None:
+        """Node ``rank`` failed for good: the run stops (the hub tells every node)."""
+        self.broadcast_abort(f"{self.name(rank)} failed: {reason}")
+
+    def tell_hub(self, msg: dict[str, Any]) -> None:
+        """Send node 0's supervisor ``msg`` (a spoke's)."""
+
+    def broadcast_abort(self, reason: str) -> None:
+        """Stop every node (the hub tells the others)."""
+        self._set_abort(reason)
+
     def tell_hang(self, kind: str, reason: str, action: str) -> None:
         """Tell the other nodes the run hung (the hub's)."""
         for conn in self.links():
@@ -97,8 +122,6 @@ class Hub(Peers):
 
     def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
         super().__init__(spec, key)
-        self.done: dict[int, tuple[Optional[str], str]] = {}  # rank -> (state, reason)
-        self.conns: dict[int, wire.Conn] = {}
         self.pending = 0  # connections not yet authenticated
 
     def start(self) -> None:
@@ -185,6 +208,8 @@ class Hub(Peers):
             if msg is None:
                 break
             self.remember(rank, msg)
+            if self.on_message is not None:
+                self.on_message(rank, msg)
             if "done" in msg:  # a node reports for itself only
                 reason = str(msg.get("reason") or "")[: wire.MAX_TEXT]
                 self.node_done(rank, str(msg.get("state")), reason)
@@ -302,6 +327,8 @@ class Spoke(Peers):
                 self._set_abort(str(msg["abort"])[: wire.MAX_TEXT])
             if "hang" in msg and self.on_hang is not None:
                 self.on_hang(str(msg["hang"]), str(msg.get("reason")), str(msg.get("action")))
+            if self.on_message is not None:
+                self.on_message(0, msg)
             if "bye" in msg:
                 return  # node 0 is done and leaves; nothing is lost
         self._set_abort(f"lost the connection to {self.name(0)} (its host or supervisor is gone)")
@@ -314,6 +341,10 @@ class Spoke(Peers):
         if self.watch_facts is None:
             return {"hb": self.rank}
         return {"hb": self.rank, "w": self.watch_facts()}
+
+    def tell_hub(self, msg: dict[str, Any]) -> None:
+        if self.conn is not None:
+            self.conn.send(msg)
 
     def report(self, state: str, reason: str) -> None:
         self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting

@@ -39,6 +39,7 @@ from sshddp.remote.common import (
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.peers import Peers, peers_for
+from sshddp.remote.restarts import Restarts, stop_reason
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -89,6 +90,8 @@ class Supervisor:
         self.group: Optional[Group] = None  #: torchrun's process group, once it runs
         self.escaped: list[Escaped] = []
         self.watchdog = Watchdog(rundir, self.spec, self.started)
+        self.restarts = Restarts(rundir, self.spec, self.peers)
+        self.env: dict[str, str] = {}  #: torchrun's environment (env.json is read once)
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -106,31 +109,29 @@ class Supervisor:
         if self.wake.fd is not None:
             self.peers.on_abort = self.wake.poke
         arm(self.watchdog, self.peers, self.wake.poke)
+        self.restarts.on_wake = self.wake.poke
         try:
             tty = bool(self.spec.get("tty"))
-            self.output = output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
+            self.output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
         except OSError as exc:  # a file planted in the run directory, say
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
-        argv = torchrun_argv(self.rundir, self.spec)
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.spec.get("cwd") or None,
-                env=torchrun_env(self.rundir, self.spec),
-                stdin=subprocess.DEVNULL,
-                stdout=output.slave,
-                stderr=output.slave,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            output.write((f"sshddp: cannot start {argv[0]}: {exc}\n").encode())
-            self.finish(contract.FAILED, None, f"cannot start torchrun: {exc}")
-            return False
-        finally:
-            output.close_writer()
-        self._record_state(self.proc.pid)
-        return True
+        self.env = torchrun_env(self.rundir, self.spec)
+        failed = self.spawn()
+        if failed:
+            self.finish(contract.FAILED, None, failed)
+        return not failed
+
+    def spawn(self) -> str:
+        """Start torchrun for the current attempt; why it could not ("" when it runs)."""
+        assert self.output is not None
+        self.restarts.begin(self.output, self.spec, self.watchdog)
+        env = {**self.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
+        proc, failed = start_torchrun(self.rundir, self.spec, env, self.output)
+        if proc is not None:
+            self.proc = proc
+            self._record_state(proc.pid)
+        return failed
 
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
@@ -157,6 +158,8 @@ class Supervisor:
                 return True
             if self.stop_signal is not None or self.output.full or self.watchdog.verdict:
                 return False
+            if self.restarts.halting():
+                return False  # node 0 restarts the run: every node stops this attempt
             if self.peers.abort is not None and not self.watchdog.busy.is_set():
                 return False  # (while this node's stacks are taken, its ranks stay)
             if session_gone(self.rundir, self.parent):
@@ -172,8 +175,7 @@ class Supervisor:
             self.peers.wait_others()
             return
         self.peers.start()
-        self.watchdog.start()
-        state, reason = self._exited() if self.loop() else self._stopped()
+        state, reason = self.restarts.run(self)  # the attempts: one without restarts
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
@@ -222,18 +224,8 @@ class Supervisor:
         if self.output is not None:
             self.output.unreserve()
         reason = with_escaped(reason, self.escaped)
-        write_exit(
-            self.rundir, self.spec["node_rank"], self.started, state, rc, reason, self.escaped
-        )
-
-
-def stop_reason(rundir: str, default: str) -> str:
-    """Why the node was asked to stop (the first asker's words), else ``default``."""
-    try:
-        with open(os.path.join(rundir, contract.STOP_REASON)) as fh:
-            return fh.read().strip() or default
-    except OSError:
-        return default
+        node, attempts = self.spec["node_rank"], self.restarts.summary()
+        write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, attempts)
 
 
 def state_record(pid: int, started: Optional[int], since: float) -> dict[str, Any]:
@@ -342,6 +334,30 @@ def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
     return argv
 
 
+def start_torchrun(
+    rundir: str, spec: SpecRecord, env: dict[str, str], output: NodeOutput
+) -> tuple[Optional[subprocess.Popen[bytes]], str]:
+    """torchrun (or the node's launcher) in a session of its own, writing to ``output``;
+    else None and why it could not start."""
+    argv = torchrun_argv(rundir, spec)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=spec.get("cwd") or None,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output.slave,
+            stderr=output.slave,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        output.write((f"sshddp: cannot start {argv[0]}: {exc}\n").encode())
+        return None, f"cannot start torchrun: {exc}"
+    finally:
+        output.close_writer()
+    return proc, ""
+
+
 def write_exit(
     rundir: str,
     node_rank: int,
@@ -350,8 +366,10 @@ def write_exit(
     rc: Optional[int],
     reason: str,
     escaped: Optional[list[Escaped]] = None,
+    attempts: Optional[ExitRecord] = None,
 ) -> None:
-    """exit.json: how the node ended (the supervisor's last act)."""
+    """exit.json: how the node ended (the supervisor's last act); ``attempts``: which
+    attempt it ended in, of how many, and why the earlier ones ended."""
     result: ExitRecord = {
         "schema": contract.SCHEMA,
         "state": state,
@@ -363,6 +381,7 @@ def write_exit(
     }
     if escaped:
         result["escaped"] = escaped
+    result.update(attempts or {})
     if rc is not None and rc < 0:
         result["signal"] = _signame(-rc)
     try:

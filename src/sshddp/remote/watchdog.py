@@ -183,6 +183,7 @@ class Watchdog:
         self.on_verdict: Callable[[], None] = lambda: None  #: wakes the supervisor's loop
         self.facts: Callable[[], dict[int, NodeWatch]] = dict  #: the other nodes' facts
         self.tell: Callable[[str, str, str], None] = lambda kind, reason, action: None
+        self.thread: Optional[threading.Thread] = None  #: node 0's deciding thread
 
     def mine(self) -> NodeWatch:
         return node_watch(self.rundir, self.since)
@@ -193,7 +194,14 @@ class Watchdog:
             return
         if not (self.watch.get("init_timeout") or self.watch.get("stall_timeout")):
             return
-        threading.Thread(target=self._decide, daemon=True, name="watchdog").start()
+        self.thread = threading.Thread(target=self._decide, daemon=True, name="watchdog")
+        self.thread.start()
+
+    def restart(self) -> None:
+        """The run starts again (``restarts``): the world forms anew, watched from now."""
+        self.since = time.time()
+        if self.thread is None or not self.thread.is_alive():
+            self.start()
 
     def _decide(self) -> None:
         assert self.watch is not None

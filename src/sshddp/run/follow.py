@@ -19,6 +19,7 @@ from sshddp.hosts.transport import Transport
 from sshddp.model.plan import NodePlan
 from sshddp.model.state import NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
+from sshddp.run.attempts import AttemptWatch
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.runstate import RunState
 from sshddp.run.teardown import Teardown
@@ -54,6 +55,7 @@ class Followers:
         ]
         for t in threads:
             t.start()
+        said = AttemptWatch(state).start()  # the supervisors restart the run: say so
         handled = 0
         while any(t.is_alive() for t in threads) and not state.detached.is_set():
             try:
@@ -66,6 +68,7 @@ class Followers:
                     state.detached.set()
                 else:
                     self._interrupted(handled)
+        said.stop()
         if not state.detached.is_set():
             self.teardown.wait()
         return state.result(bool(handled) and not self.watch_only)

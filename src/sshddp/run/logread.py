@@ -10,16 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 CHUNK = 1 << 20  #: bytes read at a time
 BLOCK = 1 << 16  #: bytes read at a time when looking for the last lines
 
 
-def chunks(path: Path, start: int = 0, size: int = CHUNK) -> Iterator[bytes]:
-    """The file's bytes from ``start`` to its end, ``size`` at a time."""
+def chunks(
+    path: Path, start: int = 0, size: int = CHUNK, end: Optional[int] = None
+) -> Iterator[bytes]:
+    """The file's bytes from ``start`` to its end (or to ``end``), ``size`` at a time."""
     with open(path, "rb") as fh:
         fh.seek(start)
-        while data := fh.read(size):
+        left = -1 if end is None else max(0, end - start)
+        while left and (data := fh.read(size if left < 0 else min(size, left))):
+            left -= len(data) if left > 0 else 0
             yield data
 
 

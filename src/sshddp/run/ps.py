@@ -56,7 +56,8 @@ class PsRow:
         if "joined" not in s:
             return text
         of = f"/{self.nprocs[i]}" if i < len(self.nprocs) else ""
-        return text + f"({s['joined']}{of} joined, quiet {s.get('quiet', 0):.0f}s)"
+        attempt = f", attempt {s['attempt']}/{s.get('attempts')}" if "attempt" in s else ""
+        return text + f"({s['joined']}{of} joined, quiet {s.get('quiet', 0):.0f}s{attempt})"
 
     def to_json(self) -> dict[str, Any]:
         """The row as ``ps --json`` prints it (README, "sshddp ps --json")."""
@@ -70,6 +71,8 @@ class PsRow:
                 "ended": s.get("ended"),
                 "joined": s.get("joined"),
                 "quiet": s.get("quiet"),
+                "attempt": s.get("attempt"),
+                "attempts": s.get("attempts"),
             }
             for rank, (host, s) in enumerate(zip(self.hosts, self.states))
         ]

@@ -19,6 +19,7 @@ from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import for_terminal
 from sshddp.model.plan import NodePlan
+from sshddp.model.report import attempt_marks
 from sshddp.model.state import NodeState
 from sshddp.remote.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
@@ -119,7 +120,11 @@ def show_logs(
                 _note(screen, record_if_ended(record, [states.get(n.node_rank) for n in nodes]))
             gone = {r for r, s in states.items() if s and s.get("state") == NodeState.GONE.value}
             _say_missing(screen, nodes, errors, gone)
-            _print_logs(screen, console, logs, nodes, tail, single=node is not None)
+            marks = {
+                n.node_rank: attempt_marks(f"node {n.node_rank} ({n.host.host})", s or {})
+                for n, s in ((n, states.get(n.node_rank)) for n in nodes)
+            }
+            _print_logs(screen, console, logs, nodes, tail, single=node is not None, marks=marks)
             live = tuple(n for n in reachable if n.node_rank not in gone)
             if follow and live:
                 coordinator.watch(RunState(replace(plan, nodes=live), pool, logs, console))
@@ -171,20 +176,31 @@ def _print_logs(
     nodes: list[NodePlan],
     tail: Optional[int],
     single: bool,
+    marks: Optional[Mapping[int, list[tuple[int, str]]]] = None,
 ) -> None:
     """Stream each node's local copy (from its last ``tail`` lines): never the whole file in
-    memory. One node alone prints raw, byte for byte, unless the output is a terminal."""
+    memory. One node alone prints raw, byte for byte, unless the output is a terminal.
+    Where an attempt starts (``marks``: offset, line), sshddp's line says so (on stderr
+    for one node alone: stdout stays the node's bytes)."""
     raw = single and not _isatty(screen.stdout_bytes)
     for node in nodes:
-        path = logs.paths[node.node_rank]
+        rank, path = node.node_rank, logs.paths[node.node_rank]
         start = 0 if tail is None else logread.tail_offset(path, tail)
-        for chunk in logread.chunks(path, start):
+        cuts = [(o, line) for o, line in (marks or {}).get(rank, []) if o >= start]
+        for end, line in [*cuts, (None, "")]:
+            for chunk in logread.chunks(path, start, end=end):
+                if not single:
+                    console.write(rank, chunk)
+                elif not _write(screen.stdout_bytes, chunk if raw else for_terminal(chunk)):
+                    return  # the reader went away (`| head`)
+            if end is None:
+                break
             if not single:
-                console.write(node.node_rank, chunk)
-            elif not _write(screen.stdout_bytes, chunk if raw else for_terminal(chunk)):
-                return  # the reader went away (`| head`)
+                console.flush_node(rank)
+            (screen.err if single else console.message)(line)
+            start = end
         if not single:
-            console.flush_node(node.node_rank)
+            console.flush_node(rank)
 
 
 def _write(stream: BinaryIO, data: bytes) -> bool:
