@@ -37,7 +37,7 @@ from sshddp.remote.common import (
     unlink,
 )
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
-from sshddp.remote.output import NodeOutput
+from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
@@ -107,8 +107,7 @@ class Supervisor:
             self.peers.on_abort = self.wake.poke
         arm(self.watchdog, self.peers, self.wake.poke)
         try:
-            tty = bool(self.spec.get("tty"))
-            self.output = output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
+            self.output = output = node_output(self.rundir, self.spec)
         except OSError as exc:  # a file planted in the run directory, say
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
@@ -117,7 +116,7 @@ class Supervisor:
             self.proc = subprocess.Popen(
                 argv,
                 cwd=self.spec.get("cwd") or None,
-                env=torchrun_env(self.rundir, self.spec),
+                env={**torchrun_env(self.rundir, self.spec), **output.env},
                 stdin=subprocess.DEVNULL,
                 stdout=output.slave,
                 stderr=output.slave,
