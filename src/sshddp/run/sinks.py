@@ -227,15 +227,17 @@ class NodeLogs:
         index = self.directory / log_name(node_rank, host, ".idx")
         self.index_paths[node_rank] = index
         if index.exists():
-            self._agree(node_rank, _append_only(index))
+            self._agree(node_rank, index)
         return self.size(node_rank)
 
-    def _agree(self, node_rank: int, index: BinaryIO) -> None:
+    def _agree(self, node_rank: int, path: Path) -> None:
         """Cut the log and its index to where they agree (a copy cut between the two)."""
-        self._index[node_rank] = index
+        self._index[node_rank] = index = _append_only(path)
         size = os.fstat(index.fileno()).st_size
         whole = size - size % spans.WIDTH
-        last = os.pread(index.fileno(), spans.WIDTH, whole - spans.WIDTH) if whole else b""
+        with open(path, "rb") as fh:
+            fh.seek(max(0, whole - spans.WIDTH))
+            last = fh.read(spans.WIDTH) if whole else b""
         log, at = spans.resume_at(last, size, self.size(node_rank))
         os.ftruncate(index.fileno(), at)
         os.ftruncate(self._files[node_rank].fileno(), log)
