@@ -1,5 +1,6 @@
-"""A node's output: one pipe (or a raw pty) that every rank writes into, copied byte for byte
-to node.log by the supervisor.
+"""A node's output: one pipe (or a raw pty) that torchrun writes into, and, where the ranks
+are told apart, one FIFO per rank (``rankout``), copied byte for byte to node.log by the
+supervisor, whole lines at a time, each span's source recorded in node.idx.
 
 When node.log cannot grow (its disk is full), the copy stops and says why: the supervisor
 then stops the node and fails it, since output that cannot be kept would otherwise vanish

@@ -244,14 +244,9 @@ class NodeLogs:
 
     def write_span(self, node_rank: int, piece: spans.Piece) -> None:
         """Append a span of the node's log, then its index record."""
-        log = self._files[node_rank].fileno()
-        size = os.fstat(log).st_size
-        if piece.offset != size:  # sent again: our copy had the span without its record
-            if piece.offset > size:
-                raise ValueError(
-                    f"node {node_rank}: a span at {piece.offset}, the log ends at {size}"
-                )
-            os.ftruncate(log, piece.offset)
+        size = self.size(node_rank)
+        if piece.offset != size:  # a gap or an overlap: never papered over (the stream retries)
+            raise ValueError(f"node {node_rank}: a span at {piece.offset}, the log ends at {size}")
         self.write(node_rank, piece.data)
         if node_rank not in self._index:
             self._index[node_rank] = _append_only(self.index_paths[node_rank])
