@@ -15,6 +15,7 @@ import pytest
 from sshddp.model import spans
 from sshddp.model.ranksel import source_ranks
 from sshddp.remote import contract
+from sshddp.remote.follow import Spans
 from sshddp.remote.rankout import PARTIAL_WAIT, Source, told_apart
 from sshddp.run import logread
 from sshddp.run.nodefeed import NodeFeed
@@ -199,3 +200,21 @@ def test_reading_a_copy_back_gives_each_piece_its_rank(tmp_path: Path) -> None:
     assert list(logread.attributed(log, index, 10)) == [(b"two\n", 1), (b"zero\n", 0)]
     assert list(logread.attributed(log, index, 19)) == []
     assert list(logread.attributed(log, None, 6)) == [(b"one\ntwo\nzero\n", NODE)]  # no index
+
+
+def test_the_follower_sends_spans_from_its_offset_and_then_what_no_record_names(
+    tmp_path: Path,
+) -> None:
+    """remote/follow.py's Spans: the records from an index offset with their bytes; once
+    the node has ended, the log's bytes past the last record as the node's own."""
+    log = tmp_path / "node.log"
+    index = tmp_path / "node.idx"
+    log.write_bytes(b"agent\nrank 1\nappended")
+    index.write_bytes(spans.pack(0, 6, NODE) + spans.pack(6, 7, 1))
+    with open(index, "rb") as idx, open(log, "rb") as fh:
+        sent = Spans(idx, fh, 16)  # resumed after the first record
+        assert sent.read(1 << 20) == spans.pack(6, 7, 1) + b"rank 1\n"
+        assert sent.read(1 << 20) == b""  # the node goes on: the rest may get its record yet
+        sent.final = True
+        assert sent.read(1 << 20) == spans.pack(13, 8, NODE) + b"appended"
+        assert sent.read(1 << 20) == b""

@@ -105,19 +105,33 @@ def main(args: dict[str, Any]) -> None:
         _stream(fh, rundir, mode == "fetch")
         return
     with index:
-        index.seek(int(args["index"]) // contract.INDEX_BYTES * contract.INDEX_BYTES)
+        spans = Spans(index, fh, int(args["index"]))
         sys.stdout.buffer.write(b"I")
-        _stream(Spans(index, fh), rundir, mode == "fetch")
+        spans.final = mode == "fetch" and os.path.exists(os.path.join(rundir, contract.EXIT))
+        _stream(spans, rundir, mode == "fetch")
 
 
 class Spans:
-    """node.idx's records from where it stands, each followed by its span of node.log: read
-    like a file. A record not yet whole waits for its last bytes."""
+    """node.idx's records from ``start`` (a byte offset in it), each followed by its span
+    of node.log: read like a file. A record not yet whole waits for its last bytes.
 
-    def __init__(self, index: IO[bytes], log: IO[bytes]) -> None:
+    Once the node has ended (``final``), log bytes no record names (the disk filled up
+    between a span and its record, or someone appended to node.log) follow as the node's
+    own, under records made here: the local copy still gets every byte."""
+
+    def __init__(self, index: IO[bytes], log: IO[bytes], start: int) -> None:
         self.index = index
         self.log = log
         self.record = struct.Struct(contract.INDEX_RECORD)
+        self.final = False
+        width = self.record.size
+        start -= start % width
+        self.end = 0  #: where the last record's span ends
+        if start:
+            index.seek(start - width)
+            offset, length, _source = self.record.unpack(index.read(width))
+            self.end = offset + length
+        index.seek(start)
 
     def read(self, size: int) -> bytes:
         """Records and their spans, about ``size`` bytes (at least one record's worth)."""
@@ -135,8 +149,18 @@ class Spans:
             parts.append(records[i * width : (i + 1) * width])
             parts.append(self.log.read(length))
             sent += width + length
+            self.end = offset + length
         self.index.seek(at + len(parts) // 2 * width)
-        return b"".join(parts)
+        return b"".join(parts) if parts or not self.final else self._rest(size)
+
+    def _rest(self, size: int) -> bytes:
+        self.log.seek(self.end)
+        data = self.log.read(size)
+        if not data:
+            return b""
+        record = self.record.pack(self.end, len(data), contract.SOURCE_NODE)
+        self.end += len(data)
+        return record + data
 
 
 def _stream(fh: Any, rundir: str, once: bool) -> None:
@@ -172,6 +196,8 @@ def _stream(fh: Any, rundir: str, once: bool) -> None:
 
 
 def _drain(fh: Any, out: IO[bytes]) -> None:
+    if isinstance(fh, Spans):
+        fh.final = True  # the node has ended: nothing will name the bytes no record names
     while True:
         data = fh.read(CHUNK)
         if not data:
