@@ -1,10 +1,11 @@
 """Where node output goes: one local file per node, byte for byte, and the console.
 
 The file gets exactly the bytes the node's remote log holds (so it can be resumed from its
-size and compared with the remote copy), owner-only (0600 in a 0700 directory) as on the
-hosts; the console gets whole lines, each prefixed with the node's rank (or ranks) and host,
-coloured per node on a terminal, and the live state of each node's progress bar
-(``model.bars``). What reaches the console is filtered for the terminal
+size and compared with the remote copy), and beside it the node's index, which rank wrote
+each span (``model.spans``), owner-only (0600 in a 0700 directory) as on the hosts; the
+console gets whole lines, each prefixed with the rank that wrote it (or, where that is not
+known, the node's ranks) and host, coloured per node on a terminal, and the live state of
+each rank's progress bar (``model.bars``). What reaches the console is filtered for the terminal
 (``model.escape.for_terminal``): the ranks' colours pass, other escape sequences do not, and
 a line that ``\r`` redraws shows as a terminal would leave it, after its prefix, so that no
 rank can overprint the prefix.
@@ -25,7 +26,7 @@ from sshddp.model import spans
 from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.plan import LaunchPlan
-from sshddp.model.ranksel import check_ranks, rank_label, shows
+from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
 from sshddp.remote.contract import SOURCE_NODE
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
@@ -334,8 +335,8 @@ def open_sinks(plan: LaunchPlan, log_dir: Path, screen: Screen) -> tuple[NodeLog
         ranks = range(node.first_rank, node.first_rank + node.nproc)
         console.add_node(node.node_rank, labels[node.node_rank], width, shows(screen.ranks, ranks))
         for local, rank in enumerate(ranks):
-            label = f"{rank} {node.host.host}"
-            console.add_rank(node.node_rank, local, label, width, shows(screen.ranks, [rank]))
+            own = shows(screen.ranks, source_ranks(node.first_rank, node.nproc, local))
+            console.add_rank(node.node_rank, local, f"{rank} {node.host.host}", width, own)
     return logs, console
 
 
