@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -251,8 +252,9 @@ def test_sshd_killed_mid_run_the_run_goes_on_and_the_coordinator_resumes(
     connection handlers, found by their socket. The run must go on (its supervisor owns it,
     not SSH); the attached coordinator says it lost the connection, retries, reconnects once
     sshd is back, and resumes from its local copy's size: no gap, no duplicate, exit 0.
+    h2 runs two ranks: its log's index (which rank wrote each span) resumes with the log.
     """
-    inv, workdir = loopback_inv(tmp_path, free_port(), 2)
+    inv, workdir = loopback_inv(tmp_path, free_port(), 2, h2={"nproc": 2})
     run, out = "sshdk", tmp_path / "coordinator.out"
     with open(out, "w") as stdout:
         proc = subprocess.Popen(
@@ -300,6 +302,17 @@ def test_sshd_killed_mid_run_the_run_goes_on_and_the_coordinator_resumes(
         assert local.read_bytes() == remote_log(workdir, run, node).read_bytes()
         assert_whole_ticks(local.read_text(), node, at_least=1500)
         assert len(ticks(local.read_text(), node)) == 1500
+    index = local_log(tmp_path, run, 1).with_suffix(".idx").read_bytes()
+    assert index == (remote_log(workdir, run, 1).parent / "node.idx").read_bytes()
+    log = local_log(tmp_path, run, 1).read_bytes()
+    mine: dict[int, bytes] = {0: b"", 1: b""}
+    for offset, length, source in struct.iter_unpack("<QIi", index):
+        if source >= 0:
+            mine[source] += log[offset : offset + length]
+    for local_rank, rank in ((0, 1), (1, 2)):  # each span of the node's ranks is theirs
+        text = mine[local_rank].decode()
+        assert ticks(text, rank) == [f"rank {rank} tick {i}" for i in range(1500)], rank
+        assert not ticks(text, 3 - rank), f"rank {3 - rank}'s lines in rank {rank}'s spans"
     run_no_leak(run)
 
 

@@ -120,11 +120,10 @@ def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
     assert tail.returncode == 0 and tail.stdout == "".join(node0[-3:])
     follow = sshddp(ssh_env, tmp_path, "logs", "k9", "--follow", "--tail", "1")
     assert follow.returncode == 0
-    assert [ln.split("] ", 1)[0] for ln in follow.stdout.splitlines()] == [
-        "[0-1 h1",  # two ranks a node, in one stream: the line's rank is one of the two
-        "[2-3 h2",
-        "[4-5 h3",
-    ]
+    last = [ln.split("] ", 1)[0] for ln in follow.stdout.splitlines()]
+    assert len(last) == 3, follow.stdout  # each node's last line, under the rank that wrote it
+    for node, prefix in enumerate(last):
+        assert prefix in (f"[{2 * node} h{node + 1}", f"[{2 * node + 1} h{node + 1}"), prefix
     done = sshddp(ssh_env, tmp_path, "stop", "k9")  # a run that finished on its own: a no-op
     assert done.returncode == 0 and done.stdout.count("was already succeeded") == 3
     assert remote_states(workdir, "k9") == ["succeeded"] * 3

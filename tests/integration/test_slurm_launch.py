@@ -89,10 +89,11 @@ def sbatch_and_wait(cluster: SlurmCluster, args: list[str], cwd: Path) -> tuple[
 
 
 def summaries(output: str) -> list[dict[str, Any]]:
-    """The ranks' JSON summaries from the coordinator's ``[K host] {...}`` lines."""
+    """The ranks' JSON summaries from the coordinator's ``[K host] {...}`` lines (a prefix
+    padded to the widest, a node's ``[K-L host]``)."""
     rows = []
     for line in output.splitlines():
-        _, _, text = line.partition("] ")
+        text = line.partition("] ")[2].lstrip(" ")
         if text.startswith('{"rank"'):
             rows.append(json.loads(text))
     return sorted(rows, key=lambda row: row["rank"])

@@ -303,9 +303,8 @@ def supervisor_exec(rundir: str) -> tuple[list[str], dict[str, str]]:
     supervisor = Supervisor(rundir)
     with saved_process_state(), mock.patch("subprocess.Popen", popen):
         assert supervisor.start()
-    assert supervisor.output is not None and supervisor.output.master is not None
-    os.close(supervisor.output.master)
-    os.close(supervisor.output.log)
+    assert supervisor.output is not None
+    supervisor.output.close()
     return started["argv"], started["env"]
 
 

@@ -53,7 +53,7 @@ def start_node(
     proc.stdin.flush()
     started = answer(proc.stdout)
     assert started["ok"] and started["state"]["state"] == "running", started
-    assert proc.stdout.readline() == b"up\n"  # the node's log, streamed
+    assert proc.stdout.readline() == b"Rup\n"  # the node's log, streamed (R: no index)
     return proc, started["state"]
 
 

@@ -100,8 +100,8 @@ def test_a_node_lives_and_ends_through_its_session(
     finally:
         proc.kill()
     version = "(3, 8)" if which == "3.8" else str(tuple(sys.version_info[:2]))
-    assert log == f"hello from {version}\nno newline".encode()
-    assert log == (rundir / "node.log").read_bytes()
+    assert log == b"R" + f"hello from {version}\nno newline".encode()  # R: no node.idx
+    assert log[1:] == (rundir / "node.log").read_bytes()
     assert record["state"] == "succeeded" and record["returncode"] == 0, record
     state = json.loads((rundir / "state.json").read_text())
     assert isinstance(state["supervisor_start"], int) and state["supervisor_pid"] != proc.pid

@@ -90,7 +90,8 @@ def ranks_option(fn: F) -> F:
         "show_ranks",
         metavar="LIST",
         help="Show only these global ranks' output on the console, e.g. 0 or 0,3-5; the log "
-        "files keep every rank's. A node running several ranks is shown whole.",
+        "files keep every rank's. torchrun's own lines show with any rank of their node; so "
+        "does a node whose lines' ranks are not known (--tty, --launcher node).",
     )(fn)
 
 

@@ -5,7 +5,7 @@ one host-side module and decodes its answer into the host contract's records."""
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
@@ -56,10 +56,11 @@ def node_hang(transport: Transport, rundir: str) -> Optional[HangRecord]:
     return answer if isinstance(answer, dict) and answer else None
 
 
-def follow_node(transport: Transport, rundir: str, offset: int) -> RemoteProcess:
-    """Stream the node's log from ``offset`` until it ends; the status comes on stderr
-    (``status_record``)."""
-    return shipped.start(transport, "follow", {"rundir": rundir, "offset": offset})
+def follow_node(transport: Transport, rundir: str, offset: int, index: int) -> RemoteProcess:
+    """Stream the node's log from ``offset`` (and its index from ``index``: see
+    ``remote/follow.py``) until it ends; the status comes on stderr (``status_record``)."""
+    args = {"rundir": rundir, "offset": offset, "index": index}
+    return shipped.start(transport, "follow", args)
 
 
 def read_node(
@@ -68,12 +69,16 @@ def read_node(
     offset: int,
     mode: str,
     on_bytes: Callable[[bytes], None] = lambda data: None,
+    index: Optional[int] = None,
 ) -> ExitRecord:
     """One-shot look at a node: log bytes from ``offset`` (mode "fetch") or none ("status").
 
     Returns the node's status record (exit.json, or its live state); state "gone" when the
     host holds no run directory for it. A ``RemoteError`` when the answer was cut short."""
-    proc = shipped.start(transport, "follow", {"rundir": rundir, "offset": offset, "mode": mode})
+    args: dict[str, Any] = {"rundir": rundir, "offset": offset, "mode": mode}
+    if index is not None:  # the log framed with its index (remote/follow.py)
+        args["index"] = index
+    proc = shipped.start(transport, "follow", args)
     try:
         proc.close_stdin()
         while chunk := proc.read(1 << 20):

@@ -11,6 +11,7 @@ seconds when piped (``Sparse``). The log files keep every byte; this is the cons
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -95,15 +96,15 @@ class Sparse:
 
     def __init__(self, every: float) -> None:
         self.every = every
-        self._last: dict[int, float] = {}
+        self._last: dict[Hashable, float] = {}
 
-    def due(self, key: int, now: float) -> bool:
+    def due(self, key: Hashable, now: float) -> bool:
         last = self._last.get(key)
         if last is not None and now - last < self.every:
             return False
         self._last[key] = now
         return True
 
-    def done(self, key: int) -> None:
+    def done(self, key: Hashable) -> None:
         """The node's bar line ended: its next bar shows at once."""
         self._last.pop(key, None)

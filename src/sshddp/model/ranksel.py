@@ -2,9 +2,11 @@
 
 Pure. The syntax is a Slurm hostlist's bracket ranges (``0,3-5``), read the same way
 (``model.slurm``'s ranges), but of plain numbers: no brackets, no zero padding, no names.
-A node's ranks share one stream (its pipe or pty), so a line's global rank is known when the
-node runs one rank; a node of several ranks is labelled by their range (``[4-7 h3]``) and
-shown whole when ``--ranks`` names any of them.
+A line's global rank is known when the node runs one rank, and on a node that tells its
+ranks apart (node.idx: ``model.spans``): the node's first rank plus the local rank that wrote
+it. Lines of torchrun itself, and every line of a node that cannot tell its ranks apart
+(``--tty``, ``--launcher node``), are labelled by the node's ranks (``[4-7 h3]``) and shown
+when ``--ranks`` names any of them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ def rank_label(first_rank: int, nproc: int) -> str:
     """How a node's console lines name their rank: ``3``, or ``4-7`` for a node whose
     lines could come from any of its ranks."""
     return str(first_rank) if nproc == 1 else f"{first_rank}-{first_rank + nproc - 1}"
+
+
+def source_ranks(first_rank: int, nproc: int, source: int) -> range:
+    """The global ranks a line may be from: its own, for a local rank's line (``source``);
+    any of the node's for the node's own (``contract.SOURCE_NODE``, or out of range)."""
+    if 0 <= source < nproc:
+        return range(first_rank + source, first_rank + source + 1)
+    return range(first_rank, first_rank + nproc)
 
 
 def shows(selection: Optional[frozenset[int]], ranks: Iterable[int]) -> bool:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Optional, TypedDict
 
 SCHEMA = 4  #: 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
-# `earlier`, `offsets` (remote/ranksite.py, which stands alone, repeats the number)
+# `earlier`, `offsets`; node.idx and out/ (each line's rank) (remote/ranksite.py, which
+# stands alone, repeats the number)
 # 3: spec.json `tty_size` and `watch`; joined/, hang.json, nccl/; the state STALLED
 # 2: spec.json `launcher`; state.json `pid_start`, `boot_id`; exit.json `escaped`
 
@@ -28,6 +29,9 @@ PEER_KEY = "peers.key"  #: the supervisors' shared secret (hex); the supervisor 
 STATE = "state.json"  #: the live supervisor (StateRecord), written once torchrun started
 EXIT = "exit.json"  #: how the node ended (ExitRecord), the supervisor's last act
 LOG = "node.log"  #: every byte the node's ranks wrote, in order
+#: node.log's spans and who wrote each (INDEX_RECORD); absent where ranks are not told apart
+INDEX = "node.idx"
+OUTPUTS = "out"  #: <local rank>: a FIFO, the rank's stdout and stderr (ranksite swaps them)
 STOP_REASON = "stop-reason"  #: why the node was asked to stop (text), first asker wins
 RESERVE = "reserve"  #: room kept for exit.json should the disk fill up
 SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the supervisor
@@ -48,6 +52,18 @@ RUN_ID_VAR = "SSHDDP_RUN_ID"
 NODE_RANK_VAR = "SSHDDP_NODE_RANK"
 MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
 ATTEMPT_VAR = "SSHDDP_ATTEMPT"  #: the run's attempt the process belongs to: 1, 2, ...
+#: ``DEV:INO`` of the node's pipe: a rank whose stdout is that pipe moves it to OUTPUTS/<local
+#: rank> (``remote/ranksite.py``, which stands alone, repeats the name)
+OUTPUT_VAR = "SSHDDP_OUTPUT"
+
+# node.idx: one record per span of node.log, appended right after the span's bytes: the
+# span's offset in node.log, its length, and its source: the local rank that wrote it, or
+# SOURCE_NODE (torchrun itself, and whatever shares its pipe). The spans follow each other
+# with no gap and cover node.log; a span holds whole lines but where a line stayed
+# unfinished for PARTIAL_WAIT seconds (a progress bar): then its part so far.
+INDEX_RECORD = "<QIi"  #: struct format: offset (u64), length (u32), source (i32), little-endian
+INDEX_BYTES = 16
+SOURCE_NODE = -1
 
 # What spec.json's argv is (SpecRecord.launcher); a spec without it is torchrun's.
 LAUNCH_TORCHRUN = "torchrun"  #: torchrun; its ``--no-python`` is followed by python and rank.py

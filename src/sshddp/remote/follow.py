@@ -1,9 +1,15 @@
 """Stream a node's log from a byte offset until the node has finished; or its status.
 
-args: {"rundir", "offset": int, "mode": "follow" | "fetch" | "status"}
+args: {"rundir", "offset": int, "index": int, "mode": "follow" | "fetch" | "status"}
 fetch: send what the log holds now and stop; status: send no log bytes, only the status.
 stdout: the raw bytes of RUNDIR/node.log from offset; stderr at the end: one JSON line with
 the node's exit.json (or {"state": "lost"} when its supervisor vanished without one).
+
+With "index" (an offset in node.idx), stdout starts with one byte: ``R``, then the raw bytes
+as above, where the node has no node.idx; or ``I``, then for each record of node.idx from
+that offset on, the record (``contract.INDEX_RECORD``) and the span of node.log it names.
+Only spans that node.idx already names are sent, so what arrives is always a log and an
+index that agree, whatever point the stream is cut at.
 Exits when the coordinator goes away (stdin closes), so it never lingers.
 """
 
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import os
 import select
+import struct
 import sys
 import time
 from typing import IO, Any, Optional
@@ -89,11 +96,77 @@ def main(args: dict[str, Any]) -> None:
         emit(node_status(rundir), sys.stderr)
         return
     fh = _open_log(log_path, int(args.get("offset", 0)))
-    if fh is not None:
+    if fh is None:
+        return
+    if "index" not in args:
         _stream(fh, rundir, mode == "fetch")
+        return
+    try:
+        index = open(os.path.join(rundir, contract.INDEX), "rb")
+    except OSError:  # made before node.log: this node's lines have no known rank
+        sys.stdout.buffer.write(b"R")
+        _stream(fh, rundir, mode == "fetch")
+        return
+    with index:
+        spans = Spans(index, fh, int(args["index"]))
+        sys.stdout.buffer.write(b"I")
+        spans.final = mode == "fetch" and os.path.exists(os.path.join(rundir, contract.EXIT))
+        _stream(spans, rundir, mode == "fetch")
 
 
-def _stream(fh: IO[bytes], rundir: str, once: bool) -> None:
+class Spans:
+    """node.idx's records from ``start`` (a byte offset in it), each followed by its span
+    of node.log: read like a file. A record not yet whole waits for its last bytes.
+
+    Once the node has ended (``final``), log bytes no record names (the disk filled up
+    between a span and its record, or someone appended to node.log) follow as the node's
+    own, under records made here: the local copy still gets every byte."""
+
+    def __init__(self, index: IO[bytes], log: IO[bytes], start: int) -> None:
+        self.index = index
+        self.log = log
+        self.record = struct.Struct(contract.INDEX_RECORD)
+        self.final = False
+        width = self.record.size
+        start -= start % width
+        self.end = 0  #: where the last record's span ends
+        if start:
+            index.seek(start - width)
+            offset, length, _source = self.record.unpack(index.read(width))
+            self.end = offset + length
+        index.seek(start)
+
+    def read(self, size: int) -> bytes:
+        """Records and their spans, about ``size`` bytes (at least one record's worth)."""
+        width = self.record.size
+        at = self.index.tell()
+        records = self.index.read(1024 * width)
+        parts: list[bytes] = []
+        sent = 0
+        for i in range(len(records) // width):
+            offset, length, _source = self.record.unpack_from(records, i * width)
+            if parts and sent + length > size:
+                break
+            if self.log.tell() != offset:
+                self.log.seek(offset)
+            parts.append(records[i * width : (i + 1) * width])
+            parts.append(self.log.read(length))
+            sent += width + length
+            self.end = offset + length
+        self.index.seek(at + len(parts) // 2 * width)
+        return b"".join(parts) if parts or not self.final else self._rest(size)
+
+    def _rest(self, size: int) -> bytes:
+        self.log.seek(self.end)
+        data = self.log.read(size)
+        if not data:
+            return b""
+        record = self.record.pack(self.end, len(data), contract.SOURCE_NODE)
+        self.end += len(data)
+        return record + data
+
+
+def _stream(fh: Any, rundir: str, once: bool) -> None:
     """Copy the log to stdout until the node ends (or, ``once``, until its current end)."""
     out = sys.stdout.buffer
     exit_path = os.path.join(rundir, contract.EXIT)
@@ -125,7 +198,9 @@ def _stream(fh: IO[bytes], rundir: str, once: bool) -> None:
         wait = min(POLL_MAX, wait * 1.5)  # a quiet node costs its host ~10 wakeups a second
 
 
-def _drain(fh: IO[bytes], out: IO[bytes]) -> None:
+def _drain(fh: Any, out: IO[bytes]) -> None:
+    if isinstance(fh, Spans):
+        fh.final = True  # the node has ended: nothing will name the bytes no record names
     while True:
         data = fh.read(CHUNK)
         if not data:

@@ -1,5 +1,6 @@
-"""A node's output: one pipe (or a raw pty) that every rank writes into, copied byte for byte
-to node.log by the supervisor.
+"""A node's output: one pipe (or a raw pty) that torchrun writes into, and, where the ranks
+are told apart, one FIFO per rank (``rankout``), copied byte for byte to node.log by the
+supervisor, whole lines at a time, each span's source recorded in node.idx.
 
 When node.log cannot grow (its disk is full), the copy stops and says why: the supervisor
 then stops the node and fails it, since output that cannot be kept would otherwise vanish
@@ -24,8 +25,9 @@ import tty
 from typing import Optional
 
 from sshddp.remote import contract
-from sshddp.remote.common import create, listdir
-from sshddp.remote.contract import Escaped
+from sshddp.remote.common import create, listdir, unlink
+from sshddp.remote.contract import Escaped, SpecRecord
+from sshddp.remote.rankout import Source, pipe_id, rank_fifos, told_apart
 
 PUMP_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
@@ -33,6 +35,7 @@ F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
 RESERVE_BYTES = 64 * 1024
 ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+RECORD = struct.Struct(contract.INDEX_RECORD)
 DEFAULT_SIZE = [80, 24]  # columns, rows of the pty when the spec names none (defaults.TTY_SIZE)
 
 
@@ -60,73 +63,110 @@ def set_size(fd: int, size: list[int]) -> None:
 
 
 class NodeOutput:
-    """Copies the output's read end into node.log."""
+    """Copies the output's read end (and, with ``ranks``, each rank's FIFO: ``rankout``)
+    into node.log, and then each span's source into node.idx."""
 
-    def __init__(self, rundir: str, use_tty: bool, size: Optional[list[int]] = None) -> None:
+    def __init__(
+        self, rundir: str, use_tty: bool, size: Optional[list[int]] = None, ranks: int = 0
+    ) -> None:
         self.rundir = rundir
+        # node.idx before node.log: a follower that finds node.log alone knows there is none
+        index = os.path.join(rundir, contract.INDEX)
+        self.index = create(index, flags=os.O_APPEND) if ranks else None
         self.log = create(os.path.join(rundir, contract.LOG), flags=os.O_APPEND)
+        self.offset = 0  #: node.log's size
         self._reserve()
-        master, self.slave = open_output(use_tty, size)
-        self.writer = _proc_name(self.slave, use_tty)  # how /proc names the write end
-        os.set_blocking(master, False)
-        self.master: Optional[int] = master
+        self.slave = -1
+        self.sources: list[Source] = []
+        #: what the ranks' environment gets: how a rank knows its stdout is the node's pipe
+        self.env: dict[str, str] = {}
+        self._open(use_tty, size, ranks)
         self.full: Optional[str] = None  # why node.log cannot grow (disk full), once it cannot
+
+    def _open(self, use_tty: bool, size: Optional[list[int]], ranks: int) -> None:
+        """The write end the processes get (``slave``), and the streams read from."""
+        master, self.slave = open_output(use_tty, size)
+        os.set_blocking(master, False)
+        whole = self.index is not None
+        node = Source(master, contract.SOURCE_NODE, _proc_name(self.slave, use_tty), whole)
+        self.sources = [node] + (rank_fifos(self.rundir, ranks) if ranks else [])
+        self.env = {contract.OUTPUT_VAR: pipe_id(self.slave)} if ranks else {}
+
+    def reopen(self, spec: SpecRecord) -> None:
+        """A fresh pipe (or pty) and rank FIFOs for the next attempt's processes, once the
+        last attempt's output is drained (a restart); node.log and node.idx go on."""
+        for source in self.sources:
+            source.close()
+        outputs = os.path.join(self.rundir, contract.OUTPUTS)
+        for name in listdir(outputs):
+            unlink(os.path.join(outputs, name))
+        if os.path.isdir(outputs):
+            os.rmdir(outputs)
+        self._open(bool(spec.get("tty")), spec.get("tty_size"), told_apart(spec))
 
     def close_writer(self) -> None:
         """Close our copy of the write end: the ranks hold the only ones left."""
         os.close(self.slave)
 
     def pump(self, timeout: float, wake: Optional[int] = None) -> bool:
-        """Copy what the pipe or pty holds to node.log; False once no writer is left.
+        """Copy what the pipe or pty (and the ranks' FIFOs) hold to node.log; False once no
+        writer is left.
 
-        Waits up to ``timeout`` for output, or for a byte on ``wake``. Drains it
-        non-blocking up to 1 MB per wakeup and writes that in one go (a pty read returns at
-        most ~4 KB: one select per read would cap a chatty rank's output).
+        Waits up to ``timeout`` for output, or for a byte on ``wake``, or until an unfinished
+        line is due. Drains each stream non-blocking up to 1 MB per wakeup and writes that in
+        one go (a pty read returns at most ~4 KB: one select per read would cap a chatty
+        rank's output).
         """
-        if self.master is None:
+        watched = [s.fd for s in self.sources if s.fd is not None]
+        if not watched:
             return False
-        watched = [self.master] if wake is None else [self.master, wake]
-        ready, _, _ = select.select(watched, [], [], timeout)
+        now = time.monotonic()
+        timeout = min([timeout] + [s.due(now) for s in self.sources if s.pending])
+        ready, _, _ = select.select(watched + ([] if wake is None else [wake]), [], [], timeout)
         if wake is not None and wake in ready:
             try:
                 os.read(wake, 4096)
             except OSError:
                 pass
-        if self.master not in ready:
-            return True
-        chunks, alive = self._read_available()
-        self.write(b"".join(chunks))
-        if not alive:
-            os.close(self.master)
-            self.master = None
-        return alive
+        now = time.monotonic()
+        for source in self.sources:
+            if source.fd is not None and source.fd in ready:
+                chunks, alive = _read_available(source.fd)
+                source.feed(b"".join(chunks), now)
+                if not alive:
+                    source.close()
+        self._emit(now)
+        return any(s.fd is not None for s in self.sources)
 
-    def _read_available(self) -> tuple[list[bytes], bool]:
-        assert self.master is not None
-        chunks: list[bytes] = []
-        size = 0
-        while size < PUMP_BYTES:
-            try:
-                data = os.read(self.master, 1 << 16)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EIO:  # EIO: a pty whose last writer closed
-                    raise
-                data = b""
-            if not data:
-                return chunks, False
-            chunks.append(data)
-            size += len(data)
-        return chunks, True
+    def _emit(self, now: float) -> None:
+        """Append what every stream has ready, one span each, and their records."""
+        parts: list[bytes] = []
+        records: list[bytes] = []
+        for source in self.sources:
+            data = source.take(now)
+            if data:
+                parts.append(data)
+                records.append(RECORD.pack(self.offset, len(data), source.source))
+                self.offset += len(data)
+        if parts:
+            self._append(b"".join(parts), b"".join(records))
 
     def write(self, data: bytes) -> None:
-        """Append to node.log; on a full disk, note why and drop output from then on."""
+        """Append ``data`` as the node's own (sshddp's words about it)."""
+        if data:
+            record = RECORD.pack(self.offset, len(data), contract.SOURCE_NODE)
+            self.offset += len(data)
+            self._append(data, record)
+
+    def _append(self, data: bytes, records: bytes) -> None:
+        """Append to node.log, then the spans' records to node.idx; on a full disk, note why
+        and drop output from then on."""
         if self.full is not None:
             return
         try:
-            while data:
-                data = data[os.write(self.log, data) :]
+            for fd, what in ((self.log, data), (self.index, records)):
+                while fd is not None and what:
+                    what = what[os.write(fd, what) :]
         except OSError as exc:
             if exc.errno not in _DISK_FULL:
                 raise
@@ -140,15 +180,27 @@ class NodeOutput:
         """After the last process of the node is gone: copy every remaining byte. A writer
         still there after ``wait`` seconds escaped teardown: stop reading (its later output
         is lost) and return who holds the write end."""
+        for source in self.sources:
+            source.let_go()
         deadline = time.time() + wait
         while self.pump(0.05):
             if time.time() > deadline:
-                holders = holding(self.writer)
-                if self.master is not None:
-                    os.close(self.master)
-                    self.master = None
-                return holders
+                holders: dict[int, Escaped] = {}
+                for source in self.sources:
+                    if source.fd is not None:
+                        holders.update((e["pid"], e) for e in holding(source.name))
+                        source.close()
+                self._emit(time.monotonic())
+                return list(holders.values())
         return []
+
+    def close(self) -> None:
+        """Close every descriptor of the output (a supervisor that never started torchrun)."""
+        for source in self.sources:
+            source.close()
+        for fd in (self.log, self.index):
+            if fd is not None:
+                os.close(fd)
 
     def _reserve(self) -> None:
         try:
@@ -164,6 +216,32 @@ class NodeOutput:
             os.unlink(os.path.join(self.rundir, contract.RESERVE))
         except OSError:
             pass
+
+
+def node_output(rundir: str, spec: SpecRecord) -> NodeOutput:
+    """The node's output as its spec asks: a pipe or a pty, and its ranks told apart where
+    they can be (``rankout.told_apart``)."""
+    return NodeOutput(rundir, bool(spec.get("tty")), spec.get("tty_size"), told_apart(spec))
+
+
+def _read_available(fd: int) -> tuple[list[bytes], bool]:
+    """What ``fd`` holds now, up to PUMP_BYTES; False once its writers are all gone."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < PUMP_BYTES:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            break
+        except OSError as exc:
+            if exc.errno != errno.EIO:  # EIO: a pty whose last writer closed
+                raise
+            data = b""
+        if not data:
+            return chunks, False
+        chunks.append(data)
+        size += len(data)
+    return chunks, True
 
 
 def _proc_name(fd: int, use_tty: bool) -> str:

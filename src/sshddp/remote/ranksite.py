@@ -23,7 +23,14 @@ And it tells the watchdogs which ranks joined the world: in a rank (RANK set), t
 import of ``torch.distributed.distributed_c10d`` gets its ``init_process_group`` wrapped,
 through an import hook, so torch is never imported here. The wrapper writes
 RUNDIR/joined/<rank> (``contract.JoinedRecord``) as the call starts and again once it
-returns. Standalone: it imports nothing of sshddp. Python 3.8+.
+returns.
+
+And it gives a rank its own output: in a rank torchrun started (LOCAL_RANK set) whose stdout
+is the node's pipe (SSHDDP_OUTPUT names it), stdout and stderr move onto the FIFO the
+supervisor reads for that local rank, RUNDIR/out/<local rank> (``remote/rankout.py``), before
+any user code runs. What the rank starts inherits them, so its lines are the rank's too. A
+process whose stdout is something else (a pty, a file, a pipe of its own) is left alone.
+Standalone: it imports nothing of sshddp. Python 3.8+.
 """
 
 from __future__ import annotations
@@ -182,6 +189,46 @@ def _hook_init() -> None:
         sys.meta_path.insert(0, _JoinHook(rundir, int(rank)))
 
 
+OUTPUT_VAR = "SSHDDP_OUTPUT"  #: the node pipe's DEV:INO (sshddp.remote.contract.OUTPUT_VAR)
+
+
+def _own_output() -> None:
+    """Move fds 1 and 2, where they are the node's pipe, onto this rank's FIFO."""
+    pipe, local = os.environ.get(OUTPUT_VAR, ""), os.environ.get("LOCAL_RANK", "")
+    if not pipe or not local.isdigit() or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    swap = [fd for fd in (1, 2) if _stream_id(fd) == pipe]
+    if not swap:
+        return
+    try:  # non-blocking: no reader there (no such FIFO) fails at once rather than hang
+        fifo = os.open(os.path.join(rundir, "out", local), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.set_blocking(fifo, True)  # a full FIFO makes the rank wait, as the pipe did
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        for fd in swap:
+            os.dup2(fifo, fd)
+    finally:
+        os.close(fifo)
+
+
+def _stream_id(fd: int) -> str:
+    import stat
+
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return ""
+    return f"{info.st_dev}:{info.st_ino}" if stat.S_ISFIFO(info.st_mode) else ""
+
+
+_own_output()
 _line_buffered()
 _register_dumps()
 _hook_init()

@@ -29,7 +29,7 @@ from sshddp.remote import contract
 from sshddp.remote.attempts import summary
 from sshddp.remote.common import atomic_write_json, listdir, unlink
 from sshddp.remote.contract import AttemptRecord, ExitRecord, SpecRecord
-from sshddp.remote.output import NodeOutput, _proc_name, open_output
+from sshddp.remote.output import NodeOutput
 from sshddp.remote.peers import Peers
 from sshddp.remote.watchdog import Watchdog
 
@@ -234,7 +234,7 @@ class Restarts:
         if self.history:
             assert self.go is not None
             self.attempt, why = self.go
-            reopen(output, bool(spec.get("tty")), spec.get("tty_size"))
+            output.reopen(spec)
             for name in listdir(os.path.join(self.rundir, contract.JOINED)):
                 unlink(os.path.join(self.rundir, contract.JOINED, name))
         offset = os.fstat(output.log).st_size
@@ -279,14 +279,6 @@ def stop_reason(rundir: str, default: str) -> str:
             return fh.read().strip() or default
     except OSError:
         return default
-
-
-def reopen(output: NodeOutput, tty: bool, size: Optional[list[int]]) -> None:
-    """A fresh pipe (or pty) for the next attempt's processes; node.log goes on."""
-    master, output.slave = open_output(tty, size)
-    output.writer = _proc_name(output.slave, tty)
-    os.set_blocking(master, False)
-    output.master = master
 
 
 def _int(value: object) -> int:

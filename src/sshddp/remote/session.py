@@ -85,6 +85,6 @@ def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
     if answer.get("ok") and state.get("state") == contract.RUNNING:
         if boot_args.get("bound"):
             bound.hold_signals()
-        follow.main({"rundir": answer["rundir"], "offset": 0})
+        follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
         if boot_args.get("bound"):
             bound.end_with_session(answer["rundir"], state)

@@ -37,7 +37,7 @@ from sshddp.remote.common import (
     unlink,
 )
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
-from sshddp.remote.output import NodeOutput
+from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.restarts import Restarts, stop_reason
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
@@ -111,8 +111,7 @@ class Supervisor:
         arm(self.watchdog, self.peers, self.wake.poke)
         self.restarts.on_wake = self.wake.poke
         try:
-            tty = bool(self.spec.get("tty"))
-            self.output = NodeOutput(self.rundir, tty, self.spec.get("tty_size"))
+            self.output = node_output(self.rundir, self.spec)
         except OSError as exc:  # a file planted in the run directory, say
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
@@ -126,7 +125,8 @@ class Supervisor:
         """Start torchrun for the current attempt; why it could not ("" when it runs)."""
         assert self.output is not None
         self.restarts.begin(self.output, self.spec, self.watchdog)
-        env = {**self.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
+        attempt = {contract.ATTEMPT_VAR: str(self.restarts.attempt)}
+        env = {**self.env, **self.output.env, **attempt}
         proc, failed = start_torchrun(self.rundir, self.spec, env, self.output)
         if proc is not None:
             self.proc = proc

@@ -21,6 +21,7 @@ from sshddp.model.state import NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
 from sshddp.run.attempts import AttemptWatch
 from sshddp.run.interrupts import Interrupts
+from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.runstate import RunState
 from sshddp.run.teardown import Teardown
 
@@ -125,19 +126,19 @@ class Followers:
         follower from the local copy's size."""
         state, rank = self.state, node.node_rank
         session = state.sessions.pop(node.index, None)
+        feed = NodeFeed(state.logs, state.console, rank)
         if session is not None:
             proc, early = session.take_stream()
-            state.logs.write(rank, early)
-            state.console.write(rank, early)
+            feed.feed(early)
         else:
-            proc = calls.follow_node(transport, node.rundir, state.logs.size(rank))
+            logs = state.logs
+            proc = calls.follow_node(transport, node.rundir, logs.size(rank), logs.index_size(rank))
         try:
             while not state.detached.is_set():
                 chunk = proc.read(1 << 20)
                 if not chunk:
                     break
-                state.logs.write(rank, chunk)
-                state.console.write(rank, chunk)
+                feed.feed(chunk)
             if state.detached.is_set():
                 return None
             record = calls.status_record(proc.read_stderr())

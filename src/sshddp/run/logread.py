@@ -2,7 +2,8 @@
 reading backwards from the end, so a gigabyte of log never needs a gigabyte of memory.
 
 A line ends with ``\\n``; a last line without one counts as a line too. ``\\r`` (progress
-bars redrawn in place) does not end a line.
+bars redrawn in place) does not end a line. With the node's index (``model.spans``), each
+piece of the log comes with the rank that wrote it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
+
+from sshddp.model import spans
+from sshddp.remote.contract import SOURCE_NODE
 
 CHUNK = 1 << 20  #: bytes read at a time
 BLOCK = 1 << 16  #: bytes read at a time when looking for the last lines
@@ -48,3 +52,44 @@ def tail_offset(path: Path, lines: int, block: int = BLOCK) -> int:
                 if found == lines:
                     return pos + cut + 1
         return 0
+
+
+def attributed(
+    path: Path, index: Optional[Path], start: int = 0, stop: Optional[int] = None
+) -> Iterator[tuple[bytes, int]]:
+    """The log's bytes from ``start`` (to ``stop``, else its end) with who wrote them (the
+    local rank, or ``SOURCE_NODE``), a bounded piece at a time; all ``SOURCE_NODE``
+    without an index."""
+    if index is None or not index.exists():
+        for data in chunks(path, start, end=stop):
+            yield data, SOURCE_NODE
+        return
+    with open(path, "rb") as log, open(index, "rb") as idx:
+        idx.seek(_first_span(idx, start) * spans.WIDTH)
+        while records := spans.parse(idx.read(4096 * spans.WIDTH)):
+            for offset, length, source in records:
+                at, end = max(offset, start), offset + length
+                if stop is not None:
+                    if offset >= stop:
+                        return
+                    end = min(end, stop)
+                log.seek(at)
+                while at < end and (data := log.read(min(CHUNK, end - at))):
+                    at += len(data)
+                    yield data, source
+
+
+def _first_span(idx: BinaryIO, start: int) -> int:
+    """The number of the record whose span holds byte ``start`` (binary search: the spans
+    follow each other in order)."""
+    count = idx.seek(0, os.SEEK_END) // spans.WIDTH
+    low, high = 0, count
+    while low < high:  # the first record that ends after start
+        mid = (low + high) // 2
+        idx.seek(mid * spans.WIDTH)
+        offset, length, _source = spans.RECORD.unpack(idx.read(spans.WIDTH))
+        if offset + length <= start:
+            low = mid + 1
+        else:
+            high = mid
+    return low

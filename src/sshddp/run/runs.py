@@ -23,6 +23,7 @@ from sshddp.model.report import attempt_marks
 from sshddp.model.state import NodeState
 from sshddp.remote.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
+from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
 from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks
@@ -164,9 +165,9 @@ def _say_missing(
 def _fetch(pool: HostPool, node: NodePlan, logs: NodeLogs) -> ExitRecord:
     """Append what the local copy lacks; the node's status."""
     rank = node.node_rank
-    return calls.read_node(
-        pool.transport(node), node.rundir, logs.size(rank), "fetch", lambda d: logs.write(rank, d)
-    )
+    feed = NodeFeed(logs, None, rank)
+    size, index = logs.size(rank), logs.index_size(rank)
+    return calls.read_node(pool.transport(node), node.rundir, size, "fetch", feed.feed, index)
 
 
 def _print_logs(
@@ -187,10 +188,11 @@ def _print_logs(
         rank, path = node.node_rank, logs.paths[node.node_rank]
         start = 0 if tail is None else logread.tail_offset(path, tail)
         cuts = [(o, line) for o, line in (marks or {}).get(rank, []) if o >= start]
+        index = logs.index_paths.get(rank)
         for end, line in [*cuts, (None, "")]:
-            for chunk in logread.chunks(path, start, end=end):
+            for chunk, source in logread.attributed(path, index, start, end):
                 if not single:
-                    console.write(rank, chunk)
+                    console.write(rank, chunk, source)
                 elif not _write(screen.stdout_bytes, chunk if raw else for_terminal(chunk)):
                     return  # the reader went away (`| head`)
             if end is None:

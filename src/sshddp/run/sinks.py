@@ -1,10 +1,11 @@
 """Where node output goes: one local file per node, byte for byte, and the console.
 
 The file gets exactly the bytes the node's remote log holds (so it can be resumed from its
-size and compared with the remote copy), owner-only (0600 in a 0700 directory) as on the
-hosts; the console gets whole lines, each prefixed with the node's rank (or ranks) and host,
-coloured per node on a terminal, and the live state of each node's progress bar
-(``model.bars``). What reaches the console is filtered for the terminal
+size and compared with the remote copy), and beside it the node's index, which rank wrote
+each span (``model.spans``), owner-only (0600 in a 0700 directory) as on the hosts; the
+console gets whole lines, each prefixed with the rank that wrote it (or, where that is not
+known, the node's ranks) and host, coloured per node on a terminal, and the live state of
+each rank's progress bar (``model.bars``). What reaches the console is filtered for the terminal
 (``model.escape.for_terminal``): the ranks' colours pass, other escape sequences do not, and
 a line that ``\r`` redraws shows as a terminal would leave it, after its prefix, so that no
 rank can overprint the prefix.
@@ -21,15 +22,18 @@ from typing import IO, Any, BinaryIO, Callable, Optional, Protocol
 
 from sshddp import defaults
 from sshddp.errors import LogWriteFailed, UsageError
+from sshddp.model import spans
 from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.plan import LaunchPlan
-from sshddp.model.ranksel import check_ranks, rank_label, shows
+from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
+from sshddp.remote.contract import SOURCE_NODE
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
 _RESET = b"\x1b[0m"
 _MAX_PARTIAL = 64 * 1024
 _SGR = re.compile(rb"\x1b\[[0-9;:]*m")
+Key = tuple[int, int]  #: a stream of the console: (node rank, local rank or SOURCE_NODE)
 
 
 class Screen(Protocol):
@@ -43,9 +47,10 @@ class Screen(Protocol):
     def err(self, text: str) -> None: ...
 
 
-def log_name(node_rank: int, host: str) -> str:
+def log_name(node_rank: int, host: str, suffix: str = ".log") -> str:
+    """A node's local log file; with ``suffix`` ".idx", its index (``model.spans``)."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host)
-    return f"node{node_rank}-{safe}.log"
+    return f"node{node_rank}-{safe}{suffix}"
 
 
 class Console:
@@ -66,9 +71,9 @@ class Console:
         self._color = color
         self._quiet = False  # the reader went away (`| head`); the log files go on
         self._lock = threading.Lock()
-        self._lines: dict[int, LineState] = {}
-        self._prefix: dict[int, bytes] = {}
-        self._hidden: set[int] = set()  # nodes --ranks leaves out
+        self._lines: dict[Key, LineState] = {}
+        self._prefix: dict[Key, bytes] = {}
+        self._hidden: set[Key] = set()  # nodes and ranks --ranks leaves out
         self._region = _BarRegion(stream, self._prefix) if live else None
         self._sparse = Sparse(bar_every)
         self._clock = clock
@@ -76,47 +81,62 @@ class Console:
     def add_node(self, node_rank: int, label: str, width: int, shown: bool = True) -> None:
         """``label``: the node's ``rank host`` (``ranksel.rank_label``); ``shown``: whether
         --ranks lets its lines through."""
+        self._add((node_rank, SOURCE_NODE), label, width, shown)
+
+    def add_rank(
+        self, node_rank: int, local_rank: int, label: str, width: int, shown: bool = True
+    ) -> None:
+        """A rank's own lines, on a node that tells its ranks apart; ``label``: its
+        ``rank host``."""
+        self._add((node_rank, local_rank), label, width, shown)
+
+    def _add(self, key: Key, label: str, width: int, shown: bool) -> None:
         text = f"[{label}]".ljust(width).encode() + b" "
         if self._color:
-            text = b"\x1b[" + _COLORS[node_rank % len(_COLORS)] + b"m" + text + _RESET
-        self._prefix[node_rank] = text
+            text = b"\x1b[" + _COLORS[key[0] % len(_COLORS)] + b"m" + text + _RESET
+        self._prefix[key] = text
         if not shown:
-            self._hidden.add(node_rank)
+            self._hidden.add(key)
 
-    def write(self, node_rank: int, data: bytes) -> None:
-        if self._quiet or node_rank in self._hidden:
+    def write(self, node_rank: int, data: bytes, source: int = SOURCE_NODE) -> None:
+        """A node's output; ``source``: the local rank that wrote it, where known."""
+        key = (node_rank, source)
+        if key not in self._prefix:
+            key = (node_rank, SOURCE_NODE)
+        if self._quiet or key in self._hidden:
             return
-        update = self._lines.setdefault(node_rank, LineState(_MAX_PARTIAL)).feed(data)
-        lines = b"" if update.lines is None else self._prefixed(node_rank, update.lines)
-        self._show(node_rank, lines, update.bar)
+        update = self._lines.setdefault(key, LineState(_MAX_PARTIAL)).feed(data)
+        lines = b"" if update.lines is None else self._prefixed(key, update.lines)
+        self._show(key, lines, update.bar)
 
     def flush_node(self, node_rank: int) -> None:
-        """Print a node's unterminated last line (it printed no newline)."""
-        state = self._lines.pop(node_rank, None)
-        rest = state.finish() if state is not None else None
-        if not self._quiet and node_rank not in self._hidden:
-            self._show(node_rank, b"" if rest is None else self._prefixed(node_rank, rest), None)
+        """Print a node's unterminated last lines (it printed no newline)."""
+        for key in [k for k in self._lines if k[0] == node_rank]:
+            state = self._lines.pop(key)
+            rest = state.finish()
+            if not self._quiet and key not in self._hidden:
+                self._show(key, b"" if rest is None else self._prefixed(key, rest), None)
 
-    def _prefixed(self, node_rank: int, lines: bytes) -> bytes:
+    def _prefixed(self, key: Key, lines: bytes) -> bytes:
         """``lines`` (newline-separated, no final newline), each with the prefix."""
-        prefix = self._prefix.get(node_rank, f"[{node_rank}] ".encode())
+        prefix = self._prefix.get(key, f"[{key[0]}] ".encode())
         if needs_filter(lines):  # rare: most output holds no control character
             lines = for_terminal(lines)
         # One C-level replace per chunk, not a Python loop per line: 200 MB of short lines
         # would otherwise cost seconds of coordinator CPU.
         return prefix + lines.replace(b"\n", b"\n" + prefix) + b"\n"
 
-    def _show(self, node_rank: int, lines: bytes, bar: Optional[bytes]) -> None:
+    def _show(self, key: Key, lines: bytes, bar: Optional[bytes]) -> None:
         shown = None if bar is None else for_terminal(bar)
         with self._lock:
             if self._region is not None:
-                if self._region.set(node_rank, shown) or lines:
+                if self._region.set(key, shown) or lines:
                     self._put(self._region.around(lines))
                 return
             if shown is None:
-                self._sparse.done(node_rank)
-            elif self._sparse.due(node_rank, self._clock()):
-                lines += self._prefixed(node_rank, bar_line(shown, _MAX_PARTIAL))
+                self._sparse.done(key)
+            elif self._sparse.due(key, self._clock()):
+                lines += self._prefixed(key, bar_line(shown, _MAX_PARTIAL))
             if lines:
                 self._put(lines)
 
@@ -138,18 +158,18 @@ class _BarRegion:
     """The live bars on a terminal: one line per node below the scrolling output. The
     cursor rests at the start of the line below them."""
 
-    def __init__(self, stream: BinaryIO, prefixes: dict[int, bytes]) -> None:
+    def __init__(self, stream: BinaryIO, prefixes: dict[Key, bytes]) -> None:
         self._stream = stream
         self._prefix = prefixes
-        self._bars: dict[int, bytes] = {}
+        self._bars: dict[Key, bytes] = {}
         self._widths: list[int] = []  # the characters of each line the region drew
 
-    def set(self, node_rank: int, state: Optional[bytes]) -> bool:
-        """Note a node's bar state (None: it has none); whether that changes the region."""
+    def set(self, key: Key, state: Optional[bytes]) -> bool:
+        """Note a stream's bar state (None: it has none); whether that changes the region."""
         if state is None:
-            return self._bars.pop(node_rank, None) is not None
-        changed = self._bars.get(node_rank) != state
-        self._bars[node_rank] = state
+            return self._bars.pop(key, None) is not None
+        changed = self._bars.get(key) != state
+        self._bars[key] = state
         return changed
 
     def around(self, lines: bytes) -> bytes:
@@ -158,10 +178,10 @@ class _BarRegion:
         up = screen_rows(self._widths, columns)  # a narrower window re-wraps what was drawn
         erase = b"\x1b[%dA\x1b[J" % up if up else b""
         drawn, self._widths = [], []
-        for node_rank in sorted(self._bars)[: max(1, rows - 2)]:
-            prefix = self._prefix.get(node_rank, b"")
+        for key in sorted(self._bars)[: max(1, rows - 2)]:
+            prefix = self._prefix.get(key, b"")
             shown = len(_SGR.sub(b"", prefix).decode("utf-8", "replace"))
-            bar = bar_line(self._bars[node_rank], columns - 1 - shown)
+            bar = bar_line(self._bars[key], columns - 1 - shown)
             drawn.append(prefix + bar + _RESET + b"\n")
             self._widths.append(shown + len(bar.decode("utf-8", "replace")))
         return erase + lines + b"".join(drawn)
@@ -197,37 +217,76 @@ class NodeLogs:
             ) from exc
         self._files: dict[int, BinaryIO] = {}
         self.paths: dict[int, Path] = {}
+        self._index: dict[int, BinaryIO] = {}
+        self.index_paths: dict[int, Path] = {}  #: each node's index, where it has one
 
     def open(self, node_rank: int, host: str) -> int:
         """Open (or reopen) a node's file; returns its size, the offset to resume from."""
         path = self.directory / log_name(node_rank, host)
         self.paths[node_rank] = path
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
-        if os.fstat(fd).st_mode & 0o077:  # a copy an older sshddp left readable to others
-            os.fchmod(fd, 0o600)
-        fh = os.fdopen(fd, "ab")
-        self._files[node_rank] = fh
-        return os.fstat(fd).st_size
+        self._files[node_rank] = _append_only(path)
+        index = self.directory / log_name(node_rank, host, ".idx")
+        self.index_paths[node_rank] = index
+        if index.exists():
+            self._agree(node_rank, index)
+        return self.size(node_rank)
+
+    def _agree(self, node_rank: int, path: Path) -> None:
+        """Cut the log and its index to where they agree (a copy cut between the two)."""
+        self._index[node_rank] = index = _append_only(path)
+        size = os.fstat(index.fileno()).st_size
+        whole = size - size % spans.WIDTH
+        with open(path, "rb") as fh:
+            fh.seek(max(0, whole - spans.WIDTH))
+            last = fh.read(spans.WIDTH) if whole else b""
+        log, at = spans.resume_at(last, size, self.size(node_rank))
+        os.ftruncate(index.fileno(), at)
+        os.ftruncate(self._files[node_rank].fileno(), log)
+
+    def write_span(self, node_rank: int, piece: spans.Piece) -> None:
+        """Append a span of the node's log, then its index record."""
+        size = self.size(node_rank)
+        if piece.offset != size:  # a gap or an overlap: never papered over (the stream retries)
+            raise ValueError(f"node {node_rank}: a span at {piece.offset}, the log ends at {size}")
+        self.write(node_rank, piece.data)
+        if node_rank not in self._index:
+            self._index[node_rank] = _append_only(self.index_paths[node_rank])
+        self._append(self._index[node_rank].fileno(), piece.record, self.index_paths[node_rank])
+
+    def index_size(self, node_rank: int) -> int:
+        """The local index's size: where its follower resumes (0: none yet)."""
+        index = self._index.get(node_rank)
+        return os.fstat(index.fileno()).st_size if index is not None else 0
 
     def write(self, node_rank: int, data: bytes) -> None:
         """Append ``data``; on failure the file holds an exact prefix of the node's log
         (unbuffered writes), so a later attach or ``logs`` resumes from its size."""
-        fd = self._files[node_rank].fileno()
+        self._append(self._files[node_rank].fileno(), data, self.paths[node_rank])
+
+    def _append(self, fd: int, data: bytes, path: Path) -> None:
         try:
             while data:
                 data = data[os.write(fd, data) :]
         except OSError as exc:
-            path = self.paths[node_rank]
             raise LogWriteFailed(f"cannot write the local log {path}: {exc.strerror}") from exc
 
     def size(self, node_rank: int) -> int:
         return os.fstat(self._files[node_rank].fileno()).st_size
 
     def close(self) -> None:
-        for fh in self._files.values():
+        for fh in [*self._files.values(), *self._index.values()]:
             fh.close()
         self._files.clear()
+        self._index.clear()
+
+
+def _append_only(path: Path) -> BinaryIO:
+    """A local file opened to append, owner-only (never through a symlink)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    if os.fstat(fd).st_mode & 0o077:  # a copy an older sshddp left readable to others
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def _private_dirs(directory: Path) -> None:
@@ -275,6 +334,9 @@ def open_sinks(plan: LaunchPlan, log_dir: Path, screen: Screen) -> tuple[NodeLog
         logs.open(node.node_rank, node.host.host)
         ranks = range(node.first_rank, node.first_rank + node.nproc)
         console.add_node(node.node_rank, labels[node.node_rank], width, shows(screen.ranks, ranks))
+        for local, rank in enumerate(ranks):
+            own = shows(screen.ranks, source_ranks(node.first_rank, node.nproc, local))
+            console.add_rank(node.node_rank, local, f"{rank} {node.host.host}", width, own)
     return logs, console
 
 

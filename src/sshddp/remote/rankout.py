@@ -1,0 +1,118 @@
+"""Each rank's own output: a FIFO per local rank, read beside the node's pipe, so that every
+span of node.log is known to come from one rank (node.idx, ``contract.INDEX_RECORD``).
+
+The supervisor makes RUNDIR/out/<local rank> (0600) before torchrun starts and holds both of
+its ends: the read end, and a write end that keeps the FIFO from reaching end of file while
+no rank has it open yet (or between torchrun's restarts). A rank whose stdout is the node's
+pipe moves its stdout and stderr onto its FIFO as it starts (``ranksite``); whatever it
+starts inherits them, so a DataLoader worker's lines are its rank's.
+
+A ``Source`` gathers what one stream wrote into whole lines: node.log gets a rank's bytes
+one whole line (or many) at a time, so no rank's line is ever split by another's. A line
+left unfinished for PARTIAL_WAIT seconds (a ``\\r`` progress bar, a prompt) goes out as it
+is, and so does one over MAX_PENDING bytes: output stays live.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Optional
+
+from sshddp.remote import contract
+from sshddp.remote.contract import SpecRecord
+
+PARTIAL_WAIT = 0.1  # seconds an unfinished line waits for its end before it is written
+MAX_PENDING = (1 << 20) + (1 << 16)  # a line a rank writes in one piece (rank.LINE_BYTES) fits
+
+
+class Source:
+    """One stream into node.log, read non-blocking: the node's pipe or pty, or a rank's FIFO.
+
+    ``whole``: hold an unfinished line back (node.idx then names its source); without it,
+    every byte is written as it comes, as when there is no node.idx."""
+
+    def __init__(
+        self, fd: int, source: int, name: str, whole: bool, keeper: Optional[int] = None
+    ) -> None:
+        self.fd: Optional[int] = fd
+        self.source = source  #: the local rank, or contract.SOURCE_NODE
+        self.name = name  #: what /proc/PID/fd/N reads for a descriptor of its write end
+        self.whole = whole
+        self.keeper = keeper  #: our own write end of a FIFO, closed once the node is gone
+        self.pending = b""
+        self.since = 0.0  #: when the unfinished line's first byte came
+
+    def feed(self, data: bytes, now: float) -> None:
+        if data and not self.pending:
+            self.since = now
+        self.pending += data
+
+    def due(self, now: float) -> float:
+        """Seconds until the unfinished line goes out as it is."""
+        return max(0.0, self.since + PARTIAL_WAIT - now)
+
+    def take(self, now: float) -> bytes:
+        """What may go to node.log now: whole lines, or the unfinished one once it is due
+        (or too long, or its stream ended)."""
+        buf = self.pending
+        if not buf:
+            return b""
+        if not self.whole or self.fd is None or len(buf) > MAX_PENDING or not self.due(now):
+            self.pending = b""
+            return buf
+        cut = buf.rfind(b"\n") + 1
+        if not cut:
+            return b""
+        self.pending = buf[cut:]
+        self.since = now
+        return buf[:cut]
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.let_go()
+
+    def let_go(self) -> None:
+        """Close our write end: the FIFO ends once the processes that hold it are gone."""
+        if self.keeper is not None:
+            os.close(self.keeper)
+            self.keeper = None
+
+
+def rank_fifos(rundir: str, nproc: int) -> list[Source]:
+    """RUNDIR/out/<local rank> for every rank of the node, open at both ends."""
+    directory = os.path.join(rundir, contract.OUTPUTS)
+    os.mkdir(directory, 0o700)  # new, like every file of the run directory
+    sources = []
+    for local in range(nproc):
+        path = os.path.join(directory, str(local))
+        os.mkfifo(path, 0o600)
+        read = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        keeper = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        if not stat.S_ISFIFO(os.fstat(read).st_mode):
+            raise OSError(f"{path} is not the FIFO it was made as")
+        sources.append(Source(read, local, os.readlink(f"/proc/self/fd/{read}"), True, keeper))
+    return sources
+
+
+def pipe_id(fd: int) -> str:
+    """The node pipe's ``DEV:INO``, as a rank compares its stdout with it."""
+    info = os.fstat(fd)
+    return f"{info.st_dev}:{info.st_ino}"
+
+
+def told_apart(spec: SpecRecord) -> int:
+    """How many rank FIFOs the node gets: its ranks, for torchrun's ranks on a pipe. None
+    (0) on a pty, where the ranks share a terminal, nor for a node launcher's workers, which
+    are not torchrun's ranks."""
+    if (
+        spec.get("tty")
+        or spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN
+    ):
+        return 0
+    watch = spec.get("watch")
+    nprocs = watch["nprocs"] if watch is not None else []
+    node = spec.get("node_rank", 0)
+    return int(nprocs[node]) if 0 <= node < len(nprocs) else 0

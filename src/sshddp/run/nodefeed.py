@@ -1,0 +1,32 @@
+"""One node's log as its follower sends it, into the local copy (and its index) and onto the
+console, each span under the rank that wrote it (``model.spans``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sshddp.model.spans import StreamReader
+from sshddp.run.sinks import Console, NodeLogs
+
+
+class NodeFeed:
+    """Decodes a follower's stream for one node: ``framed`` when it was asked for the index
+    (every follower but an old caller's)."""
+
+    def __init__(
+        self, logs: NodeLogs, console: Optional[Console], node_rank: int, framed: bool = True
+    ) -> None:
+        self.logs = logs
+        self.console = console
+        self.node_rank = node_rank
+        self.reader = StreamReader(framed)
+
+    def feed(self, chunk: bytes) -> None:
+        rank = self.node_rank
+        for piece in self.reader.feed(chunk):
+            if piece.record:
+                self.logs.write_span(rank, piece)
+            else:
+                self.logs.write(rank, piece.data)
+            if self.console is not None:
+                self.console.write(rank, piece.data, piece.source)

@@ -1,0 +1,115 @@
+"""Each rank's own stream on the host: real processes started with the node's sitecustomize
+(``remote/ranksite.py``) write into the supervisor's ``NodeOutput`` (``remote/output.py``,
+``remote/rankout.py``), which copies them into node.log and records in node.idx which
+rank wrote each span. No torch: the rank environment torchrun gives is set by hand."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sshddp.hosts import shipped
+from sshddp.model import spans
+from sshddp.remote import contract
+from sshddp.remote.output import NodeOutput
+
+RANK = """
+import subprocess, sys
+rank = sys.argv[1]
+for i in range(200):
+    print(f"rank {rank} line {i}")
+    print(f"rank {rank} err {i}", file=sys.stderr)
+subprocess.run([sys.executable, "-c", f"print('rank {rank} child')"], check=True)
+sys.stdout.write(f"rank {rank} no newline")
+"""
+
+
+def expected(rank: int) -> bytes:
+    lines = "".join(f"rank {rank} line {i}\nrank {rank} err {i}\n" for i in range(200))
+    return f"{lines}rank {rank} child\nrank {rank} no newline".encode()
+
+
+def site(rundir: Path) -> Path:
+    (rundir / "site").mkdir(parents=True)
+    (rundir / "site" / "sitecustomize.py").write_text(shipped.source("sshddp.remote.ranksite"))
+    return rundir / "site"
+
+
+def start(output: NodeOutput, path: Path, local: str | None, **extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(path), **output.env, **extra}
+    if local is not None:
+        env.update(LOCAL_RANK=local, TORCHELASTIC_RUN_ID="r1")
+    argv = [sys.executable, "-c", RANK, str(local if local is not None else "agent")]
+    return subprocess.Popen(argv, env=env, stdout=output.slave, stderr=output.slave)
+
+
+def by_source(rundir: Path) -> dict[int, bytes]:
+    log = (rundir / contract.LOG).read_bytes()
+    streams: dict[int, bytes] = {}
+    at = 0
+    for offset, length, source in spans.parse((rundir / contract.INDEX).read_bytes()):
+        assert offset == at  # the spans cover node.log with no gap
+        streams[source] = streams.get(source, b"") + log[offset : offset + length]
+        at += length
+    assert at == len(log)
+    return streams
+
+
+def test_each_rank_and_what_it_starts_write_to_its_own_stream(tmp_path: Path) -> None:
+    rundir = tmp_path / "n0"
+    path = site(rundir)
+    output = NodeOutput(str(rundir), False, None, ranks=2)
+    procs = [start(output, path, "0"), start(output, path, "1"), start(output, path, None)]
+    output.close_writer()
+    deadline = time.monotonic() + 60
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        output.pump(0.05)
+    assert [p.wait(5) for p in procs] == [0, 0, 0]
+    assert output.drain(wait=5) == []
+    output.close()
+    streams = by_source(rundir)
+    assert streams[0] == expected(0) and streams[1] == expected(1)
+    agent = streams[contract.SOURCE_NODE]  # not a rank (no LOCAL_RANK): torchrun's stream
+    assert agent.replace(b"agent", b"0") == expected(0)
+    assert sorted(os.listdir(rundir / contract.OUTPUTS)) == ["0", "1"]
+
+
+def test_a_rank_whose_stdout_is_not_the_nodes_pipe_is_left_alone(tmp_path: Path) -> None:
+    rundir = tmp_path / "n0"
+    path = site(rundir)
+    output = NodeOutput(str(rundir), False, None, ranks=1)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(path),
+        **output.env,
+        "LOCAL_RANK": "0",
+        "TORCHELASTIC_RUN_ID": "r1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", "print('mine')"], env=env, capture_output=True, timeout=60
+    )
+    assert done.stdout == b"mine\n"  # its own pipe (torchrun's --redirects, a test harness)
+    output.close_writer()
+    assert output.drain(wait=5) == []
+    output.close()
+    assert (rundir / contract.LOG).read_bytes() == b""
+
+
+def test_without_ranks_told_apart_the_log_is_the_pipe_and_there_is_no_index(
+    tmp_path: Path,
+) -> None:
+    rundir = tmp_path / "n0"
+    path = site(rundir)
+    output = NodeOutput(str(rundir), False, None)  # --tty or --launcher node: no FIFOs
+    assert output.env == {}
+    proc = start(output, path, "0")
+    output.close_writer()
+    while output.pump(0.05):
+        pass
+    assert proc.wait(30) == 0
+    output.close()
+    assert (rundir / contract.LOG).read_bytes() == expected(0)
+    assert not (rundir / contract.INDEX).exists() and not (rundir / contract.OUTPUTS).exists()
