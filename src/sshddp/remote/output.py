@@ -25,9 +25,9 @@ import tty
 from typing import Optional
 
 from sshddp.remote import contract
-from sshddp.remote.common import create, listdir, unlink
+from sshddp.remote.common import create, listdir
 from sshddp.remote.contract import Escaped, SpecRecord
-from sshddp.remote.rankout import Source, pipe_id, rank_fifos, told_apart
+from sshddp.remote.rankout import Source, pipe_id, rank_fifos, remove_fifos, told_apart
 
 PUMP_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
@@ -97,11 +97,7 @@ class NodeOutput:
         last attempt's output is drained (a restart); node.log and node.idx go on."""
         for source in self.sources:
             source.close()
-        outputs = os.path.join(self.rundir, contract.OUTPUTS)
-        for name in listdir(outputs):
-            unlink(os.path.join(outputs, name))
-        if os.path.isdir(outputs):
-            os.rmdir(outputs)
+        remove_fifos(self.rundir)
         self._open(bool(spec.get("tty")), spec.get("tty_size"), told_apart(spec))
 
     def close_writer(self) -> None:

@@ -20,6 +20,7 @@ import stat
 from typing import Optional
 
 from sshddp.remote import contract
+from sshddp.remote.common import listdir, unlink
 from sshddp.remote.contract import SpecRecord
 
 PARTIAL_WAIT = 0.1  # seconds an unfinished line waits for its end before it is written
@@ -95,6 +96,15 @@ def rank_fifos(rundir: str, nproc: int) -> list[Source]:
             raise OSError(f"{path} is not the FIFO it was made as")
         sources.append(Source(read, local, os.readlink(f"/proc/self/fd/{read}"), True, keeper))
     return sources
+
+
+def remove_fifos(rundir: str) -> None:
+    """RUNDIR/out and its FIFOs gone, for the next attempt's (a restart) to be made anew."""
+    directory = os.path.join(rundir, contract.OUTPUTS)
+    for name in listdir(directory):
+        unlink(os.path.join(directory, name))
+    if os.path.isdir(directory):
+        os.rmdir(directory)
 
 
 def pipe_id(fd: int) -> str:
