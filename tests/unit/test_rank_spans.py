@@ -202,6 +202,30 @@ def test_reading_a_copy_back_gives_each_piece_its_rank(tmp_path: Path) -> None:
     assert list(logread.attributed(log, None, 6)) == [(b"one\ntwo\nzero\n", NODE)]  # no index
 
 
+def test_a_tail_that_starts_inside_a_rank_s_line_starts_that_rank_at_its_next_line(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's bar went out in two spans (its state, then its newline) with rank 0's line
+    between them: a --tail whose first line is rank 0's starts inside rank 1's line, and
+    rank 1 then starts at its next line, not with the bar's lone newline (the CI failure
+    of test_rank_output's --tail). A source whose last byte before the tail is a newline
+    starts where the tail does."""
+    logs = NodeLogs(tmp_path)
+    logs.open(0, "h1")
+    parts = ((1, b"bar 1/3\rbar 3/3\r"), (0, b"zero\n"), (1, b"\n"), (1, b"one\n"), (0, b"z2\n"))
+    NodeFeed(logs, None, 0).feed(framed(*parts))
+    logs.close()
+    log, index = logs.paths[0], logs.index_paths[0]
+    start = log.read_bytes().index(b"zero\n") + len(b"zero\n")
+    assert logread.unfinished(log, index, start) == {1}
+    skip = logread.unfinished(log, index, start)
+    got = list(logread.attributed(log, index, start, None, skip))
+    assert got == [(b"one\n", 1), (b"z2\n", 0)] and skip == set()
+    before_zero = log.read_bytes().index(b"zero\n")
+    assert logread.unfinished(log, index, before_zero) == {1}  # rank 0 has written nothing
+    assert logread.unfinished(log, index, 0) == set() == logread.unfinished(log, None, 9)
+
+
 def test_the_follower_sends_spans_from_its_offset_and_then_what_no_record_names(
     tmp_path: Path,
 ) -> None:

@@ -55,11 +55,54 @@ def tail_offset(path: Path, lines: int, block: int = BLOCK) -> int:
 
 
 def attributed(
-    path: Path, index: Optional[Path], start: int = 0, stop: Optional[int] = None
+    path: Path,
+    index: Optional[Path],
+    start: int = 0,
+    stop: Optional[int] = None,
+    skip: Optional[set[int]] = None,
 ) -> Iterator[tuple[bytes, int]]:
     """The log's bytes from ``start`` (to ``stop``, else its end) with who wrote them (the
     local rank, or ``SOURCE_NODE``), a bounded piece at a time; all ``SOURCE_NODE``
-    without an index."""
+    without an index. The sources in ``skip`` (``unfinished``) start at their next line:
+    what comes before it is dropped, and each is taken out of ``skip`` once it is there."""
+    for data, source in _attributed(path, index, start, stop):
+        if skip and source in skip:
+            cut = data.find(b"\n")
+            if cut < 0:
+                continue
+            skip.discard(source)
+            data = data[cut + 1 :]
+        if data:
+            yield data, source
+
+
+def unfinished(path: Path, index: Optional[Path], start: int, look: int = 4096) -> set[int]:
+    """The sources whose line is unfinished at byte ``start``: where a tail begins, a rank's
+    line may have been written in spans on either side of it (a bar, a long line). Looks
+    back at most ``look`` spans."""
+    if start <= 0 or index is None or not index.exists():
+        return set()
+    found: set[int] = set()
+    seen: set[int] = set()
+    with open(path, "rb") as log, open(index, "rb") as idx:
+        first = _first_span(idx, start)
+        for number in range(min(first, idx.seek(0, os.SEEK_END) // spans.WIDTH - 1), -1, -1):
+            if first - number > look:
+                break
+            idx.seek(number * spans.WIDTH)
+            offset, length, source = spans.RECORD.unpack(idx.read(spans.WIDTH))
+            if offset >= start or source in seen:
+                continue
+            seen.add(source)
+            log.seek(min(offset + length, start) - 1)
+            if log.read(1) != b"\n":
+                found.add(source)
+    return found
+
+
+def _attributed(
+    path: Path, index: Optional[Path], start: int, stop: Optional[int]
+) -> Iterator[tuple[bytes, int]]:
     if index is None or not index.exists():
         for data in chunks(path, start, end=stop):
             yield data, SOURCE_NODE

@@ -189,8 +189,9 @@ def _print_logs(
         start = 0 if tail is None else logread.tail_offset(path, tail)
         cuts = [(o, line) for o, line in (marks or {}).get(rank, []) if o >= start]
         index = logs.index_paths.get(rank)
+        skip = logread.unfinished(path, index, start) if tail is not None else set()
         for end, line in [*cuts, (None, "")]:
-            for chunk, source in logread.attributed(path, index, start, end):
+            for chunk, source in logread.attributed(path, index, start, end, skip):
                 if not single:
                     console.write(rank, chunk, source)
                 elif not _write(screen.stdout_bytes, chunk if raw else for_terminal(chunk)):
@@ -200,7 +201,7 @@ def _print_logs(
             if not single:
                 console.flush_node(rank)
             (screen.err if single else console.message)(line)
-            start = end
+            start, skip = end, set()  # an attempt's first line is whole
         if not single:
             console.flush_node(rank)
 
