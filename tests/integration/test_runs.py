@@ -123,7 +123,10 @@ def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
     last = [ln.split("] ", 1)[0] for ln in follow.stdout.splitlines()]
     assert len(last) == 3, follow.stdout  # each node's last line, under the rank that wrote it
     for node, prefix in enumerate(last):
-        assert prefix in (f"[{2 * node} h{node + 1}", f"[{2 * node + 1} h{node + 1}"), prefix
+        a, b, host = 2 * node, 2 * node + 1, f"h{node + 1}"
+        # torchrun's agent may write the last line (its exit barrier's complaint when a peer
+        # agent left first, on a busy machine): that line carries the node's range
+        assert prefix in (f"[{a} {host}", f"[{b} {host}", f"[{a}-{b} {host}"), prefix
     done = sshddp(ssh_env, tmp_path, "stop", "k9")  # a run that finished on its own: a no-op
     assert done.returncode == 0 and done.stdout.count("was already succeeded") == 3
     assert remote_states(workdir, "k9") == ["succeeded"] * 3
