@@ -67,11 +67,11 @@ def cli_env(cluster: SshdCluster) -> dict[str, str]:
 
 
 def sshddp(
-    cluster: SshdCluster, cwd: Path, *args: str, timeout: float = 180
+    cluster: SshdCluster, cwd: Path, *args: str | Path, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """``sshddp ARGS`` as a subprocess in ``cwd``, reaching the test cluster's hosts."""
     return subprocess.run(
-        [*SSHDDP, *args],
+        [*SSHDDP, *map(str, args)],
         cwd=cwd,
         env=cli_env(cluster),
         capture_output=True,

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -52,17 +52,6 @@ BAR_STATE = re.compile(r"rank \d+ bar [0-2]/3")  # piped, a live bar's state may
 def short(text: str) -> str:
     """``text`` for an assertion's message: its long line cut."""
     return re.sub("x{100,}", "x...", text)[-3000:]
-
-
-def sshddp(env: SshdCluster, cwd: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SSHDDP, *map(str, args)],
-        cwd=cwd,
-        env=cli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
 
 
 def by_rank(out: str) -> tuple[dict[int, list[str]], list[str]]:
