@@ -7,6 +7,7 @@ other nodes. ``TD_HOSTS`` and ``TD_NPROC`` are also the node-loss case's job.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from sshddp_bench.harness import (
     GonePoller,
     ReadyWatch,
     Stat,
+    Watched,
     expect_rc,
     kill_pids,
     node_ended,
@@ -31,6 +33,8 @@ from sshddp_bench.harness import (
 )
 
 TD_HOSTS, TD_NPROC = 3, 2  # teardown and node-loss runs
+TARGET_S = 0.5  #: no process of the run left within this (median), attached and detached
+TARGET_RATIO = 0.8  #: ... and within this much of torchrun tearing down its own node
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,14 @@ class TeardownRow:
     attached: tuple[TeardownSample, ...]
     detached: tuple[TeardownSample, ...]
     pdsh_survivors: str
+    torchrun: tuple[float, ...] = ()  #: one node's torchrun: FAIL -> none of its processes left
 
     def stage(self, name: str, detached: bool = False) -> Stat:
         return stat([getattr(x, name) for x in (self.detached if detached else self.attached)])
+
+    @property
+    def baseline(self) -> Stat:
+        return stat(list(self.torchrun))
 
 
 def teardown_sample(
@@ -102,6 +111,22 @@ def teardown_detached_once(b: Bench) -> TeardownSample:
     return teardown_sample(b, name, fail, poller.gone_at, float("nan"))
 
 
+def torchrun_once(b: Bench) -> float:
+    """The same failing rank under one node's own torchrun (``--standalone``, 2 ranks):
+    seconds from its FAIL line to no process of that torchrun left (the baseline)."""
+    name = b.name("td-torchrun")
+    poller = GonePoller("BENCH_RUN", name)
+    watch = ReadyWatch(TD_NPROC, on_all=poller.start)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    argv += [str(TD_NPROC), str(b.rank_script), "teardown"]
+    proc = Watched(argv, {**b.env, "BENCH_RUN": name}, b.tmp, watch, False)
+    expect_rc(proc.finish(), 1, "torchrun --standalone (teardown)")
+    poller.join(30.0)
+    if watch.fail_ts is None or poller.gone_at is None:
+        raise BenchError(f"torchrun teardown {name}: left: {run_pids('BENCH_RUN', name)}")
+    return poller.gone_at - watch.fail_ts
+
+
 def pdsh_survivors(b: Bench) -> str:
     """The same failing job under pdsh: what is still running 3 s after the failure."""
     port, name = b.port(), b.name("td-pdsh")
@@ -126,17 +151,21 @@ def pdsh_survivors(b: Bench) -> str:
 
 
 def bench_teardown(b: Bench, reps: int) -> TeardownRow:
-    attached, detached = [], []
+    attached, detached, torchrun = [], [], []
     for rep in range(reps):  # alternate which variant goes first
-        for how in ("attached", "detached") if rep % 2 == 0 else ("detached", "attached"):
+        order = ("attached", "detached", "torchrun")
+        for how in order if rep % 2 == 0 else order[::-1]:
             if how == "attached":
                 attached.append(teardown_once(b))
-            else:
+            elif how == "detached":
                 detached.append(teardown_detached_once(b))
-    row = TeardownRow(tuple(attached), tuple(detached), pdsh_survivors(b))
+            else:
+                torchrun.append(torchrun_once(b))
+    row = TeardownRow(tuple(attached), tuple(detached), pdsh_survivors(b), tuple(torchrun))
     progress(
         f"teardown: attached {row.stage('gone').fmt()} s, detached "
-        f"{row.stage('gone', detached=True).fmt()} s; pdsh: {row.pdsh_survivors}"
+        f"{row.stage('gone', detached=True).fmt()} s, one node's torchrun "
+        f"{row.baseline.fmt()} s; pdsh: {row.pdsh_survivors}"
     )
     return row
 
@@ -150,16 +179,25 @@ TEARDOWN_STAGES = (
 
 
 def targets(r: TeardownRow) -> list[str]:
-    """The 1 s target's line for each variant that ran."""
+    """The target's lines for each variant that ran: under TARGET_S, and within
+    TARGET_RATIO of one node's torchrun tearing down its own workers."""
     out = []
+    base = r.baseline.median if r.torchrun else None
     for label, detached in (("attached", False), ("detached", True)):
         if not (r.detached if detached else r.attached):
             continue
         med = r.stage("gone", detached).median
-        out.append(
-            f"Target, {label}: no process left within 1 s (median): "
-            f"{verdict(med < 1, f'{med:.2f} s, {med - 1:.2f} s over')}."
+        line = (
+            f"Target, {label}: no process left within {TARGET_S} s (median): "
+            f"{verdict(med < TARGET_S, f'{med:.2f} s, {med - TARGET_S:.2f} s over')}"
         )
+        if base:
+            ratio = med / base
+            line += (
+                f"; ≤ {TARGET_RATIO}x one node's torchrun ({ratio:.2f}x): "
+                f"{verdict(ratio <= TARGET_RATIO, f'{ratio - TARGET_RATIO:.2f}x over')}"
+            )
+        out.append(line + ".")
     return out
 
 
@@ -177,6 +215,13 @@ def teardown_table(r: TeardownRow) -> list[str]:
     for key, text in TEARDOWN_STAGES:
         det = r.stage(key, detached=True).fmt() if key != "exit" and r.detached else "-"
         out.append(f"| {text} | {r.stage(key).fmt()} | {det} |")
+    if r.torchrun:
+        out += [
+            "",
+            f"Baseline, same run: one node's torchrun (`--standalone --nproc-per-node "
+            f"{TD_NPROC}`) tearing down its own workers after the same failure, FAIL → no "
+            f"process of it left: {r.baseline.fmt()} s.",
+        ]
     out.append("")
     out += targets(r)
     out += [

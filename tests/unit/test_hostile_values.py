@@ -39,6 +39,7 @@ from sshddp.hosts.transport import SshOptions
 from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
+from sshddp.remote import contract
 from sshddp.remote.supervisor import Supervisor
 from sshddp.run.boot import Boot
 from sshddp.run.payload import build_payload, code_spec
@@ -72,10 +73,17 @@ def inventory_text(env: Mapping[str, str], workdir: str = "~/.sshddp") -> str:
 
 def worker_argv(torchrun: list[str]) -> list[str]:
     """What torchrun execs for local rank 0, decoded by torchrun's own code: the python, the
-    rank shim (which runs the script as `python SCRIPT ARGS` would), the script, its args."""
-    assert torchrun[1:3] == ["-m", "torch.distributed.run"], torchrun
+    rank shim (which runs the script as `python SCRIPT ARGS` would), the script, its args.
+    ``torchrun``: as planned (``-m torch.distributed.run``) or as the supervisor runs it
+    (through the run directory's agent shim, which runs that module)."""
+    if torchrun[1] == "-m":
+        assert torchrun[2] == "torch.distributed.run", torchrun
+        options = torchrun[3:]
+    else:
+        assert os.path.basename(torchrun[1]) == contract.AGENT_SHIM, torchrun
+        options = torchrun[2:]
     with mock.patch.dict(os.environ):  # config_from_args may set OMP_NUM_THREADS
-        _, cmd, cmd_args = config_from_args(parse_args(torchrun[3:]))
+        _, cmd, cmd_args = config_from_args(parse_args(options))
     return [str(cmd), *macros.substitute(cmd_args, "0")]
 
 

@@ -41,6 +41,7 @@ def stage(tmp_path: Path, data: bytes) -> dict[str, Any]:
             "sha256": hashlib.sha256(data).hexdigest(),
         },
         "rank": "# rank shim\n",
+        "agent": "# agent shim\n",
         "site": "# the ranks' sitecustomize\n",
         "remote_script": None,
     }

@@ -48,6 +48,7 @@ def boot_args(rundir: Path) -> dict[str, Any]:
         },
         "supervisor": shipped.standalone("supervisor"),
         "rank": shipped.source("sshddp.remote.rank"),
+        "agent": shipped.source("sshddp.remote.agent"),
         "site": shipped.source("sshddp.remote.ranksite"),
         "remote_script": None,
         "keep_runs": 50,

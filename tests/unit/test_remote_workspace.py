@@ -110,6 +110,7 @@ def test_staging_fills_the_workspace_and_a_refusal_fails_the_stage(tmp_path: Pat
                 "sha256": hashlib.sha256(payload).hexdigest(),
             },
             "rank": "# rank shim\n",
+            "agent": "# agent shim\n",
             "site": "# sitecustomize\n",
             "remote_script": None,
             "workspace": str(space),

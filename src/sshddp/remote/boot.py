@@ -6,6 +6,7 @@ has staged; ``discard`` removes a node that staged but will not start.
 args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
        "name", "size", "sha256"}, "supervisor": text of RUNDIR/supervisor.py,
        "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
+       "agent": source of agent.py (torchrun starts through it, remote/agent.py),
        "site": source of the ranks' sitecustomize.py (remote/ranksite.py),
        "bound": the node ends with this session (over srun; see bound.py),
        "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None,
@@ -237,6 +238,7 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
     if spec.get("cwd"):
         spec["cwd"] = os.path.expanduser(spec["cwd"])
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
+    write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
     os.mkdir(os.path.join(rundir, contract.SITE), 0o700)  # in a run dir made just now
     write_new(os.path.join(rundir, contract.SITE, "sitecustomize.py"), args["site"].encode())
     key: Optional[str] = args.get("peer_key")

@@ -37,6 +37,7 @@ RESERVE = "reserve"  #: room kept for exit.json should the disk fill up
 SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the supervisor
 SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
+AGENT_SHIM = "agent.py"  #: torchrun starts through it (``agent``): no slow interpreter exit
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
 CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
 CODE_SHA256 = "code.sha256"  #: the SHA-256 of the shipped bytes, checked as they arrived

@@ -25,7 +25,7 @@ import time
 from types import FrameType
 from typing import Any, Optional
 
-from sshddp.remote import contract
+from sshddp.remote import agent, contract
 from sshddp.remote.bound import session_gone
 from sshddp.remote.common import (
     Group,
@@ -328,6 +328,8 @@ def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
     if launcher == contract.LAUNCH_NODE:
         argv[1] = os.path.join(rundir, contract.RANK_SHIM)
         return argv
+    if argv[1:3] == ["-m", agent.MODULE]:  # torchrun, through the agent shim (agent.py)
+        argv[1:3] = [os.path.join(rundir, contract.AGENT_SHIM)]
     if "--no-python" in argv:  # ... then the rank shim, in this run directory
         at = argv.index("--no-python")
         argv[at + 1 : at + 3] = [sys.executable, os.path.join(rundir, contract.RANK_SHIM)]

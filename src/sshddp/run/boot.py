@@ -32,13 +32,14 @@ Problem = Optional[str]
 
 
 @cache
-def _host_code() -> tuple[str, str, str]:
-    """The supervisor file left in every run directory, the rank shim, and the ranks'
-    sitecustomize."""
+def _host_code() -> tuple[str, str, str, str]:
+    """The supervisor file left in every run directory, the rank shim, the ranks'
+    sitecustomize and torchrun's agent shim."""
     return (
         shipped.standalone("supervisor"),
         shipped.source("sshddp.remote.rank"),
         shipped.source("sshddp.remote.ranksite"),
+        shipped.source("sshddp.remote.agent"),
     )
 
 
@@ -115,7 +116,7 @@ class Boot:
 
     def _boot_args(self, node: NodePlan) -> dict[str, Any]:
         plan = self.state.plan
-        supervisor, rank_shim, site = _host_code()
+        supervisor, rank_shim, site, agent = _host_code()
         return {
             "rundir": node.rundir,
             "spec": plan.spec(node),
@@ -123,6 +124,7 @@ class Boot:
             "payload": self.payload.header(),
             "supervisor": supervisor,
             "rank": rank_shim,
+            "agent": agent,
             "site": site,
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,

@@ -1,0 +1,78 @@
+"""How every node's torchrun starts: the agent shim, written into the run directory.
+
+The supervisor runs ``python agent.py ARGS...`` where the plan says ``python -m
+torch.distributed.run ARGS...``, and this runs torchrun exactly as ``-m`` would (same
+sys.argv, sys.path[0] and ``__main__``). What it changes is only how the interpreter ends:
+once torchrun has returned or raised, this does what the interpreter's own exit does that
+anyone can see (the traceback or SystemExit message, non-daemon threads joined, atexit
+handlers, stdout and stderr flushed), then leaves with ``os._exit``.
+
+Why: an interpreter that imported torch takes about 0.4 s to tear its modules and torch's
+C++ statics down after the last line of Python ran, and torchrun does its work
+(stopping its workers, printing its failure summary) before that. Every teardown, stop and
+restart waited that long for each node's torchrun to be gone; with this it is gone at once.
+The ranks themselves end the normal way: their objects' finalizers are theirs to keep.
+Standalone: it imports nothing of sshddp.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import signal
+import sys
+import threading
+
+MODULE = "torch.distributed.run"
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The status ``raise SystemExit(code)`` gives the interpreter; a message is printed."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def main() -> None:
+    sys.path[0] = os.getcwd()  # as `python -m` has it (run_module sets sys.argv[0])
+    code, interrupted = 0, False
+    try:
+        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exit_code(exc)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code, interrupted = 1, True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finish(code, interrupted)
+
+
+def finish(code: int, interrupted: bool) -> None:
+    """End as the interpreter would, without its teardown of every module."""
+    shutdown = getattr(threading, "_shutdown", None)
+    for step in (shutdown, atexit._run_exitfuncs):
+        try:
+            if step is not None:
+                step()
+        except BaseException:  # the interpreter reports these and exits all the same
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    if interrupted:  # a KeyboardInterrupt ends the interpreter by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
