@@ -12,19 +12,30 @@ C++ statics down after the last line of Python ran, and torchrun does its work
 (stopping its workers, printing its failure summary) before that. Every teardown, stop and
 restart waited that long for each node's torchrun to be gone; with this it is gone at once.
 The ranks themselves end the normal way: their objects' finalizers are theirs to keep.
+
+Standby (STANDBY_VAR set, with ``--max-restarts``): the supervisor starts the next attempt's
+torchrun ahead. It imports torchrun (about a second, most of a fresh torchrun's start),
+then waits on its stdin, a socket, for the supervisor's go: the attempt's environment as
+JSON, and the node's output as a descriptor (SCM_RIGHTS). It takes them and runs torchrun
+at once. Without a go (the socket ends: no restart, or the supervisor is gone) it leaves.
 Standalone: it imports nothing of sshddp.
 """
 
 from __future__ import annotations
 
+import array
 import atexit
+import importlib
+import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import threading
 
 MODULE = "torch.distributed.run"
+STANDBY_VAR = "SSHDDP_AGENT_STANDBY"  #: set: wait for the supervisor's go (see above)
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -38,8 +49,49 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """Everything the supervisor sends until it closes its end, and the descriptors that
+    came with it."""
+    data, ancillary, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
+    chunks = [data]
+    while data:
+        data = sock.recv(1 << 16)
+        chunks.append(data)
+    return b"".join(chunks), fds
+
+
+def standby() -> bool:
+    """Import torchrun, then wait for the go and take on its environment and output; False
+    when none came."""
+    os.environ.pop(STANDBY_VAR, None)
+    importlib.import_module(MODULE)
+    sock = socket.socket(fileno=0)
+    try:
+        data, fds = receive(sock)
+    finally:
+        sock.close()
+    null = os.open(os.devnull, os.O_RDONLY)  # torchrun's stdin, as the supervisor gives it
+    os.dup2(null, 0)
+    os.close(null)
+    if not data or len(fds) != 1:
+        return False
+    os.environ.clear()
+    os.environ.update(json.loads(data.decode())["env"])
+    for fd in (1, 2):
+        os.dup2(fds[0], fd)
+    os.close(fds[0])
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
+    return True
+
+
 def main() -> None:
     sys.path[0] = os.getcwd()  # as `python -m` has it (run_module sets sys.argv[0])
+    if os.environ.get(STANDBY_VAR) and not standby():
+        os._exit(0)
     code, interrupted = 0, False
     try:
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)

@@ -171,6 +171,7 @@ class AttemptRecord(TypedDict):
     offset: int  #: node.log's size when the attempt started: its first byte
     started: float  #: epoch seconds
     reason: str  #: why the attempt before it ended ("" for the first)
+    warm: bool  #: its torchrun was the standby started ahead (``standby``), not a fresh one
 
 
 class AttemptsRecord(TypedDict):

@@ -239,12 +239,29 @@ class Restarts:
                 unlink(os.path.join(self.rundir, contract.JOINED, name))
         offset = os.fstat(output.log).st_size
         self.history.append(
-            {"attempt": self.attempt, "offset": offset, "started": time.time(), "reason": why}
+            {
+                "attempt": self.attempt,
+                "offset": offset,
+                "started": time.time(),
+                "reason": why,
+                "warm": False,
+            }
         )
+
+    def started(self, warm: bool) -> None:
+        """The attempt's torchrun runs (``warm``: it was the standby): attempts.json says
+        so."""
+        if not self.history:
+            return
+        self.history[-1]["warm"] = warm
         record = {"schema": contract.SCHEMA, "max_attempts": self.max_attempts}
         atomic_write_json(
             os.path.join(self.rundir, contract.ATTEMPTS), {**record, "attempts": self.history}
         )
+
+    def more(self) -> bool:
+        """Another attempt may follow this one."""
+        return self.enabled and self.attempt < self.max_attempts
 
     def summary(self) -> ExitRecord:
         """What exit.json says of the attempts (nothing without restarts)."""

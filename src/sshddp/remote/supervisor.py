@@ -40,6 +40,7 @@ from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.restarts import Restarts, stop_reason
+from sshddp.remote.standby import Standby
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -92,6 +93,7 @@ class Supervisor:
         self.watchdog = Watchdog(rundir, self.spec, self.started)
         self.restarts = Restarts(rundir, self.spec, self.peers)
         self.env: dict[str, str] = {}  #: torchrun's environment (env.json is read once)
+        self.standby: Optional[Standby] = None  #: the next attempt's torchrun, started ahead
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -122,16 +124,51 @@ class Supervisor:
         return not failed
 
     def spawn(self) -> str:
-        """Start torchrun for the current attempt; why it could not ("" when it runs)."""
+        """Start torchrun for the current attempt (the standby's, if one waits for it); why
+        it could not ("" when it runs). While another attempt may follow, the next one's
+        standby starts."""
         assert self.output is not None
         self.restarts.begin(self.output, self.spec, self.watchdog)
         attempt = {contract.ATTEMPT_VAR: str(self.restarts.attempt)}
         env = {**self.env, **self.output.env, **attempt}
-        proc, failed = start_torchrun(self.rundir, self.spec, env, self.output)
+        proc = self._warm(env)
+        warm, failed = proc is not None, ""
+        if proc is None:
+            proc, failed = start_torchrun(self.rundir, self.spec, env, self.output)
+        self.restarts.started(warm)
         if proc is not None:
             self.proc = proc
             self._record_state(proc.pid)
+            self._stand_by()
         return failed
+
+    def _warm(self, env: dict[str, str]) -> Optional[subprocess.Popen[bytes]]:
+        """The waiting standby, running the current attempt's torchrun; None if none."""
+        standby, self.standby = self.standby, None
+        if standby is None:
+            return None
+        assert self.output is not None
+        if standby.attempt != self.restarts.attempt:
+            standby.discard()
+            return None
+        proc = standby.go(env, self.output.slave)
+        if proc is not None:
+            self.output.close_writer()
+        return proc
+
+    def _stand_by(self) -> None:
+        """Start the next attempt's torchrun ahead, where one may follow (``standby``)."""
+        argv = torchrun_argv(self.rundir, self.spec)
+        if not self.restarts.more() or argv[1:2] != [self.path(contract.AGENT_SHIM)]:
+            return
+        nxt = self.restarts.attempt + 1
+        env = {**self.env, contract.ATTEMPT_VAR: str(nxt)}
+        self.standby = Standby.start(argv, env, self.spec.get("cwd"), nxt)
+
+    def end_standby(self) -> None:
+        if self.standby is not None:
+            self.standby.discard()
+            self.standby = None
 
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
@@ -175,7 +212,10 @@ class Supervisor:
             self.peers.wait_others()
             return
         self.peers.start()
-        state, reason = self.restarts.run(self)  # the attempts: one without restarts
+        try:
+            state, reason = self.restarts.run(self)  # the attempts: one without restarts
+        finally:
+            self.end_standby()
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
