@@ -70,6 +70,10 @@ def main(num_nodes: int, fail: str) -> None:
     }
     sys.stdout.write(json.dumps(record) + "\n")  # one write: whole lines in the node's pipe
     sys.stdout.flush()
+    # As torch's docs ask. Without it, torch 2.13 sometimes aborts at exit ("terminate called
+    # without an active exception"): gloo's worker thread frees the broadcast's tensors
+    # while the interpreter finalizes, and dies taking the GIL (seen in a core dump).
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
