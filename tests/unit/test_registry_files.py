@@ -83,6 +83,32 @@ def test_an_end_is_kept_once_and_the_duration_is_the_nodes(state: Path) -> None:
     assert registry.load("r1") == kept  # a final end is never overwritten
 
 
+def test_attempts_are_kept_so_a_report_from_the_registry_alone_has_them(state: Path) -> None:
+    """--max-restarts: which attempt each node ended in, and why the earlier ones ended,
+    survive in the record (from the hosts' statuses or from a coordinator's result)."""
+    why = "node 1 (h1) failed: rank 1 exited with code 1"
+    registry.create(record())
+    states = [
+        {"state": "stopped", "ended": 5.0, "attempt": 3, "attempts": 3, "earlier": [why, why]},
+        {"state": "failed", "reason": "boom", "ended": 4.0, "attempt": 3, "attempts": 3},
+    ]
+    registry.record_end("r1", lambda r: r.ended_from(states))  # type: ignore[arg-type]
+    nodes = registry.load("r1").recorded_result().nodes
+    assert [(n.attempt, n.attempts, n.earlier) for n in nodes] == [(3, 3, (why, why)), (3, 3, ())]
+    registry.create(record("r2"))
+    ran = RunResult("r2", [NodeResult(0, "h0", NodeState.SUCCEEDED, attempt=2, attempts=3)])
+    ran.nodes[0].earlier = (why,)
+    registry.record_end("r2", lambda r: r.ended_with(ran))
+    kept = registry.load("r2").recorded_result().nodes[0]
+    assert (kept.attempt, kept.attempts, kept.earlier) == (2, 3, (why,))
+    plain = json.loads((state / "runs" / "r1.json").read_text())
+    assert "attempt" in plain["result"]["nodes"][0]
+    registry.create(record("r3"))  # without restarts, the record is as it was
+    registry.record_end("r3", lambda r: r.ended_from([{"state": "succeeded"}] * 2))
+    once = json.loads((state / "runs" / "r3.json").read_text())["result"]["nodes"][0]
+    assert sorted(once) == ["ended", "node_rank", "reason", "returncode", "state"]
+
+
 def test_a_launch_that_died_before_starting_is_dropped(state: Path) -> None:
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True

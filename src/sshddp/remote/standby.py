@@ -21,9 +21,14 @@ import os
 import signal
 import socket
 import subprocess
-from typing import Optional
+from typing import Callable, Optional
 
 from sshddp.remote import agent, contract
+from sshddp.remote.output import NodeOutput
+from sshddp.remote.restarts import Restarts
+
+#: starts torchrun afresh: the process (None if it could not) and why not
+Fresh = Callable[[], "tuple[Optional[subprocess.Popen[bytes]], str]"]
 
 GO_TIMEOUT = 5.0  #: seconds the go may take to send before the standby is given up
 
@@ -91,3 +96,50 @@ class Standby:
             self.proc.wait(GO_TIMEOUT)
         except subprocess.TimeoutExpired:
             pass
+
+
+class Spare:
+    """A supervisor's standby, if any: started for the next attempt while one may follow,
+    taken by it, or ended with the node (``end``)."""
+
+    def __init__(self, argv: list[str], cwd: Optional[str]) -> None:
+        self.argv = argv  #: torchrun as the supervisor runs it
+        self.cwd = cwd
+        self.standby: Optional[Standby] = None
+
+    def run(
+        self, restarts: Restarts, env: dict[str, str], output: NodeOutput, fresh: Fresh
+    ) -> tuple[Optional[subprocess.Popen[bytes]], str]:
+        """torchrun for the current attempt: the standby's, else ``fresh()``; the process
+        (None if it did not start) and why not. Then the next attempt's standby starts."""
+        proc = self.take(restarts.attempt, env, output)
+        warm, failed = proc is not None, ""
+        if proc is None:
+            proc, failed = fresh()
+        restarts.started(warm)
+        if proc is not None and restarts.more() and self.argv[1].endswith(contract.AGENT_SHIM):
+            attempt = restarts.attempt + 1
+            ahead = {**env, contract.ATTEMPT_VAR: str(attempt)}  # the go replaces it all
+            self.standby = Standby.start(self.argv, ahead, self.cwd, attempt)
+        return proc, failed
+
+    def take(
+        self, attempt: int, env: dict[str, str], output: NodeOutput
+    ) -> Optional[subprocess.Popen[bytes]]:
+        """The standby, running ``attempt``'s torchrun with ``env`` into ``output``; None
+        when there is none for it."""
+        standby, self.standby = self.standby, None
+        if standby is None:
+            return None
+        if standby.attempt != attempt:
+            standby.discard()
+            return None
+        proc = standby.go(env, output.slave)
+        if proc is not None:
+            output.close_writer()  # the standby holds the node's output now
+        return proc
+
+    def end(self) -> None:
+        if self.standby is not None:
+            self.standby.discard()
+            self.standby = None

@@ -17,6 +17,7 @@ are gone, so teardown never signals a stranger's group.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -40,7 +41,7 @@ from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.restarts import Restarts, stop_reason
-from sshddp.remote.standby import Standby
+from sshddp.remote.standby import Spare
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -93,7 +94,7 @@ class Supervisor:
         self.watchdog = Watchdog(rundir, self.spec, self.started)
         self.restarts = Restarts(rundir, self.spec, self.peers)
         self.env: dict[str, str] = {}  #: torchrun's environment (env.json is read once)
-        self.standby: Optional[Standby] = None  #: the next attempt's torchrun, started ahead
+        self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"))
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -124,51 +125,16 @@ class Supervisor:
         return not failed
 
     def spawn(self) -> str:
-        """Start torchrun for the current attempt (the standby's, if one waits for it); why
-        it could not ("" when it runs). While another attempt may follow, the next one's
-        standby starts."""
+        """Start the attempt's torchrun (``Spare``: the standby's, if one waits); why not."""
         assert self.output is not None
         self.restarts.begin(self.output, self.spec, self.watchdog)
-        attempt = {contract.ATTEMPT_VAR: str(self.restarts.attempt)}
-        env = {**self.env, **self.output.env, **attempt}
-        proc = self._warm(env)
-        warm, failed = proc is not None, ""
-        if proc is None:
-            proc, failed = start_torchrun(self.rundir, self.spec, env, self.output)
-        self.restarts.started(warm)
+        env = {**self.env, **self.output.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
+        fresh = functools.partial(start_torchrun, self.rundir, self.spec, env, self.output)
+        proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
         if proc is not None:
             self.proc = proc
             self._record_state(proc.pid)
-            self._stand_by()
         return failed
-
-    def _warm(self, env: dict[str, str]) -> Optional[subprocess.Popen[bytes]]:
-        """The waiting standby, running the current attempt's torchrun; None if none."""
-        standby, self.standby = self.standby, None
-        if standby is None:
-            return None
-        assert self.output is not None
-        if standby.attempt != self.restarts.attempt:
-            standby.discard()
-            return None
-        proc = standby.go(env, self.output.slave)
-        if proc is not None:
-            self.output.close_writer()
-        return proc
-
-    def _stand_by(self) -> None:
-        """Start the next attempt's torchrun ahead, where one may follow (``standby``)."""
-        argv = torchrun_argv(self.rundir, self.spec)
-        if not self.restarts.more() or argv[1:2] != [self.path(contract.AGENT_SHIM)]:
-            return
-        nxt = self.restarts.attempt + 1
-        env = {**self.env, contract.ATTEMPT_VAR: str(nxt)}
-        self.standby = Standby.start(argv, env, self.spec.get("cwd"), nxt)
-
-    def end_standby(self) -> None:
-        if self.standby is not None:
-            self.standby.discard()
-            self.standby = None
 
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
@@ -212,10 +178,7 @@ class Supervisor:
             self.peers.wait_others()
             return
         self.peers.start()
-        try:
-            state, reason = self.restarts.run(self)  # the attempts: one without restarts
-        finally:
-            self.end_standby()
+        state, reason = self.restarts.run(self)  # the attempts: one without restarts
         assert self.proc is not None
         self.finish(state, self.proc.returncode, reason)
         self.peers.report(state, reason)
@@ -225,7 +188,7 @@ class Supervisor:
         """Stop the node's processes (asked to, or aborted by a peer); its final state."""
         assert self.proc is not None and self.output is not None
         grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
-        agent = self._torchrun()
+        agent = runs_torchrun(self.spec)
         kill_run(self.group, self.spec["mark"], grace, self.reap, self.hurry, agent=agent)
         self.proc.wait()
         self.escaped = self.output.drain()
@@ -251,21 +214,25 @@ class Supervisor:
             return contract.FAILED, self.output.full
         if rc == 0:
             return contract.SUCCEEDED, ""
-        return contract.FAILED, _describe(rc, "torchrun" if self._torchrun() else "the launcher")
-
-    def _torchrun(self) -> bool:
-        """torchrun runs the node (its workers are in sessions of their own)."""
-        return self.spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
+        return contract.FAILED, _describe(
+            rc, "torchrun" if runs_torchrun(self.spec) else "the launcher"
+        )
 
     def hurry(self) -> bool:
         return self.stop_signal == signal.SIGUSR1
 
     def finish(self, state: str, rc: Optional[int], reason: str) -> None:
+        self.spare.end()  # (a standby whose supervisor died leaves as its socket closes)
         if self.output is not None:
             self.output.unreserve()
         reason = with_escaped(reason, self.escaped)
         node, attempts = self.spec["node_rank"], self.restarts.summary()
         write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, attempts)
+
+
+def runs_torchrun(spec: SpecRecord) -> bool:
+    """torchrun runs the node (its workers are in sessions of their own)."""
+    return spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
 
 
 def state_record(pid: int, started: Optional[int], since: float) -> dict[str, Any]:

@@ -57,6 +57,9 @@ class NodeEnd:
     returncode: Optional[int]
     reason: str
     ended: Optional[float] = None  #: when (epoch seconds, the host's clock), if known
+    attempt: int = 1  #: the attempt it ended in (``--max-restarts``)
+    attempts: int = 1  #: how many attempts the run could make
+    earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
 
 
 @dataclass(frozen=True)
@@ -151,23 +154,23 @@ class RunRecord:
     def ended_with(self, result: RunResult) -> RunRecord:
         """This record with the run's end as ``result`` saw it."""
         ends = tuple(
-            NodeEnd(n.node_rank, n.state.value, n.returncode, n.reason, n.ended)
+            NodeEnd(
+                n.node_rank,
+                n.state.value,
+                n.returncode,
+                n.reason,
+                n.ended,
+                n.attempt,
+                n.attempts,
+                n.earlier,
+            )
             for n in result.nodes
         )
         return replace(self._with_ends(ends, result.root_cause), cause=result.cause)
 
     def ended_from(self, states: Sequence[ExitRecord]) -> RunRecord:
         """This record with every node's status as its host reported it (node rank order)."""
-        ends = tuple(
-            NodeEnd(
-                n.node_rank,
-                NodeState.of(s.get("state")).value,
-                s.get("returncode"),
-                s.get("reason") or "",
-                s.get("ended"),
-            )
-            for n, s in zip(self.nodes, states)
-        )
+        ends = tuple(_end_of(n.node_rank, s) for n, s in zip(self.nodes, states))
         bad = [e for e in ends if NodeState.of(e.state).bad]
         first = min(bad, key=lambda e: (e.ended or float("inf"), e.node_rank), default=None)
         return self._with_ends(ends, None if first is None else first.node_rank)
@@ -189,6 +192,9 @@ class RunRecord:
                 e.returncode,
                 reason=e.reason,
                 ended=e.ended,
+                attempt=e.attempt,
+                attempts=e.attempts,
+                earlier=e.earlier,
             )
             for e in self.result or ()
         ]
@@ -268,7 +274,7 @@ def record_of(data: Mapping[str, Any]) -> RunRecord:
         code=data["code"],
         args=tuple(data["args"]),
         nodes=tuple(_node_of(n) for n in data["nodes"]),
-        result=None if result is None else tuple(NodeEnd(**n) for n in result["nodes"]),
+        result=None if result is None else tuple(_end_from_json(n) for n in result["nodes"]),
         root_cause=None if result is None else result.get("root_cause"),
         cause=None if result is None else result.get("cause"),
         launcher=None if not launcher else Launcher(int(launcher[0]), launcher[1]),
@@ -294,17 +300,41 @@ def _node_of(data: Mapping[str, Any]) -> NodeRecord:
     return NodeRecord(rank, nproc, rundir, host, str(data.get("cwd", "")))
 
 
+def _end_of(node_rank: int, status: ExitRecord) -> NodeEnd:
+    """A node's end from the status its host reported (exit.json's fields)."""
+    seen = NodeResult(node_rank, "")
+    seen.apply({"state": NodeState.UNKNOWN.value, **status})
+    return NodeEnd(
+        node_rank,
+        seen.state.value,
+        seen.returncode,
+        seen.reason,
+        seen.ended,
+        seen.attempt,
+        seen.attempts,
+        seen.earlier,
+    )
+
+
+def _end_json(end: NodeEnd) -> dict[str, Any]:
+    data = {
+        "node_rank": end.node_rank,
+        "state": end.state,
+        "returncode": end.returncode,
+        "reason": end.reason,
+        "ended": end.ended,
+    }
+    if end.attempts > 1:  # a run with restarts: which attempt, and why the others ended
+        data.update(attempt=end.attempt, attempts=end.attempts, earlier=list(end.earlier))
+    return data
+
+
+def _end_from_json(data: Mapping[str, Any]) -> NodeEnd:
+    return NodeEnd(**{**data, "earlier": tuple(str(e) for e in data.get("earlier") or ())})
+
+
 def _result_json(record: RunRecord) -> dict[str, Any]:
-    nodes = [
-        {
-            "node_rank": e.node_rank,
-            "state": e.state,
-            "returncode": e.returncode,
-            "reason": e.reason,
-            "ended": e.ended,
-        }
-        for e in record.result or ()
-    ]
+    nodes = [_end_json(e) for e in record.result or ()]
     return {"nodes": nodes, "root_cause": record.root_cause, "cause": record.cause}
 
 
