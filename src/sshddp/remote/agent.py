@@ -67,7 +67,6 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
 def standby() -> bool:
     """Import torchrun, then wait for the go and take on its environment and output; False
     when none came."""
-    os.environ.pop(STANDBY_VAR, None)
     importlib.import_module(MODULE)
     sock = socket.socket(fileno=0)
     try:

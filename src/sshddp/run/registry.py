@@ -153,19 +153,7 @@ class RunRecord:
 
     def ended_with(self, result: RunResult) -> RunRecord:
         """This record with the run's end as ``result`` saw it."""
-        ends = tuple(
-            NodeEnd(
-                n.node_rank,
-                n.state.value,
-                n.returncode,
-                n.reason,
-                n.ended,
-                n.attempt,
-                n.attempts,
-                n.earlier,
-            )
-            for n in result.nodes
-        )
+        ends = tuple(_end_of_result(n) for n in result.nodes)
         return replace(self._with_ends(ends, result.root_cause), cause=result.cause)
 
     def ended_from(self, states: Sequence[ExitRecord]) -> RunRecord:
@@ -304,15 +292,14 @@ def _end_of(node_rank: int, status: ExitRecord) -> NodeEnd:
     """A node's end from the status its host reported (exit.json's fields)."""
     seen = NodeResult(node_rank, "")
     seen.apply({"state": NodeState.UNKNOWN.value, **status})
+    return _end_of_result(seen)
+
+
+def _end_of_result(n: NodeResult) -> NodeEnd:
+    """A node's end as a coordinator's result holds it."""
+    state = n.state.value
     return NodeEnd(
-        node_rank,
-        seen.state.value,
-        seen.returncode,
-        seen.reason,
-        seen.ended,
-        seen.attempt,
-        seen.attempts,
-        seen.earlier,
+        n.node_rank, state, n.returncode, n.reason, n.ended, n.attempt, n.attempts, n.earlier
     )
 
 
