@@ -51,7 +51,13 @@ def parser() -> argparse.ArgumentParser:
         "--sizes",
         type=host_list,
         metavar="N,N,..",
-        help="Host counts of the doctor and launch cases (default 1,4,16,32 and 1,4,8,16).",
+        help="Host counts of the doctor and launch cases (default 1,4,16,32,64 and 1,4,8,16).",
+    )
+    p.add_argument(
+        "--doctor-sizes",
+        type=host_list,
+        metavar="N,N,..",
+        help="Host counts of the doctor case alone (default: --sizes, else 1,4,16,32,64).",
     )
     p.add_argument(
         "--logs-mb",
@@ -104,7 +110,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def sizes_of(args: argparse.Namespace) -> Sizes:
     return Sizes(
         only=frozenset(args.only.split(",")),
-        doctor=tuple(args.sizes or ([1, 4, 16] if args.quick else [1, 4, 16, 32])),
+        doctor=tuple(
+            args.doctor_sizes or args.sizes or ([1, 4, 16] if args.quick else [1, 4, 16, 32, 64])
+        ),
         launch=tuple(args.sizes or ([1, 4, 8] if args.quick else [1, 4, 8, 16])),
         mb=args.logs_mb or (100 if args.quick else 200),
         logs8_hosts=args.logs_hosts or 8,

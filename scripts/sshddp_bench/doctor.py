@@ -71,10 +71,15 @@ def doctor_pdsh(b: Bench, n: int) -> Finished:
     return done
 
 
+BIG = 64  #: from this many hosts on, at most BIG_REPS runs of each method (each ~1 min here)
+BIG_REPS = 3
+
+
 def doctor_row(b: Bench, n: int, reps: int) -> DoctorRow:
-    """``reps`` runs of each method at ``n`` hosts, which one goes first alternating."""
+    """``reps`` runs of each method at ``n`` hosts (at most ``BIG_REPS`` from ``BIG``
+    hosts on), which one goes first alternating."""
     runs: dict[str, list[Finished]] = {"sshddp": [], "pdsh": []}
-    for rep in range(reps):
+    for rep in range(min(reps, BIG_REPS) if n >= BIG else reps):
         for method in ("sshddp", "pdsh") if rep % 2 == 0 else ("pdsh", "sshddp"):
             fn = doctor_sshddp if method == "sshddp" else doctor_pdsh
             runs[method].append(fn(b, n))
@@ -104,7 +109,7 @@ def doctor_line(r: DoctorRow) -> str:
     ratio = r.sshddp.median / r.pdsh.median
     per_host = r.cpu.median / r.hosts * 1000
     gate = r.hosts >= 16
-    limit = 1.1 if r.hosts >= 32 else 1.2
+    limit = 1.0 if r.hosts >= 32 else 1.2
     miss = f"{ratio:.2f}x, {(ratio - limit) / limit:.0%} over {limit}x"
     t1 = verdict(ratio <= limit, miss) if gate else "-"
     t2 = verdict(per_host < 50, f"{per_host - 50:.0f} ms over") if gate else "-"
@@ -118,7 +123,7 @@ def doctor_line(r: DoctorRow) -> str:
 def doctor_table(rows: Sequence[DoctorRow]) -> list[str]:
     out = [
         "| hosts | sshddp doctor (s) | pdsh, same probe (s) | ratio "
-        "| target ≤ 1.2x at 16, ≤ 1.1x at 32 "
+        "| target ≤ 1.2x at 16, ≤ 1.0x from 32 "
         "| sshddp CPU (ms) | CPU/host (ms) | target < 50 ms/host | pdsh+ssh CPU (ms) "
         "| sshddp peak RSS (MB) |",
         "|---:|---|---|---:|---|---|---:|---|---|---:|",
@@ -149,7 +154,8 @@ METHOD = """\
   `commands.python_command`. The header is read from a file on the host instead of over the
   SSH channel. CPU is
   user+sys of the command and the children it reaped (`os.wait4`): sshddp has none, pdsh's
-  include its `ssh` clients.
+  include its `ssh` clients. From 64 hosts on, at most 3 runs of each method (a run of
+  either takes about a minute there: 64 torch imports on this machine's cores).
 """
 
 CASE: Case[list[DoctorRow]] = Case(

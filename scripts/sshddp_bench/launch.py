@@ -71,11 +71,15 @@ def bench_launch(b: Bench, sizes: Sequence[int], reps: int) -> list[LaunchRow]:
     return rows
 
 
+TARGET_S = 0.2  #: sshddp within this of pdsh at every size (issue 16; 0.5 s before)
+
+
 def launch_line(r: LaunchRow) -> str:
     over = round(r.sshddp.median - r.pdsh.median, 2)
+    missed = f"{over - TARGET_S:.2f} s over"
     return (
         f"| {r.hosts} | {r.sshddp.fmt()} | {r.pdsh.fmt()} | {r.ssh.fmt()} "
-        f"| {over:+.2f} | {verdict(over <= 0.5, f'{over - 0.5:.2f} s over')} "
+        f"| {over:+.2f} | {verdict(over <= TARGET_S, missed)} "
         f"| {r.cpu.fmt(1000, 0)} |"
     )
 
@@ -102,7 +106,7 @@ def growth(a: LaunchRow, z: LaunchRow) -> list[str]:
 def launch_table(rows: Sequence[LaunchRow]) -> list[str]:
     out = [
         "| hosts | sshddp launch (s) | pdsh (s) | `ssh &` loop (s) | sshddp − pdsh (s) "
-        "| target ≤ +0.5 s | sshddp CPU (ms) |",
+        f"| target ≤ +{TARGET_S} s | sshddp CPU (ms) |",
         "|---:|---|---|---|---:|---|---|",
     ]
     out += [launch_line(r) for r in rows]

@@ -121,7 +121,7 @@ class SrunSampler:
                 continue
             with contextlib.suppress(OSError):
                 cmdline = (entry / "cmdline").read_bytes()
-                if b"torch.distributed.run" in cmdline and self._needle in cmdline:
+                if _is_torchrun(cmdline) and self._needle in cmdline:
                     self._seen.add(entry.name)
         if len(self._seen) >= self._nodes:
             self.torchruns_at = time.perf_counter()
@@ -129,6 +129,11 @@ class SrunSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _is_torchrun(cmdline: bytes) -> bool:
+    """torchrun started as ``-m torch.distributed.run`` or through sshddp's agent shim."""
+    return b"torch.distributed.run" in cmdline or b"/agent.py\0" in cmdline
 
 
 def _srun_rss_kb(entry: Path) -> int | None:
@@ -232,8 +237,10 @@ def bench_slurm(b: Bench, sizes: Sequence[int], reps: int) -> list[SlurmRow]:
 
 def slurm_table(rows: Sequence[SlurmRow]) -> list[str]:
     out = [
-        "Start → every rank's READY line (the target), and start → a torchrun running on "
-        "every node (less exposed to the torch imports' noise on a busy machine):",
+        "Start → every rank's READY line (the target), and start → a torchrun process on "
+        "every node. sshddp's is its first attempt's standby, started by the launch "
+        "session before the preflight and importing torch while it runs; it runs "
+        "torchrun at the start (README, *How a launch works*, step 4):",
         "",
         "| nodes | sshddp launch slurm, srun (s) | srun torchrun (s) | sshddp − srun (s) "
         "| target ≤ +0.5 s | torchruns started: sshddp / srun (s) | difference (s) |",

@@ -30,6 +30,7 @@ RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous co
 CLOCK_WARN = 1.0  #: seconds a host's clock may be off from the coordinator's before a warning
 CLOCK_FAIL = 60.0  #: seconds off that fail the check: no time sync at all
 CLOCK_SAMPLES = 3  #: clock round trips per host; the shortest one is used
+SESSION_END_WAIT = 5.0  #: seconds a launch session that never started gets to clean up
 # Slurm
 SLURM_TIMEOUT = 30.0  #: seconds a Slurm client command (scontrol, squeue) may take
 SLURM_POLL = 2.0  #: seconds between looks at the job's state while a run over Slurm is followed

@@ -4,6 +4,7 @@ interpreter's teardown of torch."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from sshddp.hosts import shipped
 from sshddp.remote.agent import exit_code
+from sshddp.remote.standby import Spare, Standby
 
 WORKER = r"""
 import os, sys
@@ -69,3 +71,63 @@ def test_exit_code_is_the_interpreters(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().err == ""
     assert exit_code(SystemExit("torchrun: bad")) == 1
     assert capsys.readouterr().err == "torchrun: bad\n"
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def test_a_standby_runs_torchrun_with_the_gos_argv_cwd_and_environment(
+    shim: Path, tmp_path: Path
+) -> None:
+    """A launch's first standby starts before its port and working directory are final
+    (remote/prewarm.py): the go's command line, directory and environment are what
+    torchrun runs with, and its module runs as with -m (no runpy warning)."""
+    early = [sys.executable, str(shim), "--standalone", "--nproc-per-node", "1", "worker.py"]
+    standby = Standby.start([*early, "early"], dict(os.environ), str(Path.home()), 1)
+    assert standby is not None
+    final = [sys.executable, str(shim), "--standalone", "--nproc-per-node", "2", "worker.py"]
+    read, write = os.pipe()
+    env = {**os.environ, "SSHDDP_ATTEMPT": "1"}
+    proc = standby.go(env, write, [*final, "late"], str(tmp_path))
+    os.close(write)
+    assert proc is not None
+    out = _read_all(read)
+    assert proc.wait(120) == 0, out
+    assert sorted(line for line in out.splitlines() if line.startswith("worker")) == [
+        "worker 0 ['late']",
+        "worker 1 ['late']",
+    ]
+    assert "RuntimeWarning" not in out, out
+
+
+def test_a_standby_started_with_another_environment_is_ended_not_used(
+    shim: Path, tmp_path: Path
+) -> None:
+    """What torch read at import must be what torchrun would have read: a standby whose
+    environment differs (but for sshddp's own variables) is not taken."""
+    argv = [sys.executable, str(shim), "--standalone", "--nproc-per-node", "1", "worker.py"]
+    base = {**os.environ, "SSHDDP_NODE_MARK": "r/n0"}
+    standby = Standby.start(argv, {**base, "LD_LIBRARY_PATH": "/elsewhere"}, str(tmp_path), 1)
+    assert standby is not None
+    assert standby.fits({**base, "LD_LIBRARY_PATH": "/elsewhere", "SSHDDP_ATTEMPT": "1"})
+    assert not standby.fits(base)
+    marked = Standby.start(argv, base, str(tmp_path), 1, marked=True)  # a launch's first
+    assert marked is not None
+    assert marked.fits(base) and not marked.fits({**base, "SSHDDP_NODE_MARK": "r/n1"})
+    marked.discard()
+
+    class Output:  # the two things take() uses of the node's output
+        slave = os.open(os.devnull, os.O_WRONLY)
+
+        def close_writer(self) -> None:
+            raise AssertionError("a standby that does not fit never gets the output")
+
+    spare = Spare(argv, str(tmp_path), standby)
+    assert spare.take(1, base, Output()) is None  # type: ignore[arg-type]
+    assert standby.proc.returncode is not None  # ended and reaped
+    os.close(Output.slave)

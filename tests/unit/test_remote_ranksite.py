@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sshddp.hosts import shipped
-from sshddp.remote import contract
+from sshddp.remote import agent, contract
 
 PROBE = "import sys, sitecustomize; print(sys.stdout.line_buffering, sys.stderr.line_buffering)"
 
@@ -121,3 +121,11 @@ def test_the_dump_signal_is_the_one_the_collector_sends() -> None:
     text = shipped.source("sshddp.remote.ranksite")
     offset = re.search(r"^DUMP_SIGNAL_OFFSET = (\d+)", text, re.M)
     assert offset is not None and int(offset.group(1)) == contract.STACKS_SIGNAL_OFFSET
+
+
+def test_the_standby_variable_is_the_agents() -> None:
+    """A launch's first torchrun standby registers its dumps before the stage wrote
+    spec.json: ranksite knows it by the agent's variable."""
+    text = shipped.source("sshddp.remote.ranksite")
+    name = re.search(r'^STANDBY_VAR = "(\w+)"', text, re.M)
+    assert name is not None and name.group(1) == agent.STANDBY_VAR

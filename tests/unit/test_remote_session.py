@@ -108,3 +108,48 @@ def test_a_node_lives_and_ends_through_its_session(
     assert isinstance(state["supervisor_start"], int) and state["supervisor_pid"] != proc.pid
     assert not (rundir / "env.json").exists()  # the secret lived only in the processes
     assert b"s3cr3t" not in (rundir / "supervisor.log").read_bytes() + log
+
+
+@pytest.mark.parametrize("which", ["this", "3.8"])
+def test_a_torchrun_node_starts_on_the_standby_its_session_began(
+    tmp_path: Path, oldest_python: Path, which: str
+) -> None:
+    """A torchrun node's session starts torchrun importing torch before its probe
+    (remote/prewarm.py): at the start its waiter becomes the supervisor and the standby runs
+    torchrun. On Python 3.8, which has no torch here, the standby cannot import it: it runs
+    all the same, and torchrun fails into the node's log, saying why."""
+    python = sys.executable if which == "this" else str(oldest_python)
+    rundir = tmp_path / "runs" / "r1" / "n0"
+    args = boot_args(rundir)
+    args["spec"]["argv"] = [python, "-m", "torch.distributed.run", "--standalone"]
+    args["spec"]["argv"] += ["--nproc-per-node", "1", "train.py"]
+    warm = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site")}
+    proc = subprocess.Popen(
+        [python, "-c", BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(shipped.header("session", {"probe": None, "warm": warm}))
+        go = {"go": True, "boot": args}
+        proc.stdin.write(json.dumps(go).encode() + b"\n" + SCRIPT + b'{"start": true}\n')
+        proc.stdin.flush()
+        assert answer(proc.stdout) == {"released": True}
+        assert answer(proc.stdout) == {"ok": True, "rundir": str(rundir)}
+        started = answer(proc.stdout)
+        assert started["ok"], started
+        log = proc.stdout.read()
+        record = json.loads(proc.stderr.read().decode().strip().splitlines()[-1])
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+    state = json.loads((rundir / "state.json").read_text())
+    assert state["warm"] is True, state
+    if which == "this":
+        assert b"hello from" in log and record["state"] == "succeeded", (log, record)
+    else:
+        assert b"No module named 'torch'" in log and record["state"] == "failed", log
+    assert not (rundir / "env.json").exists()

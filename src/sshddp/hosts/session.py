@@ -11,10 +11,12 @@ latency.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from sshddp import defaults
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.remote import contract
@@ -29,17 +31,21 @@ class HostSession:
         run_id: str,
         rundir: str,
         probe: Optional[dict[str, Any]],
+        warm: Optional[dict[str, Any]] = None,
     ) -> None:
-        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing."""
+        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing.
+        ``warm``: for a launch's torchrun node, what its torchrun needs to start importing
+        torch at once (``remote/prewarm.py``)."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
         env = {contract.RUN_ID_VAR: run_id} if run_id else None
         self.proc: RemoteProcess = shipped.start(
-            transport, "session", {"probe": probe}, env, label=rundir or None
+            transport, "session", {"probe": probe, "warm": warm}, env, label=rundir or None
         )
         self._buffer = b""
         self.closed = False
+        self.started = False  #: told to start its node: the run is the follower's from here
 
     def answer(self, what: str) -> dict[str, Any]:
         """The next JSON line, or a ``RemoteError`` / ``InterpreterMissing`` saying why not."""
@@ -85,6 +91,7 @@ class HostSession:
 
     def start(self, start: bool) -> None:
         """Every node staged its code: start the node (True), or remove what it staged."""
+        self.started = start
         self.proc.write(json.dumps({"start": start}).encode() + b"\n")
 
     def discard(self) -> None:
@@ -99,6 +106,29 @@ class HostSession:
             self.proc.wait()
         finally:
             self.close()
+
+    def end(self, wait: float = defaults.SESSION_END_WAIT) -> None:
+        """End the session, and unless its node started, wait (up to ``wait`` s) until the
+        host has: a launch session's torchrun that began importing torch early is gone
+        then, and what it made removed (``remote/prewarm.py``)."""
+        if self.closed:
+            return
+        if self.started:
+            self.close()
+            return
+        thread = threading.Thread(target=self._drain, daemon=True)
+        thread.start()
+        thread.join(wait)  # a host that went silent gets no longer than that
+        self.close()
+
+    def _drain(self) -> None:
+        try:
+            self.proc.close_stdin()
+            while self.proc.read(65536):
+                pass
+            self.proc.wait()
+        except Exception:  # the channel is gone: nothing more to wait for
+            pass
 
     def take_stream(self) -> tuple[RemoteProcess, bytes]:
         """The process, now streaming the node's log, and log bytes already read. The

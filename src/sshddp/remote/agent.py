@@ -17,7 +17,9 @@ Standby (STANDBY_VAR set, with ``--max-restarts``): the supervisor starts the ne
 torchrun ahead. It imports torchrun (about a second, most of a fresh torchrun's start),
 then waits on its stdin, a socket, for the supervisor's go: the attempt's environment as
 JSON, and the node's output as a descriptor (SCM_RIGHTS). It takes them and runs torchrun
-at once. Without a go (the socket ends: no restart, or the supervisor is gone) it leaves.
+at once, with the command line and in the working directory the go names (a launch's
+first attempt starts its standby before either is final: ``prewarm.py``). Without a go (the
+socket ends: no restart, or the supervisor is gone) it leaves.
 Standalone: it imports nothing of sshddp.
 """
 
@@ -67,7 +69,13 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
 def standby() -> bool:
     """Import torchrun, then wait for the go and take on its environment and output; False
     when none came."""
-    importlib.import_module(MODULE)
+    try:
+        importlib.import_module(MODULE)
+        # torch stays imported; torchrun's own module runs afresh as __main__, as with -m
+        # (runpy warns of a module it is asked to run that is imported already)
+        del sys.modules[MODULE]
+    except Exception:  # no torch, say: after the go it fails again, into the node's log
+        pass
     sock = socket.socket(fileno=0)
     try:
         data, fds = receive(sock)
@@ -78,12 +86,18 @@ def standby() -> bool:
     os.close(null)
     if not data or len(fds) != 1:
         return False
+    go = json.loads(data.decode())
     os.environ.clear()
-    os.environ.update(json.loads(data.decode())["env"])
+    os.environ.update(go["env"])
     for fd in (1, 2):
         os.dup2(fds[0], fd)
     os.close(fds[0])
     sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
+    if go.get("argv"):  # [python, agent.py, torchrun's arguments...]
+        sys.argv[1:] = go["argv"][2:]
+    if go.get("cwd"):  # (a failure shows in the node's log: stderr is there now)
+        os.chdir(go["cwd"])
+        sys.path[0] = os.getcwd()  # as `python -m` has it there
     return True
 
 

@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 import time
-from typing import IO, Any, Dict, Optional
+from typing import IO, TYPE_CHECKING, Any, Dict, Optional, Protocol
 
 from sshddp.remote import contract
 from sshddp.remote.common import (
@@ -35,6 +35,9 @@ from sshddp.remote.common import (
 from sshddp.remote.workdir import Unsafe, make_rundir
 from sshddp.remote.workspace import fill
 
+if TYPE_CHECKING:
+    from sshddp.remote.standby import Standby
+
 Answer = Dict[str, Any]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
 CHUNK = 1 << 20  # the code is read, hashed and stored in chunks of this size
@@ -43,6 +46,15 @@ READ_BYTES = 1 << 16  # tarfile's reads and copies (its stream joins its buffer 
 
 class BootError(Exception):
     pass
+
+
+class Waiter(Protocol):
+    """A launch session's supervisor-to-be, forked before the probe (``prewarm.Prewarm``)."""
+
+    rundir: str  #: the run directory it made
+
+    def hand_over(self, parent: Optional[int]) -> bool:
+        """Become the node's supervisor; False if it is gone."""
 
 
 class _Code:
@@ -134,10 +146,13 @@ def _prune(runs_root: str, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_supervisor(rundir: str, standalone: str, bound: bool = False) -> dict[str, Any]:
+def _start_supervisor(
+    rundir: str, standalone: str, bound: bool = False, warm: Optional[Waiter] = None
+) -> dict[str, Any]:
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
+    With a waiter (``warm``, prewarm.py) the waiter, forked earlier, becomes it instead.
     Its code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``). This
     process carries the run id in its environment, so the supervisor's /proc shows it too."""
     write_new(os.path.join(rundir, contract.SUPERVISOR), standalone.encode())
@@ -146,8 +161,9 @@ def _start_supervisor(rundir: str, standalone: str, bound: bool = False) -> dict
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid() if bound else None
-    if os.fork() == 0:
-        _supervise(rundir, log, parent)  # never returns
+    handed = warm is not None and warm.hand_over(parent)
+    if not handed and os.fork() == 0:
+        supervise(rundir, log, parent)  # never returns
     os.close(log)
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
@@ -160,9 +176,9 @@ def _start_supervisor(rundir: str, standalone: str, bound: bool = False) -> dict
     raise BootError(f"the supervisor did not start within {START_TIMEOUT:.0f} s; see {log_path}")
 
 
-def _detach(rundir: str, log: int) -> None:
+def _detach(rundir: str, log: int, keep: tuple[int, ...] = ()) -> None:
     """Leave the SSH channel behind: own session, stdin /dev/null, output to the log, and
-    every other descriptor (the channel's pipes, the probe's sockets) closed."""
+    every other descriptor (the channel's pipes, the probe's sockets) closed but ``keep``."""
     os.setsid()
     os.chdir(rundir)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -170,22 +186,25 @@ def _detach(rundir: str, log: int) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     for name in listdir("/proc/self/fd"):
-        if name.isdigit() and int(name) > 2:
+        if name.isdigit() and int(name) > 2 and int(name) not in keep:
             try:
                 os.close(int(name))
             except OSError:
                 pass
 
 
-def _supervise(rundir: str, log: int, parent: Optional[int]) -> None:
+def supervise(
+    rundir: str, log: int, parent: Optional[int], standby: Optional[Standby] = None
+) -> None:
     """The forked child: become the supervisor (bound to ``parent``, the session, over
-    srun), then exit without running anything of the session's again."""
+    srun; the first attempt's torchrun ``standby``'s, if any), then exit without running
+    anything of the session's again."""
     status = 1
     try:
-        _detach(rundir, log)
+        _detach(rundir, log, () if standby is None else (standby.sock.fileno(),))
         from sshddp.remote.supervisor import run_supervisor
 
-        run_supervisor(rundir, parent)
+        run_supervisor(rundir, parent, standby)
         status = 0
     except BaseException:  # it goes to supervisor.log, never to the session
         import traceback
@@ -199,20 +218,23 @@ def _supervise(rundir: str, log: int, parent: Optional[int]) -> None:
             os._exit(status)
 
 
-def stage(args: dict[str, Any], stream: IO[bytes]) -> Answer:
+def stage(args: dict[str, Any], stream: IO[bytes], warm: Optional[Waiter] = None) -> Answer:
     """Put the run directory in place: a new one (an existing one is refused, as are a
     workdir or runs/ that others may write to), then the code from ``stream`` (its SHA-256
     checked), the rank shim, the peers' key, env.json and spec.json, every file new and
-    owner-only. Nothing runs yet, and a failed stage leaves nothing.
+    owner-only. Nothing runs yet, and a failed stage leaves nothing. With a waiter
+    (``warm``), the run directory and the shims it needs are there already.
     The answer: {"ok": true, "rundir"} or {"ok": false, "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
+    made = warm is not None and warm.rundir == rundir
     try:
-        make_rundir(rundir)
+        if not made:
+            make_rundir(rundir)
     except Unsafe as exc:  # nothing of ours is there to remove
         return {"ok": False, "rundir": rundir, "error": str(exc)}
     try:
-        _stage_files(rundir, args, stream)
+        _stage_files(rundir, args, stream, made)
         return {"ok": True, "rundir": rundir}
     except (BootError, OSError) as exc:
         discard(rundir)
@@ -225,7 +247,7 @@ def _said(exc: BaseException) -> str:
     return str(exc)
 
 
-def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
+def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: bool) -> None:
     spec = args["spec"]
     payload = args["payload"]
     if payload["kind"] != "none":
@@ -238,9 +260,11 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
     if spec.get("cwd"):
         spec["cwd"] = os.path.expanduser(spec["cwd"])
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
-    write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
-    os.mkdir(os.path.join(rundir, contract.SITE), 0o700)  # in a run dir made just now
-    write_new(os.path.join(rundir, contract.SITE, "sitecustomize.py"), args["site"].encode())
+    if not made:  # (else the waiter's standby runs them already: prewarm.py)
+        write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
+        os.mkdir(os.path.join(rundir, contract.SITE), 0o700)  # in a run dir made just now
+        site = os.path.join(rundir, contract.SITE, "sitecustomize.py")
+        write_new(site, args["site"].encode())
     key: Optional[str] = args.get("peer_key")
     if key:  # the supervisors' shared secret: read and deleted by the supervisor
         write_new(os.path.join(rundir, contract.PEER_KEY), key.encode())
@@ -257,14 +281,14 @@ def discard(rundir: str) -> None:
         pass
 
 
-def start(args: dict[str, Any]) -> Answer:
+def start(args: dict[str, Any], warm: Optional[Waiter] = None) -> Answer:
     """Start the staged node's supervisor. The answer: {"ok": true, "state", "rundir"} or
     {"ok": false, "error", "rundir"}."""
     rundir = os.path.expanduser(args["rundir"])
     try:
         if read_json(os.path.join(rundir, contract.SPEC)) is None:
             raise BootError(f"run directory {rundir} is not staged")
-        state = _start_supervisor(rundir, args["supervisor"], bool(args.get("bound")))
+        state = _start_supervisor(rundir, args["supervisor"], bool(args.get("bound")), warm)
         # The retention count includes this run: once it ends the host holds keep_runs.
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args["keep_runs"]) - 1)
         return {"ok": True, "state": state, "rundir": rundir}

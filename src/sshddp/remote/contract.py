@@ -49,6 +49,7 @@ NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA h
 ATTEMPTS = "attempts.json"  #: where each attempt of the node starts in node.log (AttemptsRecord)
 
 # Environment variables every process of a node carries.
+OWN_VAR_PREFIX = "SSHDDP_"  #: sshddp's own variables: torch and the user's code never read them
 RUN_ID_VAR = "SSHDDP_RUN_ID"
 NODE_RANK_VAR = "SSHDDP_NODE_RANK"
 MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
@@ -194,6 +195,7 @@ class StateRecord(TypedDict):
     pid_start: Optional[int]  #: torchrun's start time: what stop checks before the group
     boot_id: Optional[str]  #: the host's boot: start times name a process only on it
     started: float
+    warm: bool  #: torchrun was a standby: torch imported before the attempt began (standby.py)
 
 
 class Escaped(TypedDict):

@@ -68,6 +68,7 @@ def _chain() -> None:
 
 
 DUMP_SIGNAL_OFFSET = 6  #: dumps on SIGRTMIN+6 (sshddp.remote.contract.STACKS_SIGNAL_OFFSET)
+STANDBY_VAR = "SSHDDP_AGENT_STANDBY"  #: a torchrun standby (sshddp.remote.agent.STANDBY_VAR)
 _dump: Optional[IO[bytes]] = None  # the open file faulthandler writes this process's stacks to
 
 
@@ -78,7 +79,10 @@ def _register_dumps() -> None:
     to its parent's file."""
     signum = getattr(signal, "SIGRTMIN", None)
     rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if signum is None or not os.path.isfile(os.path.join(rundir, "spec.json")):
+    # a node's run directory, staged; or a launch's first torchrun standby, which starts in
+    # its run directory before the stage (sshddp.remote.prewarm)
+    staged = os.path.isfile(os.path.join(rundir, "spec.json"))
+    if signum is None or not (staged or os.environ.get(STANDBY_VAR)):
         return
     signum += DUMP_SIGNAL_OFFSET
     signal.pthread_sigmask(signal.SIG_BLOCK, {signum})

@@ -2,7 +2,9 @@
 interpreter: the preflight probe, a wait for the coordinator's go, staging the code, a wait
 for the start, then following the node's log.
 
-args: {"probe": probe args, or None to skip the preflight}
+args: {"probe": probe args, or None to skip the preflight; "warm": for a torchrun node of a
+launch, what its torchrun needs to start importing torch at once (prewarm.py): {"rundir",
+"spec", "env", "agent", "site"}, as the boot args will have them}
 stdin after the header: first, any number of questions about the probe, each answered at
 once: {"ask": "clock"} (this host's time.time(), for the clock check) and {"ask": "connect",
 "connect": [addr, port], "timeout": s} (a rendezvous connect, when node 0 picked the port);
@@ -24,11 +26,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import emit
 from sshddp.remote.probe import Holds, connect, probe
+
+if TYPE_CHECKING:
+    from sshddp.remote.prewarm import Prewarm
 
 
 def _order() -> dict[str, Any]:
@@ -49,6 +54,19 @@ def _answer(order: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(args: dict[str, Any]) -> None:
+    warm = None
+    if args.get("warm"):  # before the probe: torch imports while the preflight runs
+        from sshddp.remote.prewarm import Prewarm
+
+        warm = Prewarm.begin(args["warm"])
+    try:
+        _session(args, warm)
+    finally:
+        if warm is not None:
+            warm.cancel()  # no start: the waiter ends its standby and removes what it made
+
+
+def _session(args: dict[str, Any], warm: Optional[Prewarm]) -> None:
     holds = Holds()
     if args.get("probe") is not None:
         facts, holds = probe(args["probe"])
@@ -61,16 +79,16 @@ def main(args: dict[str, Any]) -> None:
     try:
         if order.get("go"):
             emit({"released": True})
-            _boot(order["boot"], holds)
+            _boot(order["boot"], holds, warm)
     finally:
         holds.release_all()
 
 
-def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
+def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
     from sshddp.remote import boot, bound, follow
 
-    staged = boot.stage(boot_args, sys.stdin.buffer)
+    staged = boot.stage(boot_args, sys.stdin.buffer, warm)
     emit(staged)
     if not staged.get("ok"):
         return
@@ -79,7 +97,7 @@ def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
     if not start:
         boot.discard(staged["rundir"])
         return
-    answer = boot.start(boot_args)
+    answer = boot.start(boot_args, warm)
     emit(answer)
     state = answer.get("state") or {}
     if answer.get("ok") and state.get("state") == contract.RUNNING:

@@ -6,6 +6,12 @@ While an attempt runs and another may follow, the supervisor keeps one agent shi
 (``Standby.go``): the attempt's environment, and the node's output as a descriptor; the
 standby runs torchrun at once, as the attempt's torchrun.
 
+A launch starts the first attempt's torchrun the same way, from the session's waiter, while
+the preflight runs (``prewarm.py``). The go also carries torchrun's command line and working
+directory: the standby started before the port was picked (``--port auto``) and before its
+working directory was staged. A standby started with an environment other than the
+attempt's (``fits``) is not used: what torch read as it was imported must be what it reads.
+
 Until its go, a standby is not part of the run: it carries no node mark, so stopping an
 attempt (``common.kill_run``) leaves it waiting, and it writes nowhere. Its environment
 does carry the run's id, so a standby that outlived its run would show as a leak. The
@@ -36,19 +42,42 @@ GO_TIMEOUT = 5.0  #: seconds the go may take to send before the standby is given
 class Standby:
     """An agent shim waiting for its go, for attempt ``attempt``."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, attempt: int):
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        sock: socket.socket,
+        attempt: int,
+        env: Optional[dict[str, str]] = None,
+    ):
         self.proc = proc
         self.sock = sock
         self.attempt = attempt
+        self.env = env or {}  #: what it was started with
+
+    def fits(self, env: dict[str, str]) -> bool:
+        """Started with ``env``, but for sshddp's own variables (the attempt, the output),
+        which only the ranks and the supervisor read; and the node's mark, if it has one."""
+        mark = self.env.get(contract.MARK_VAR)
+        if mark is not None and mark != env.get(contract.MARK_VAR):
+            return False
+        return _imported_with(self.env) == _imported_with(env)
 
     @classmethod
     def start(
-        cls, argv: list[str], env: dict[str, str], cwd: Optional[str], attempt: int
+        cls,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Optional[str],
+        attempt: int,
+        marked: bool = False,
     ) -> Optional[Standby]:
         """The standby for ``attempt`` (torchrun's ``argv`` and ``env``), or None when it
-        could not start (the restart then starts torchrun afresh)."""
+        could not start (the restart then starts torchrun afresh). Without the node's mark
+        unless ``marked``: a launch's first standby, which no earlier attempt's stop could
+        end, carries it from the start, as a fresh torchrun would (teardown and the
+        process table find it by it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        waiting = {k: v for k, v in env.items() if k != contract.MARK_VAR}
+        waiting = {k: v for k, v in env.items() if marked or k != contract.MARK_VAR}
         waiting[agent.STANDBY_VAR] = "1"
         try:
             proc = subprocess.Popen(
@@ -65,12 +94,14 @@ class Standby:
             return None
         finally:
             theirs.close()
-        return cls(proc, ours, attempt)
+        return cls(proc, ours, attempt, waiting)
 
-    def go(self, env: dict[str, str], output: int) -> Optional[subprocess.Popen[bytes]]:
-        """Start torchrun in the standby with ``env``, writing to ``output``; None when the
-        standby is gone or did not take it (it is then ended)."""
-        data = json.dumps({"env": env}).encode()
+    def go(
+        self, env: dict[str, str], output: int, argv: list[str], cwd: Optional[str]
+    ) -> Optional[subprocess.Popen[bytes]]:
+        """Start torchrun in the standby with ``env`` and ``argv`` in ``cwd``, writing to
+        ``output``; None when the standby is gone or did not take it (it is then ended)."""
+        data = json.dumps({"env": env, "argv": argv, "cwd": cwd}).encode()
         fds = array.array("i", [output])
         try:
             if self.proc.poll() is not None:
@@ -98,14 +129,22 @@ class Standby:
             pass
 
 
-class Spare:
-    """A supervisor's standby, if any: started for the next attempt while one may follow,
-    taken by it, or ended with the node (``end``)."""
+def _imported_with(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(contract.OWN_VAR_PREFIX)}
 
-    def __init__(self, argv: list[str], cwd: Optional[str]) -> None:
+
+class Spare:
+    """A supervisor's standby, if any: the first attempt's, started by the launch session
+    (``standby``), or one started for the next attempt while one may follow; taken by it,
+    or ended with the node (``end``)."""
+
+    def __init__(
+        self, argv: list[str], cwd: Optional[str], standby: Optional[Standby] = None
+    ) -> None:
         self.argv = argv  #: torchrun as the supervisor runs it
         self.cwd = cwd
-        self.standby: Optional[Standby] = None
+        self.standby = standby
+        self.warm = False  #: the current attempt's torchrun was a standby
 
     def run(
         self, restarts: Restarts, env: dict[str, str], output: NodeOutput, fresh: Fresh
@@ -114,6 +153,7 @@ class Spare:
         (None if it did not start) and why not. Then the next attempt's standby starts."""
         proc = self.take(restarts.attempt, env, output)
         warm, failed = proc is not None, ""
+        self.warm = warm
         if proc is None:
             proc, failed = fresh()
         restarts.started(warm)
@@ -131,10 +171,10 @@ class Spare:
         standby, self.standby = self.standby, None
         if standby is None:
             return None
-        if standby.attempt != attempt:
+        if standby.attempt != attempt or not standby.fits(env):
             standby.discard()
             return None
-        proc = standby.go(env, output.slave)
+        proc = standby.go(env, output.slave, self.argv, self.cwd)
         if proc is not None:
             output.close_writer()  # the standby holds the node's output now
         return proc

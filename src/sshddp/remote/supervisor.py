@@ -41,7 +41,7 @@ from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.restarts import Restarts, stop_reason
-from sshddp.remote.standby import Spare
+from sshddp.remote.standby import Spare, Standby
 from sshddp.remote.watchdog import Watchdog, arm, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -78,8 +78,11 @@ class Wakeup:
             pass
 
 
+Warm = Optional[Standby]  #: the first attempt's torchrun, started by the launch session
+
+
 class Supervisor:
-    def __init__(self, rundir: str, parent: Optional[int] = None) -> None:
+    def __init__(self, rundir: str, parent: Optional[int] = None, warm: Warm = None) -> None:
         self.rundir = rundir
         self.parent = parent  #: the launch session it is bound to (over srun), if any
         self.spec: SpecRecord = read_json(self.path(contract.SPEC))
@@ -94,7 +97,7 @@ class Supervisor:
         self.watchdog = Watchdog(rundir, self.spec, self.started)
         self.restarts = Restarts(rundir, self.spec, self.peers)
         self.env: dict[str, str] = {}  #: torchrun's environment (env.json is read once)
-        self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"))
+        self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"), warm)
 
     def path(self, name: str) -> str:
         return os.path.join(self.rundir, name)
@@ -138,9 +141,9 @@ class Supervisor:
 
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
-        if started is not None:
-            self.group = (pid, started)
-        atomic_write_json(self.path(contract.STATE), state_record(pid, started, self.started))
+        self.group = (pid, started) if started is not None else self.group
+        record = state_record(pid, started, self.started, self.spare.warm)
+        atomic_write_json(self.path(contract.STATE), record)
 
     def reap(self) -> None:
         """Called while teardown waits: keep the output flowing (torchrun is reaped after)."""
@@ -235,8 +238,11 @@ def runs_torchrun(spec: SpecRecord) -> bool:
     return spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
 
 
-def state_record(pid: int, started: Optional[int], since: float) -> dict[str, Any]:
-    """state.json: this supervisor and torchrun, each named by pid and start time."""
+def state_record(
+    pid: int, started: Optional[int], since: float, warm: bool = False
+) -> dict[str, Any]:
+    """state.json: this supervisor and torchrun, each named by pid and start time (``warm``:
+    that torchrun was a standby, torch imported before the attempt began)."""
     me = os.getpid()
     return {
         "schema": contract.SCHEMA,
@@ -248,6 +254,7 @@ def state_record(pid: int, started: Optional[int], since: float) -> dict[str, An
         "pid_start": started,
         "boot_id": boot_id(),
         "started": since,
+        "warm": warm,
     }
 
 
@@ -300,15 +307,21 @@ def escaped_text(escaped: list[Escaped]) -> str:
 
 
 def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
-    """The environment torchrun (and so every rank) gets: ours, env.json's, the run's marks,
-    and the node's site directory first on PYTHONPATH."""
-    env = dict(os.environ)
+    """The environment torchrun (and so every rank) gets, env.json's variables among them
+    (the file is read once, then removed)."""
     env_file = os.path.join(rundir, contract.ENV)
     extra = read_json(env_file) or {}
     try:
         os.unlink(env_file)  # secrets live on only in the processes that need them
     except OSError:
         pass
+    return node_env(rundir, spec, extra)
+
+
+def node_env(rundir: str, spec: SpecRecord, extra: dict[str, str]) -> dict[str, str]:
+    """Ours, ``extra`` (the node's planned variables), the run's marks, and the node's site
+    directory first on PYTHONPATH."""
+    env = dict(os.environ)
     env.update(extra)
     env.update(nccl_env(rundir, env))
     # Every Python process of the node imports RUNDIR/site/sitecustomize.py first.
@@ -416,9 +429,9 @@ def _describe(rc: int, what: str = "torchrun") -> str:
     return f"{what} exited with code {rc}"
 
 
-def run_supervisor(rundir: str, parent: Optional[int] = None) -> None:
+def run_supervisor(rundir: str, parent: Optional[int] = None, warm: Warm = None) -> None:
     os.umask(0o077)
-    Supervisor(rundir, parent).run()
+    Supervisor(rundir, parent, warm).run()
 
 
 def main(args: dict[str, Any]) -> None:

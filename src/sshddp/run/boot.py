@@ -21,8 +21,9 @@ from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostResults, Outcome
 from sshddp.hosts.session import HostSession
-from sshddp.model.plan import NodePlan
+from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
+from sshddp.remote import contract
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import RunState
 from sshddp.run.teardown import Teardown
@@ -41,6 +42,18 @@ def _host_code() -> tuple[str, str, str, str]:
         shipped.source("sshddp.remote.ranksite"),
         shipped.source("sshddp.remote.agent"),
     )
+
+
+def warm_args(plan: LaunchPlan, node: NodePlan) -> Optional[dict[str, Any]]:
+    """What a torchrun node's launch session needs to start torchrun importing torch at
+    once, while the preflight runs (``remote/prewarm.py``); None for a node without torchrun.
+    The same values as the boot args (``Boot._boot_args``)."""
+    spec = plan.spec(node)
+    if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
+        return None
+    _, _, site, agent = _host_code()
+    env = dict(node.env)
+    return {"rundir": node.rundir, "spec": spec, "env": env, "agent": agent, "site": site}
 
 
 class Boot:

@@ -40,7 +40,7 @@ from sshddp.model.ranksel import check_ranks
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
 from sshddp.run import preflight, registry
-from sshddp.run.boot import Boot
+from sshddp.run.boot import Boot, warm_args
 from sshddp.run.follow import Followers
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
@@ -373,10 +373,12 @@ def _picked(port: Optional[int]) -> int:
 
 def _session_opener(pool: HostPool, plan: LaunchPlan) -> preflight.SessionOpener:
     """Opens a host's launch session with the probe's arguments (None: no preflight)."""
-    rundirs = {n.index: n.rundir for n in plan.nodes}
+    nodes = {n.index: n for n in plan.nodes}
 
     def open_session(host: Host, probe: Optional[dict[str, Any]]) -> HostSession:
-        return HostSession(pool.transport(host), plan.run_id, rundirs[host.index], probe)
+        node = nodes[host.index]
+        warm = warm_args(plan, node)
+        return HostSession(pool.transport(host), plan.run_id, node.rundir, probe, warm)
 
     return open_session
 

@@ -61,6 +61,14 @@ class Gathered:
         for session in self.sessions.values():
             session.close()
 
+    def end(self, pool: HostPool) -> None:
+        """End every session, all at once, each once its host has cleaned up."""
+        pool.map(lambda h: self.sessions[h.index].end(), self.live(pool))
+
+    def live(self, pool: HostPool) -> list[Host]:
+        """The hosts whose session answered."""
+        return [h for h in pool.hosts if h.index in self.sessions]
+
 
 def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool) -> dict[str, Any]:
     """What a host's probe is asked (``remote/probe.py``): the ranks' environment travels
@@ -129,7 +137,7 @@ def _connect_round(pool: HostPool, ctx: Context, gathered: Gathered) -> None:
         "connect": [ctx.rdzv_addr, port],
         "timeout": defaults.RDZV_CONNECT_WINDOW,
     }
-    live = [h for h in pool.hosts if h.index in gathered.sessions]
+    live = gathered.live(pool)
     answers = pool.map(lambda h: gathered.sessions[h.index].ask(question), live)
     for index, answer in answers.succeeded.items():
         facts = gathered.facts[index].facts
@@ -161,7 +169,7 @@ def for_launch(
     gathered = gather(pool, ctx, False, open_session)
     reports = evaluate(gathered.facts, ctx)
     if not reports_ok(reports):
-        gathered.close()
+        gathered.end(pool)  # nothing of the run is left on any host once this returns
         raise PreflightFailed(reports)
     for line in launch_warnings(reports):
         warn(line)

@@ -56,10 +56,11 @@ class RunState:
         return True
 
     def close_sessions(self) -> None:
-        """End the launch sessions that no follower took over (the run goes on)."""
-        sessions, self.sessions = list(self.sessions.values()), {}
-        for session in sessions:
-            session.close()
+        """End the launch sessions that no follower took over (the run goes on); a node
+        that was never started is gone from its host, with all it made, once this returns."""
+        sessions, self.sessions = self.sessions, {}
+        nodes = [n for n in self.plan.nodes if n.index in sessions]
+        self.pool.map(lambda n: sessions[n.index].end(), nodes)
 
     def result(self, interrupted: bool) -> RunResult:
         for rank, path in self.logs.paths.items():

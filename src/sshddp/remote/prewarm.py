@@ -1,0 +1,164 @@
+"""A launch session's torchrun, importing torch while the preflight runs: the first
+attempt's warm standby.
+
+A fresh torchrun spends about a second (1.4 s on a busy 2-core machine) importing torch
+before it does anything, and the preflight, the code copy and the supervisor's start come
+before it. So a launch session for a torchrun node starts that import first. Before its
+probe, it makes the node's run directory (``workdir.make_rundir``, the same checks a stage
+makes), puts the agent shim and the ranks' sitecustomize in it, and forks a *waiter*, the
+node's supervisor-to-be. The waiter starts the agent shim in standby mode
+(``standby.Standby``) with the environment and command line torchrun will get, then waits
+on a pipe for the session:
+
+* at the start (``hand_over``) it becomes the node's supervisor, as the forked supervisor
+  of a session without a waiter would, and the first attempt's torchrun is its standby's
+  (``Spare.take``), so torchrun has imported torch by the time the node starts;
+* when the session ends without a start (a failed check, a node that failed to stage, the
+  coordinator gone: the pipe closes) it ends the standby and removes the run directory.
+
+The standby is the supervisor's child, as every torchrun is. A standby whose environment
+differs from the one the attempt gets (``Standby.fits``) is ended and torchrun starts afresh,
+so what torch saw at import is always what torchrun would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Optional
+
+from sshddp.remote import contract
+from sshddp.remote.agent import MODULE as TORCHRUN
+from sshddp.remote.common import write_new
+from sshddp.remote.workdir import Unsafe, make_rundir
+
+SUPERVISOR_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+class Prewarm:
+    """The session's end of its waiter (see the module's text)."""
+
+    def __init__(self, rundir: str, pid: int, pipe: int) -> None:
+        self.rundir = rundir
+        self.pid = pid
+        self._pipe: Optional[int] = pipe
+
+    @classmethod
+    def begin(cls, args: dict[str, Any]) -> Optional[Prewarm]:
+        """Make the run directory and fork the waiter; None when the node's torchrun cannot
+        start warm (not torchrun, or the run directory cannot be made: the stage says why)."""
+        rundir = os.path.expanduser(args["rundir"])
+        if args["spec"]["argv"][1:3] != ["-m", TORCHRUN]:  # (the supervisor's code is
+            return None  # imported by the waiter, off this session's way)
+        os.umask(0o077)
+        runs = os.path.dirname(os.path.dirname(rundir))
+        # what a launch that never starts removes again: the directories made here
+        made = [d for d in (os.path.dirname(runs), runs) if not os.path.lexists(d)]
+        try:
+            make_rundir(rundir)
+        except (Unsafe, OSError):
+            return None
+        try:
+            write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
+            os.mkdir(os.path.join(rundir, contract.SITE), 0o700)
+            site = os.path.join(rundir, contract.SITE, "sitecustomize.py")
+            write_new(site, args["site"].encode())
+        except OSError:
+            _remove(rundir, made)
+            return None
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            _wait(rundir, made, args, read)  # never returns
+        os.close(read)
+        return cls(rundir, pid, write)
+
+    def hand_over(self, parent: Optional[int]) -> bool:
+        """Make the waiter the node's supervisor (bound to ``parent``, over srun); False if
+        it is gone (the caller forks one)."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is None:
+            return False
+        try:
+            os.write(pipe, json.dumps({"parent": parent}).encode() + b"\n")
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(pipe)
+
+    def cancel(self) -> None:
+        """No start: the waiter ends its standby and removes the run directory (unless it
+        became the supervisor already); wait for it."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is None:
+            return
+        os.close(pipe)
+        try:
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+
+
+def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int) -> None:
+    """The forked waiter: start the standby, then become the supervisor or clean up."""
+    status = 1
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # never hold the session's channel open
+            os.dup2(null, fd)
+        os.close(null)
+        from sshddp.remote.standby import Standby
+        from sshddp.remote.supervisor import node_env, torchrun_argv
+
+        argv = torchrun_argv(rundir, args["spec"])
+        env = {**node_env(rundir, args["spec"], args["env"]), contract.ATTEMPT_VAR: "1"}
+        standby = Standby.start(argv, env, os.path.expanduser("~"), 1, marked=True)
+        order = _read_line(pipe)
+        os.close(pipe)
+        if order is not None:
+            log = os.open(os.path.join(rundir, contract.SUPERVISOR_LOG), SUPERVISOR_LOG_FLAGS)
+            from sshddp.remote.boot import supervise
+
+            supervise(rundir, log, order.get("parent"), standby)  # never returns
+        if standby is not None:
+            standby.discard()
+        _remove(rundir, made)
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _read_line(pipe: int) -> Optional[dict[str, Any]]:
+    """The session's order, or None when it closed the pipe without one."""
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(pipe, 4096)
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        order = json.loads(data.decode())
+    except ValueError:
+        return None
+    return order if isinstance(order, dict) else None
+
+
+def _remove(rundir: str, made: list[str]) -> None:
+    """Remove the run directory, and the directories above it that it was made with, each
+    if empty (another run may use them by now)."""
+    from sshddp.remote.boot import discard
+
+    discard(rundir)
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
