@@ -63,7 +63,11 @@ def doctor_pdsh(b: Bench, n: int) -> Finished:
     headers = probe_headers(b, inv, port)
     python = internals.python_command(sys.executable)
     remote = f"{python} < {shlex.quote(str(headers))}/probe-%h.hdr"
-    done = expect_rc(b.start(b.pdsh(n, remote)).finish(), 0, f"pdsh probe ({n} hosts)")
+    argv = b.pdsh(n, remote)
+    # every host at once: host 1's probe holds the rendezvous port only while it runs, so
+    # with pdsh's fan-out of 32 the hosts after the 32nd would find nobody listening
+    argv[argv.index("-f") + 1] = str(max(n, int(argv[argv.index("-f") + 1])))
+    done = expect_rc(b.start(argv).finish(), 0, f"pdsh probe ({n} hosts)")
     answers = [json.loads(t.split(": ", 1)[1]) for _, t in done.lines if re.match(r"h\d+: \{", t)]
     good = [a for a in answers if a["rendezvous"]["ok"] and "error" not in a["torch"]]
     if len(good) != n:
@@ -154,8 +158,9 @@ METHOD = """\
   `commands.python_command`. The header is read from a file on the host instead of over the
   SSH channel. CPU is
   user+sys of the command and the children it reaped (`os.wait4`): sshddp has none, pdsh's
-  include its `ssh` clients. From 64 hosts on, at most 3 runs of each method (a run of
-  either takes about a minute there: 64 torch imports on this machine's cores).
+  include its `ssh` clients. pdsh's fan-out is the host count from 32 hosts on (host 1's
+  probe holds the port only while it runs). From 64 hosts on, at most 3 runs of each
+  method (a run of either takes about a minute there: 64 torch imports on 2 cores).
 """
 
 CASE: Case[list[DoctorRow]] = Case(

@@ -129,3 +129,11 @@ def has_node_mark(pid: int, mark: str) -> bool:
         return False
     prefix = f"SSHDDP_NODE_MARK={mark}/".encode()
     return any(entry.startswith(prefix) for entry in env)
+
+
+def warm_slots(nodes: int) -> int:
+    """How many of ``nodes`` nodes of one run on this machine start torchrun early: the
+    machine's slots for an early torch import (remote/prewarm.py), one per two cores."""
+    from sshddp.remote.prewarm import slot_count
+
+    return min(nodes, slot_count())

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from launch_helpers import JOB, SSHDDP, Run, cli_env, write_inventory
+from launch_helpers import JOB, Run, sshddp, warm_slots, write_inventory
 
+from sshddp.remote.prewarm import slot_count, take_slot
 from sshddp_lab.sshd import SshdCluster
 
 
@@ -34,31 +34,48 @@ def _state(workdir: Path, run: str, node: int) -> dict[str, Any]:
 def test_first_attempt_runs_on_the_standby_with_the_final_port_and_argv(
     ssh_env: SshdCluster, tmp_path: Path, run_no_leak: Callable[..., None]
 ) -> None:
-    """With --port auto the port is picked by node 0's probe, after every standby started:
-    the go gives torchrun its final command line. Each node's torchrun was started before
-    its supervisor began (its process is older), and the job's results are right."""
+    """With --port auto the port is picked by node 0's probe, after the standbys started:
+    the go gives torchrun its final command line. A warm node's torchrun was started before
+    its supervisor began (its process is older); as many nodes start warm as this machine
+    has slots (both hosts are this machine); the job's results are right on every node."""
     inv, workdir = write_inventory(ssh_env, tmp_path, 29500, hosts=[1, 2], nproc=2)
-    got = subprocess.run(
-        [*SSHDDP, "launch", "--name", "warm1", "--port", "auto", str(inv), str(JOB)]
-        + ["argv", "a b", "--flag=1", "ü"],
-        cwd=tmp_path,
-        env=cli_env(ssh_env),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    args: list[str | Path] = ["--name", "warm1", "--port", "auto", inv, JOB, "argv", "a b"]
+    args += ["--flag=1", "ü"]
+    got = sshddp(ssh_env, tmp_path, "launch", *args)
     assert got.returncode == 0, got.stderr
     run = Run(0, got.stdout, got.stderr, "warm1", tmp_path, workdir)
+    warm = []
     for node in range(2):
         summaries = [j for j in run.json_lines(node) if "argv" in j]
         assert sorted(s["rank"] for s in summaries) == [2 * node, 2 * node + 1], summaries
         assert all(s["argv"] == ["a b", "--flag=1", "ü"] and s["world"] == 4 for s in summaries)
         state = _state(workdir, "warm1", node)
-        assert state["warm"] is True, state
-        assert _epoch_of(state["pid_start"]) < state["started"], state  # torchrun came first
+        warm.append(state["warm"])
+        if state["warm"]:
+            assert _epoch_of(state["pid_start"]) < state["started"], state  # torchrun first
         log = run.local_log(node).read_text()
         assert "RuntimeWarning" not in log, log  # torchrun's module ran as with -m
+    assert sum(warm) == warm_slots(2), warm
     run_no_leak("warm1")
+
+
+def test_a_machine_with_no_slot_free_starts_torchrun_cold(
+    ssh_env: SshdCluster, tmp_path: Path, run_no_leak: Callable[..., None]
+) -> None:
+    """Every early-import slot of this machine is held (by this test): the node's torchrun
+    starts when its supervisor does, and the run is the same."""
+    held = [take_slot() for _ in range(slot_count())]
+    try:
+        assert None not in held and take_slot() is None
+        inv, workdir = write_inventory(ssh_env, tmp_path, 29500, hosts=[1], nproc=1)
+        got = sshddp(ssh_env, tmp_path, "launch", "--name", "cold2", "--port", "auto", inv, JOB)
+        assert got.returncode == 0, got.stderr
+    finally:
+        for fd in held:
+            if fd is not None:
+                os.close(fd)
+    assert _state(workdir, "cold2", 0)["warm"] is False
+    run_no_leak("cold2")
 
 
 def test_a_failed_preflight_leaves_no_standby_and_no_run_directory(
@@ -73,14 +90,7 @@ def test_a_failed_preflight_leaves_no_standby_and_no_run_directory(
     doc = yaml.safe_load(inv.read_text())
     doc["hosts"][2]["python"] = "/nonexistent/python3"
     inv.write_text(yaml.safe_dump(doc))
-    bad = subprocess.run(
-        [*SSHDDP, "launch", "--name", "cold1", str(inv), str(JOB), "ok"],
-        cwd=tmp_path,
-        env=cli_env(ssh_env),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    bad = sshddp(ssh_env, tmp_path, "launch", "--name", "cold1", inv, JOB, "ok")
     assert bad.returncode == 3, bad.stderr
     assert "nothing was started" in bad.stderr and "Traceback" not in bad.stderr
     assert not (workdir / "runs" / "cold1").exists()

@@ -55,6 +55,16 @@ def boot_args(rundir: Path) -> dict[str, Any]:
     }
 
 
+def start_session(python: str) -> subprocess.Popen[bytes]:
+    """The launch session's interpreter, as the host's shell starts it."""
+    return subprocess.Popen(
+        [python, "-c", BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 @pytest.mark.parametrize("which", ["this", "3.8"])
 def test_a_node_lives_and_ends_through_its_session(
     tmp_path: Path, oldest_python: Path, which: str
@@ -68,12 +78,7 @@ def test_a_node_lives_and_ends_through_its_session(
         "connect": None,
         "script": None,
     }
-    proc = subprocess.Popen(
-        [python, "-c", BOOTSTRAP],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         proc.stdin.write(shipped.header("session", {"probe": probe}))
@@ -124,12 +129,7 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     args["spec"]["argv"] = [python, "-m", "torch.distributed.run", "--standalone"]
     args["spec"]["argv"] += ["--nproc-per-node", "1", "train.py"]
     warm = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site")}
-    proc = subprocess.Popen(
-        [python, "-c", BOOTSTRAP],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         proc.stdin.write(shipped.header("session", {"probe": None, "warm": warm}))

@@ -16,6 +16,13 @@ on a pipe for the session:
 * when the session ends without a start (a failed check, a node that failed to stage, the
   coordinator gone: the pipe closes) it ends the standby and removes the run directory.
 
+Only on a core to spare: an early import competes with the preflight for the host's CPU, and
+several nodes of a run on one machine (containers, a test lab, a localhost inventory) would
+starve the coordinator's sessions with their imports. So a standby starts early only while
+it holds one of ``cpu_count // 2`` (at least 1) per-user slots of the machine, a lock file
+in the temporary directory, until the start; a node without a slot starts torchrun when its
+supervisor starts, as before. One node per machine always gets one.
+
 The standby is the supervisor's child, as every torchrun is. A standby whose environment
 differs from the one the attempt gets (``Standby.fits``) is ended and torchrun starts afresh,
 so what torch saw at import is always what torchrun would have seen.
@@ -46,11 +53,22 @@ class Prewarm:
 
     @classmethod
     def begin(cls, args: dict[str, Any]) -> Optional[Prewarm]:
-        """Make the run directory and fork the waiter; None when the node's torchrun cannot
-        start warm (not torchrun, or the run directory cannot be made: the stage says why)."""
+        """Make the run directory and fork the waiter; None when the node's torchrun starts
+        cold: not torchrun, no slot free on this machine, or the run directory cannot be
+        made (the stage says why)."""
         rundir = os.path.expanduser(args["rundir"])
         if args["spec"]["argv"][1:3] != ["-m", TORCHRUN]:  # (the supervisor's code is
             return None  # imported by the waiter, off this session's way)
+        slot = take_slot()
+        if slot is None:
+            return None
+        try:
+            return cls._begin(rundir, args, slot)
+        finally:
+            os.close(slot)  # the waiter holds the slot from here, until the start
+
+    @classmethod
+    def _begin(cls, rundir: str, args: dict[str, Any], slot: int) -> Optional[Prewarm]:
         os.umask(0o077)
         runs = os.path.dirname(os.path.dirname(rundir))
         # what a launch that never starts removes again: the directories made here
@@ -73,7 +91,7 @@ class Prewarm:
         pid = os.fork()
         if pid == 0:
             os.close(write)
-            _wait(rundir, made, args, read)  # never returns
+            _wait(rundir, made, args, read, slot)  # never returns
         os.close(read)
         return cls(rundir, pid, write)
 
@@ -104,7 +122,7 @@ class Prewarm:
             pass
 
 
-def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int) -> None:
+def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int, slot: int) -> None:
     """The forked waiter: start the standby, then become the supervisor or clean up."""
     status = 1
     try:
@@ -120,6 +138,7 @@ def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int) -> None
         standby = Standby.start(argv, env, os.path.expanduser("~"), 1, marked=True)
         order = _read_line(pipe)
         os.close(pipe)
+        os.close(slot)  # the preflight is over: the core is torchrun's now
         if order is not None:
             log = os.open(os.path.join(rundir, contract.SUPERVISOR_LOG), SUPERVISOR_LOG_FLAGS)
             from sshddp.remote.boot import supervise
@@ -131,6 +150,32 @@ def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int) -> None
         status = 0
     finally:
         os._exit(status)
+
+
+def slot_count() -> int:
+    """Early imports this machine takes at once: one per two cores, at least one."""
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def take_slot() -> Optional[int]:
+    """A lock on one of this machine's ``cpu_count // 2`` slots for an early import (see
+    above), as an open descriptor; None when every slot is held."""
+    import fcntl
+    import tempfile
+
+    base = os.path.join(tempfile.gettempdir(), f"sshddp-warm-{os.getuid()}-")
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for slot in range(slot_count()):
+        try:
+            fd = os.open(f"{base}{slot}", flags, 0o600)
+        except OSError:  # another user's file there: no early import, nothing worse
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            os.close(fd)
+    return None
 
 
 def _read_line(pipe: int) -> Optional[dict[str, Any]]:
