@@ -60,15 +60,18 @@ def test_first_attempt_runs_on_the_standby_with_the_final_port_and_argv(
 
 
 def test_a_machine_with_no_slot_free_starts_torchrun_cold(
-    ssh_env: SshdCluster, tmp_path: Path, run_no_leak: Callable[..., None]
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
 ) -> None:
     """Every early-import slot of this machine is held (by this test): the node's torchrun
     starts when its supervisor does, and the run is the same."""
     held = [take_slot() for _ in range(slot_count())]
     try:
         assert None not in held and take_slot() is None
-        inv, workdir = write_inventory(ssh_env, tmp_path, 29500, hosts=[1], nproc=1)
-        got = sshddp(ssh_env, tmp_path, "launch", "--name", "cold2", "--port", "auto", inv, JOB)
+        inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=1)
+        got = sshddp(ssh_env, tmp_path, "launch", "--name", "cold2", inv, JOB, "ok")
         assert got.returncode == 0, got.stderr
     finally:
         for fd in held:
