@@ -100,10 +100,7 @@ class HostSession:
             return
         try:
             self.start(False)
-            self.proc.close_stdin()
-            while self.proc.read(65536):
-                pass
-            self.proc.wait()
+            self._drain()
         finally:
             self.close()
 
@@ -122,6 +119,7 @@ class HostSession:
         self.close()
 
     def _drain(self) -> None:
+        """Close the host's stdin and read until it has exited."""
         try:
             self.proc.close_stdin()
             while self.proc.read(65536):

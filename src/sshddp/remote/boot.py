@@ -261,15 +261,20 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: boo
         spec["cwd"] = os.path.expanduser(spec["cwd"])
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
     if not made:  # (else the waiter's standby runs them already: prewarm.py)
-        write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
-        os.mkdir(os.path.join(rundir, contract.SITE), 0o700)  # in a run dir made just now
-        site = os.path.join(rundir, contract.SITE, "sitecustomize.py")
-        write_new(site, args["site"].encode())
+        put_torchrun_shims(rundir, args)
     key: Optional[str] = args.get("peer_key")
     if key:  # the supervisors' shared secret: read and deleted by the supervisor
         write_new(os.path.join(rundir, contract.PEER_KEY), key.encode())
     atomic_write_json(os.path.join(rundir, contract.ENV), args["env"])
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
+
+
+def put_torchrun_shims(rundir: str, args: dict[str, Any]) -> None:
+    """What torchrun starts with, in a run directory made just now: the agent shim and the
+    ranks' sitecustomize (``args["agent"]``, ``args["site"]``)."""
+    write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
+    os.mkdir(os.path.join(rundir, contract.SITE), 0o700)
+    write_new(os.path.join(rundir, contract.SITE, "sitecustomize.py"), args["site"].encode())
 
 
 def discard(rundir: str) -> None:

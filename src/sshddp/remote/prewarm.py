@@ -37,7 +37,6 @@ from typing import Any, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.agent import MODULE as TORCHRUN
-from sshddp.remote.common import write_new
 from sshddp.remote.workdir import Unsafe, make_rundir
 
 SUPERVISOR_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
@@ -77,11 +76,10 @@ class Prewarm:
             make_rundir(rundir)
         except (Unsafe, OSError):
             return None
+        from sshddp.remote.boot import put_torchrun_shims
+
         try:
-            write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
-            os.mkdir(os.path.join(rundir, contract.SITE), 0o700)
-            site = os.path.join(rundir, contract.SITE, "sitecustomize.py")
-            write_new(site, args["site"].encode())
+            put_torchrun_shims(rundir, args)
         except OSError:
             _remove(rundir, made)
             return None
