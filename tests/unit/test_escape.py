@@ -76,6 +76,13 @@ def test_needs_filter_is_false_for_ordinary_output() -> None:
     assert needs_filter(b"x\ry") and needs_filter(b"\x1b[31m") and needs_filter("\x9b".encode())
 
 
+def test_needs_filter_flags_every_control_byte_but_tab_and_newline_wherever_it_is() -> None:
+    for byte in range(0x100):
+        flagged = byte < 0x20 and byte not in (0x09, 0x0A) or byte == 0x7F
+        for data in (bytes([byte]), b"a" * 5000 + bytes([byte]) + b"b" * 7):
+            assert needs_filter(data) is flagged, hex(byte)
+
+
 def test_a_carriage_return_never_overprints_the_prefix() -> None:
     stream = io.BytesIO()
     console = Console(stream, color=False)

@@ -41,17 +41,47 @@ def test_the_index_record_is_16_bytes_little_endian() -> None:
 
 def test_a_framed_stream_decodes_whatever_its_chunks() -> None:
     stream = framed((NODE, b"torchrun says\n"), (1, b"rank 1 a\n"), (0, b"rank 0 a\nrank 0 b\n"))
+    spans_sent = [
+        (NODE, b"torchrun says\n", 0),
+        (1, b"rank 1 a\n", 14),
+        (0, b"rank 0 a\nrank 0 b\n", 23),
+    ]
     for size in (1, 3, 16, 17, len(stream)):
         reader = spans.StreamReader(framed=True)
         pieces = []
         for at in range(0, len(stream), size):
             pieces += reader.feed(stream[at : at + size])
-        assert [(p.source, p.data, p.offset) for p in pieces] == [
-            (NODE, b"torchrun says\n", 0),
-            (1, b"rank 1 a\n", 14),
-            (0, b"rank 0 a\nrank 0 b\n", 23),
-        ], size
-        assert reader.pending == 0 and all(len(p.record) == 16 for p in pieces)
+        # A span comes in as many pieces as it took chunks, each where it lies in the log;
+        # only its last carries its record.
+        got, data, at = [], b"", 0
+        for p in pieces:
+            assert p.offset == at and p.data, size
+            data, at = data + p.data, at + len(p.data)
+            if p.record:
+                start = at - len(data)
+                assert spans.parse(p.record) == [(start, len(data), p.source)], size
+                got.append((p.source, data, start))
+                data = b""
+        assert got == spans_sent and data == b"" and reader.pending == 0, size
+    whole = spans.StreamReader(framed=True).feed(stream)
+    assert [(p.source, p.data, p.offset) for p in whole] == spans_sent
+
+
+def test_a_long_span_arrives_in_pieces_no_bigger_than_its_chunks() -> None:
+    """A flood's span (1 MiB from the supervisor) is handed on as it comes, not held until
+    it is whole: the coordinator never holds more than a chunk of it."""
+    body = b"x" * 1000
+    stream = framed((0, body), (NODE, b""), (1, b"tail\n"))
+    reader = spans.StreamReader(framed=True)
+    pieces = [p for at in range(0, len(stream), 64) for p in reader.feed(stream[at : at + 64])]
+    assert max(len(p.data) for p in pieces) <= 64
+    assert b"".join(p.data for p in pieces if p.source == 0) == body
+    assert reader.pending == 0
+    records = [spans.parse(p.record)[0] for p in pieces if p.record]
+    assert records == [(0, 1000, 0), (1000, 0, NODE), (1000, 5, 1)]  # an empty span too
+    cut = spans.StreamReader(framed=True)
+    cut.feed(stream[:600])
+    assert cut.pending == 600 - 1  # the record and the span's bytes so far, if it ends now
 
 
 def test_a_raw_stream_is_the_nodes_own_and_an_unknown_marker_is_refused() -> None:
@@ -171,6 +201,25 @@ def test_the_local_copy_and_its_index_resume_where_they_agree(tmp_path: Path) ->
     again.close()
     assert log.read_bytes() == b"agent\nrank 1\nrank 0\n"
     assert spans.parse(index.read_bytes()) == [(0, 6, NODE), (6, 7, 1), (13, 7, 0)]
+
+
+def test_a_copy_cut_inside_a_span_resumes_at_the_span_s_start(tmp_path: Path) -> None:
+    """The pieces of a span reach the copy before its record: a copy cut between them holds
+    part of a span and no record for it; reopened, it drops that part, and the follower
+    (resuming from the index) sends the whole span again."""
+    logs = NodeLogs(tmp_path)
+    logs.open(0, "h1")
+    stream = framed((NODE, b"agent\n"), (1, b"rank 1 writes a long line\n"))
+    feed = NodeFeed(logs, None, 0)
+    feed.feed(stream[:41])  # the second span's record and 2 of its bytes
+    assert logs.paths[0].read_bytes() == b"agent\nra" and logs.index_size(0) == 16
+    logs.close()
+    again = NodeLogs(tmp_path)
+    assert again.open(0, "h1") == 6 and again.index_size(0) == 16
+    NodeFeed(again, None, 0).feed(b"I" + stream[23:])
+    again.close()
+    assert again.paths[0].read_bytes() == b"agent\nrank 1 writes a long line\n"
+    assert spans.parse(again.index_paths[0].read_bytes()) == [(0, 6, NODE), (6, 26, 1)]
 
 
 def test_a_span_that_does_not_follow_the_copy_is_refused(tmp_path: Path) -> None:

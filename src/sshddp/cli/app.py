@@ -8,6 +8,7 @@ everything below raises ``SshddpError`` (httpie's ``main``/``program`` split).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import traceback
@@ -28,6 +29,7 @@ from sshddp.cli.stacks import stacks
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 from sshddp.model.escape import visible
+from sshddp.run import allocator
 
 
 @click.group(context_settings=CONTEXT)
@@ -53,6 +55,7 @@ def main(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = No
     over SIGINT (a launch or attach, once a node may run) keeps it until the process ends:
     a late Ctrl-C never turns a run handed off or ended into exit 130. Nor does one while
     the interpreter shuts down (it would otherwise die of the signal)."""
+    allocator.tune(os.environ)  # before any thread: the log streams' buffers (run/allocator)
     code = _run(argv, terminal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
+from sshddp import defaults
 from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
@@ -81,7 +82,7 @@ def read_node(
     proc = shipped.start(transport, "follow", args)
     try:
         proc.close_stdin()
-        while chunk := proc.read(1 << 20):
+        while chunk := proc.read(defaults.STREAM_READ):
             on_bytes(chunk)
         record = status_record(proc.read_stderr())
         proc.wait()

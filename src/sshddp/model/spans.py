@@ -20,12 +20,24 @@ WIDTH = RECORD.size
 
 @dataclass(frozen=True)
 class Piece:
-    """Bytes of a node's log, and who wrote them."""
+    """Bytes of a node's log, and who wrote them. A span arrives in as many pieces as the
+    chunks it came in (so a long one costs no more memory than a chunk); its last piece
+    carries its record."""
 
     data: bytes
     source: int  #: the local rank, or contract.SOURCE_NODE (also for a log without index)
-    record: bytes = b""  #: its node.idx record; empty for a log without one
+    record: bytes = b""  #: the node.idx record of the span this piece ends; else empty
     offset: int = -1  #: where it starts in node.log; -1 for a log without index
+
+
+@dataclass(frozen=True)
+class _Span:
+    """The span whose bytes come next: its record, where it starts and who wrote it."""
+
+    record: bytes
+    offset: int
+    source: int
+    length: int
 
 
 def pack(offset: int, length: int, source: int) -> bytes:
@@ -38,7 +50,9 @@ class StreamReader:
 
     def __init__(self, framed: bool) -> None:
         self.indexed: Optional[bool] = None if framed else False
-        self._buf = bytearray()
+        self._head = b""  # a record cut by the end of the last chunk
+        self._span: Optional[_Span] = None  # the span being received
+        self._got = 0  # its bytes received so far
 
     def feed(self, data: bytes) -> list[Piece]:
         if self.indexed is None:
@@ -49,24 +63,36 @@ class StreamReader:
             self.indexed, data = data[:1] == b"I", data[1:]
         if not self.indexed:
             return [Piece(data, contract.SOURCE_NODE)] if data else []
-        self._buf += data
-        pieces = []
-        at = 0
-        while len(self._buf) - at >= WIDTH:
-            offset, length, source = RECORD.unpack_from(self._buf, at)
-            if len(self._buf) - at - WIDTH < length:
-                break
-            record = bytes(self._buf[at : at + WIDTH])
-            body = bytes(self._buf[at + WIDTH : at + WIDTH + length])
-            pieces.append(Piece(body, source, record, offset))
-            at += WIDTH + length
-        del self._buf[:at]
-        return pieces
+        if self._head:
+            data, self._head = self._head + data, b""
+        view, at = memoryview(data), 0
+        pieces: list[Piece] = []
+        while True:
+            span = self._span
+            if span is None:
+                if len(data) - at < WIDTH:
+                    self._head = bytes(view[at:])
+                    return pieces
+                record = bytes(view[at : at + WIDTH])
+                offset, length, source = RECORD.unpack(record)
+                span = self._span = _Span(record, offset, source, length)
+                at += WIDTH
+            take = min(span.length - self._got, len(data) - at)
+            if take == 0 and span.length:  # the chunk is used up inside the span
+                return pieces
+            done = self._got + take == span.length
+            body = data if take == len(data) else bytes(view[at : at + take])
+            record = span.record if done else b""
+            pieces.append(Piece(body, span.source, record, span.offset + self._got))
+            at += take
+            self._got, self._span = (0, None) if done else (self._got + take, span)
 
     @property
     def pending(self) -> int:
         """Bytes of a record or span not whole yet (cut off if the stream ends now)."""
-        return len(self._buf)
+        if self._span is None:
+            return len(self._head)
+        return WIDTH + self._got
 
 
 def resume_at(last_record: bytes, index_size: int, log_size: int) -> tuple[int, int]:

@@ -135,7 +135,7 @@ class Followers:
             proc = calls.follow_node(transport, node.rundir, logs.size(rank), logs.index_size(rank))
         try:
             while not state.detached.is_set():
-                chunk = proc.read(1 << 20)
+                chunk = proc.read(defaults.STREAM_READ)
                 if not chunk:
                     break
                 feed.feed(chunk)

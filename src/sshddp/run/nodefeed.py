@@ -24,7 +24,7 @@ class NodeFeed:
     def feed(self, chunk: bytes) -> None:
         rank = self.node_rank
         for piece in self.reader.feed(chunk):
-            if piece.record:
+            if piece.offset >= 0:
                 self.logs.write_span(rank, piece)
             else:
                 self.logs.write(rank, piece.data)

@@ -124,7 +124,7 @@ class Console:
             lines = for_terminal(lines)
         # One C-level replace per chunk, not a Python loop per line: 200 MB of short lines
         # would otherwise cost seconds of coordinator CPU.
-        return prefix + lines.replace(b"\n", b"\n" + prefix) + b"\n"
+        return b"".join((prefix, lines.replace(b"\n", b"\n" + prefix), b"\n"))
 
     def _show(self, key: Key, lines: bytes, bar: Optional[bytes]) -> None:
         shown = None if bar is None else for_terminal(bar)
@@ -244,11 +244,14 @@ class NodeLogs:
         os.ftruncate(self._files[node_rank].fileno(), log)
 
     def write_span(self, node_rank: int, piece: spans.Piece) -> None:
-        """Append a span of the node's log, then its index record."""
+        """Append a piece of a span of the node's log; after its last, the span's index
+        record."""
         size = self.size(node_rank)
         if piece.offset != size:  # a gap or an overlap: never papered over (the stream retries)
             raise ValueError(f"node {node_rank}: a span at {piece.offset}, the log ends at {size}")
         self.write(node_rank, piece.data)
+        if not piece.record:
+            return
         if node_rank not in self._index:
             self._index[node_rank] = _append_only(self.index_paths[node_rank])
         self._append(self._index[node_rank].fileno(), piece.record, self.index_paths[node_rank])
