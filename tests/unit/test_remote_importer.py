@@ -92,6 +92,9 @@ def test_the_cache_is_used_only_where_it_is_the_users_own(
     (target / "code").mkdir(mode=0o700)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "linked"))
     assert importer.cache_dir() == str(tmp_path / "linked" / "sshddp" / "code")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    assert importer.cache_dir() is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "linked"))
     os.rename(target / "code", target / "real")
     os.symlink(target / "real", target / "code")
     assert importer.cache_dir() is None  # the code directory itself a link: not used

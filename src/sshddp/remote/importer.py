@@ -82,6 +82,8 @@ def cache_dir() -> Optional[str]:
         return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.join(base, "sshddp", "code")
+    if not os.path.isabs(path):  # no home directory to be found: never one relative to cwd
+        return None
     try:
         os.makedirs(path, 0o700, exist_ok=True)
         info = os.lstat(path)
