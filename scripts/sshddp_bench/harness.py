@@ -449,8 +449,11 @@ class ReadyWatch:
         self.on_all = on_all
 
     def __call__(self, now: float, text: str) -> None:
-        ready = re.search(r"READY (\d+) ", text)
-        if ready and self.all_at is None:
+        # Every READY of the line: two ranks printing at one instant through torchrun's
+        # shared stdout can land on one line ("READY 0 <t>READY 1 <t>").
+        for ready in re.finditer(r"READY (\d+) ", text):
+            if self.all_at is not None:
+                break
             self.ranks.add(int(ready.group(1)))
             if len(self.ranks) == self.world:
                 self.all_at = now
@@ -498,7 +501,10 @@ class GonePoller:
             time.sleep(POLL_S)
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        """Wait for the run to be gone; one never started (what was to start it never
+        came) leaves ``gone_at`` None, for the caller to report."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         self._stop.set()
 
 

@@ -120,10 +120,15 @@ def torchrun_once(b: Bench) -> float:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     argv += [str(TD_NPROC), str(b.rank_script), "teardown"]
     proc = Watched(argv, {**b.env, "BENCH_RUN": name}, b.tmp, watch, False)
-    expect_rc(proc.finish(), 1, "torchrun --standalone (teardown)")
+    done = expect_rc(proc.finish(), 1, "torchrun --standalone (teardown)")
     poller.join(30.0)
     if watch.fail_ts is None or poller.gone_at is None:
-        raise BenchError(f"torchrun teardown {name}: left: {run_pids('BENCH_RUN', name)}")
+        seen = f"READY from ranks {sorted(watch.ranks)}, FAIL {watch.fail_ts is not None}"
+        tail = " | ".join(line for _t, line in done.lines[-5:])
+        raise BenchError(
+            f"torchrun teardown {name}: {seen}; left: {run_pids('BENCH_RUN', name)}; "
+            f"its last lines: {tail}"
+        )
     return poller.gone_at - watch.fail_ts
 
 
