@@ -28,6 +28,7 @@ import importlib.util
 import linecache
 import marshal
 import os
+import stat
 import sys
 from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType
@@ -90,7 +91,7 @@ def cache_dir() -> Optional[str]:
     except OSError:
         return None
     private = info.st_uid == os.getuid() and not info.st_mode & 0o022
-    return path if private and os.path.isdir(path) and not os.path.islink(path) else None
+    return path if private and stat.S_ISDIR(info.st_mode) else None  # lstat: a link is not
 
 
 def code_of(name: str, source: str, cache: Optional[str]) -> CodeType:

@@ -45,4 +45,5 @@ def tune(environ: Mapping[str, str]) -> bool:
         return False
     if not hasattr(libc, "gnu_get_libc_version"):  # another C library numbers mallopt its way
         return False
-    return all(mallopt(param, value) == 1 for param, value in wanted(environ))
+    taken = [mallopt(param, value) == 1 for param, value in wanted(environ)]  # each one
+    return all(taken)
