@@ -42,3 +42,15 @@ sleep 1
 step "GPU processes left after the teardown (expect none)"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
 echo "count: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
+
+step "launch: a collective that never completes, --stall-timeout 6 (expect exit 6 and the flight recorder's finding)"
+start=$(date +%s%N)
+sshddp launch --log-dir "$out/logs" --name nccl-stall --stall-timeout 6 "$out/gpu.yaml" \
+    scripts/payloads/nccl_smoke.py --hang
+echo "exit $? after $(( ($(date +%s%N) - start) / 1000000 )) ms"
+cp ~/.sshddp/runs/nccl-stall/n0/nccl/trace_0 ~/.sshddp/runs/nccl-stall/n0/hang.json "$out/"
+ls -la ~/.sshddp/runs/nccl-stall/n0/nccl/
+sleep 1
+step "GPU processes left after the stall's stop (expect none)"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+echo "count: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"

@@ -1,7 +1,12 @@
-"""A real NCCL job for scripts/gpu_smoke.sh: one all-reduce per rank on its own GPU."""
+"""A real NCCL job for scripts/gpu_smoke.sh: one all-reduce per rank on its own GPU.
+
+--fail: raise while holding GPU memory. --hang: enqueue a second all-reduce behind a kernel
+that spins for minutes, then wait in silence: NCCL's collective never completes, as when a
+rank never joins it (the watchdog's --stall-timeout and the flight recorder's dump)."""
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +23,10 @@ print(
     f" all_reduce={t.item():g} expected={world * (world + 1) / 2:g} argv={sys.argv[1:]}",
     flush=True,
 )
+if "--hang" in sys.argv:
+    torch.cuda._sleep(10**13)  # the stream spins: the next collective cannot complete
+    dist.all_reduce(t)
+    time.sleep(600)
 if "--fail" in sys.argv:
     raise RuntimeError(f"planned failure on rank {rank} while holding GPU memory")
 dist.destroy_process_group()

@@ -23,8 +23,9 @@ from sshddp.model.plan import LaunchOptions, validate_options
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote import contract
 from sshddp.remote.contract import HangRecord, NodeWatch, WatchSpec
+from sshddp.remote.flight import dumps as nccl_dumps
 from sshddp.remote.joined import node_watch
-from sshddp.remote.watchdog import has_gpu, nccl_dumps, nccl_env, ranges, verdict, world_text
+from sshddp.remote.watchdog import has_gpu, nccl_env, ranges, verdict, world_text
 from sshddp.run.ps import PsRow
 
 HOSTS = ["h1", "h2", "h3"]
@@ -120,11 +121,16 @@ def test_nccl_flight_recorder_is_armed_unless_the_user_set_it(tmp_path: Path) ->
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / contract.NCCL / "trace_"),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / contract.NCCL / "pipe_"),
     }
     assert (tmp_path / contract.NCCL).is_dir()
     theirs = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
-    assert set(nccl_env(str(tmp_path), theirs, gpu=True)) == {"TORCH_FR_DUMP_TEMP_FILE"}
+    assert set(nccl_env(str(tmp_path), theirs, gpu=True)) == {
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+    }
     assert nccl_dumps(str(tmp_path)) == []
+    os.mkfifo(tmp_path / contract.NCCL / "pipe_0.pipe")  # a rank's pipe is not a dump
     (tmp_path / contract.NCCL / "trace_1").write_bytes(b"pickle")
     (tmp_path / contract.NCCL / "trace_0").write_bytes(b"pickle")
     assert nccl_dumps(str(tmp_path)) == [
@@ -159,6 +165,8 @@ def hang_record(node_rank: int, host: str, nccl: list[str], *ranks: int) -> Hang
         "action": contract.ON_STALL_STOP,
         "watch": fact([], [], 12.0),
         "stacks": stacks,
+        "flight": [],
+        "flight_late": [],
         "nccl": nccl,
     }
 

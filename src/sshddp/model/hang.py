@@ -11,6 +11,7 @@ from typing import Optional
 
 from sshddp.model import stacks
 from sshddp.model.escape import visible
+from sshddp.model.flight import RankFlight, findings
 from sshddp.model.stacks import HostStacks
 from sshddp.remote import contract
 from sshddp.remote.contract import HangRecord
@@ -42,6 +43,29 @@ def finding(hangs: Sequence[NodeHang]) -> Optional[HangRecord]:
     return found[0] if found else None
 
 
+def flight_lines(hangs: Sequence[NodeHang]) -> list[str]:
+    """What the NCCL flight recorder's dumps say (GPU hosts), then where the dumps are."""
+    ranks = [
+        RankFlight(h.host, record)
+        for h in hangs
+        if h.record is not None
+        for record in h.record.get("flight", [])  # a record of an older sshddp has none
+    ]
+    lines = ["NCCL flight recorder: " + line for line in findings(ranks)]
+    for h in hangs:
+        late = h.record.get("flight_late", []) if h.record else []
+        if late:
+            lines.append(
+                f"NCCL flight recorder: rank(s) {stacks.ranges(late)} on {h.host} were asked"
+                f" for a dump and wrote none in {contract.FLIGHT_WAIT:g} s"
+                " (a rank busy in Python code may not get to it)"
+            )
+    for h in hangs:
+        for path in h.record["nccl"] if h.record else ():
+            lines.append(f"NCCL flight recorder dump on {h.host}: {path}")
+    return lines
+
+
 def render(run_id: str, hangs: Sequence[NodeHang]) -> str:
     """The hang report: what was found and when, then the stacks, odd ones out first;
     whatever came from the hosts shown with its control characters escaped."""
@@ -65,6 +89,5 @@ def render(run_id: str, hangs: Sequence[NodeHang]) -> str:
             lines.append(f"node {h.node_rank} ({h.host}): no stacks: {h.error}")
         elif h.record is not None and h.record["stacks"]["note"]:
             lines.append(f"node {h.node_rank} ({h.host}): {h.record['stacks']['note']}")
-        for path in h.record["nccl"] if h.record else ():
-            lines.append(f"NCCL flight recorder dump on {h.host}: {path}")
+    lines += flight_lines(hangs)
     return visible("\n".join(lines), multiline=True) + "\n"

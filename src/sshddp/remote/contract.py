@@ -45,6 +45,7 @@ WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept acro
 STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, appended
 JOINED = "joined"  #: <global rank>: a JoinedRecord per rank that called init_process_group
 HANG = "hang.json"  #: what the node's watchdog saw when the run hung (HangRecord)
+FLIGHT_WAIT = 12.0  #: seconds the ranks have to dump their flight recorder once asked (flight)
 NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA hosts
 ATTEMPTS = "attempts.json"  #: where each attempt of the node starts in node.log (AttemptsRecord)
 
@@ -150,6 +151,37 @@ class NodeWatch(TypedDict):
     quiet: float  #: seconds since the node last wrote output (or since it started)
 
 
+class FlightEntry(TypedDict):
+    """One collective in a rank's NCCL flight recorder dump (``flight``)."""
+
+    pg: str  #: the process group's id ("0": the default group)
+    seq: int  #: its sequence number in that group (collectives and p2p counted apart)
+    op: str  #: e.g. "nccl:all_reduce"
+    state: str  #: "scheduled", "started" or "completed"
+    sizes: str  #: the input tensors' sizes, as torch records them
+    where: str  #: the innermost frame outside torch: "file:line in function"
+
+
+class FlightGroup(TypedDict):
+    """A process group's progress on one rank: the last collective's sequence number it
+    enqueued, saw start and saw complete (-1: none)."""
+
+    desc: str
+    enqueued: int
+    started: int
+    completed: int
+
+
+class FlightRecord(TypedDict):
+    """A rank's NCCL flight recorder dump, summed up on its host."""
+
+    rank: int
+    path: str  #: the dump itself, on the host
+    version: str  #: the dump format's
+    groups: dict[str, FlightGroup]
+    last: list[FlightEntry]  #: its last collectives, oldest first
+
+
 class HangRecord(TypedDict):
     """hang.json: what a node saw when the watchdog of its run fired."""
 
@@ -161,6 +193,8 @@ class HangRecord(TypedDict):
     action: str  #: ON_STALL_STOP (the run was stopped) or ON_STALL_REPORT
     watch: NodeWatch  #: this node's facts at that time
     stacks: NodeStacks  #: every process of the node and its stacks
+    flight: list[FlightRecord]  #: the ranks' flight recorder dumps, asked for then (GPU hosts)
+    flight_late: list[int]  #: ranks asked for a dump that wrote none in time (flight.WAIT)
     nccl: list[str]  #: the NCCL flight recorder's dump files in the run directory
 
 

@@ -25,25 +25,15 @@ import threading
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
-from sshddp.remote import contract
-from sshddp.remote.common import atomic_write_json, listdir
+from sshddp.remote import contract, flight
+from sshddp.remote.common import atomic_write_json
 from sshddp.remote.contract import HangRecord, NodeStacks, NodeWatch, SpecRecord, WatchSpec
 from sshddp.remote.joined import node_watch
 from sshddp.remote.peers import Peers
 
 TICK = 1.0  #: seconds between the watchdog's looks (the heartbeat's own interval)
-TRACE_BUFFER = "2000"  #: TORCH_NCCL_TRACE_BUFFER_SIZE: collectives the recorder keeps per rank
 
 Verdict = Tuple[str, str]  # (kind, reason)
-
-
-#: The flight recorder's settings, each with the name older torch reads (torch 2.13 warns
-#: on every rank's output for the old names, so only the new ones are set).
-FLIGHT_RECORDER = {
-    "TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
-    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "TORCH_NCCL_DUMP_ON_TIMEOUT",
-}
 
 
 #: Device nodes of a GPU driver whose collectives are NCCL's (RCCL's on ROCm).
@@ -56,34 +46,19 @@ def has_gpu(devices: Sequence[str] = GPU_DEVICES) -> bool:
 
 
 def nccl_env(rundir: str, env: dict[str, str], gpu: Optional[bool] = None) -> dict[str, str]:
-    """The NCCL flight recorder's settings, armed unless the user set them (by either
-    name): it keeps the last collectives of every rank and dumps them into
-    RUNDIR/nccl/trace_<rank> when a collective times out. Only on a host with a GPU
-    (``gpu``, else ``has_gpu()``): torch 2.13's gloo records into it too, every collective
-    with its Python stack, and a CPU run (gloo only) has no NCCL dump to gain from that."""
+    """The NCCL flight recorder's settings (``flight.settings``), armed unless the user set
+    them: it keeps the last collectives of every rank, dumps them into RUNDIR/nccl/trace_<rank>
+    when a collective times out, and when the watchdog asks (``flight.request``). Only on a
+    host with a GPU (``gpu``, else ``has_gpu()``): torch 2.13's gloo records into it too,
+    every collective with its Python stack, and a CPU run (gloo only) has no NCCL dump to
+    gain from that."""
     if not (has_gpu() if gpu is None else gpu):
         return {}
-    values = {
-        "TORCH_FR_BUFFER_SIZE": TRACE_BUFFER,
-        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(rundir, contract.NCCL, "trace_"),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-    }
-    armed = {
-        name: value
-        for name, value in values.items()
-        if name not in env and FLIGHT_RECORDER[name] not in env
-    }
     try:
         os.makedirs(os.path.join(rundir, contract.NCCL), 0o700, exist_ok=True)
     except OSError:  # no room: there will be no dumps
         pass
-    return armed
-
-
-def nccl_dumps(rundir: str) -> list[str]:
-    """The flight recorder's dump files in the run directory."""
-    directory = os.path.join(rundir, contract.NCCL)
-    return [os.path.join(directory, name) for name in sorted(listdir(directory))]
+    return flight.settings(rundir, env)
 
 
 def ranks_of(nprocs: Sequence[int], node: int) -> list[int]:
@@ -251,6 +226,8 @@ class Watchdog:
     def _record(self, kind: str, reason: str, action: str) -> HangRecord:
         from sshddp.remote.stacks import collect  # only a hung run pays for it
 
+        asked_at = time.time()
+        asked = flight.request(self.rundir)  # the ranks dump while their stacks are read
         stacks: NodeStacks
         try:
             stacks = collect(self.rundir)
@@ -264,16 +241,19 @@ class Watchdog:
                 "note": f"no stacks: {type(exc).__name__}: {exc}",
                 "elapsed": 0.0,
             }
+        dumped = flight.gather(self.rundir, asked, asked_at)
         return {
             "schema": contract.SCHEMA,
             "kind": kind,
             "reason": reason,
-            "at": time.time(),
+            "at": asked_at,  # when it fired: the dumps take seconds
             "node_rank": int(self.spec["node_rank"]),
             "action": action,
             "watch": self.mine(),
             "stacks": stacks,
-            "nccl": nccl_dumps(self.rundir),
+            "flight": dumped,
+            "flight_late": [r for r in asked if r not in {d["rank"] for d in dumped}],
+            "nccl": flight.dumps(self.rundir),
         }
 
 
