@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,13 +40,15 @@ class DoctorRow:
     rss: Stat
 
 
-def probe_headers(b: Bench, inv: Path, port: int) -> Path:
-    """One stdin header file per host, exactly what doctor sends it (host 1 also listens)."""
+def probe_headers(b: Bench, inv: Path, port: int) -> tuple[Path, str]:
+    """One stdin header file per host, exactly what doctor sends it, and the first host's
+    name (it also listens)."""
     out = b.tmp / "probe" / inv.stem
     out.mkdir(parents=True, exist_ok=True)
-    for host, header in internals.probe_headers(inv, b.ssh_config, port).items():
+    headers = internals.probe_headers(inv, b.ssh_config, port)
+    for host, header in headers.items():
         (out / f"probe-{host}.hdr").write_bytes(header)
-    return out
+    return out, next(iter(headers))
 
 
 def doctor_sshddp(b: Bench, n: int) -> Finished:
@@ -60,12 +63,25 @@ def doctor_pdsh(b: Bench, n: int) -> Finished:
     the rendezvous port reached, or the comparison would flatter pdsh."""
     port = b.port()
     inv = b.inventory(b.name("doctor-pdsh"), n, 1, port)
-    headers = probe_headers(b, inv, port)
-    python = internals.python_command(sys.executable)
-    remote = f"{python} < {shlex.quote(str(headers))}/probe-%h.hdr"
+    headers, first = probe_headers(b, inv, port)
+    python = internals.python_command(sys.executable).removeprefix("exec ")  # a marker follows
+    marks = b.tmp / "probe" / f"{inv.stem}-answered"
+    shutil.rmtree(marks, ignore_errors=True)
+    marks.mkdir(parents=True)
+    hdr = f"{shlex.quote(str(headers))}/probe-%h.hdr"
+    # Host 1's probe holds the rendezvous port only while its session reads stdin (doctor
+    # holds it until every host answered): its stdin stays open until every other host's
+    # probe ended (a marker each; the hosts share this machine's disk), at most 120 s.
+    wait = (
+        f"i=0; while [ $(ls {shlex.quote(str(marks))} | wc -l) -lt {n - 1} ]"
+        " && [ $i -lt 6000 ]; do sleep 0.02; i=$((i+1)); done"
+    )
+    remote = (
+        f"if [ %h = {first} ]; then (cat {hdr}; {wait}) | {python};"
+        f" else {python} < {hdr}; touch {shlex.quote(str(marks))}/%h; fi"
+    )
     argv = b.pdsh(n, remote)
-    # every host at once: host 1's probe holds the rendezvous port only while it runs, so
-    # with pdsh's fan-out of 32 the hosts after the 32nd would find nobody listening
+    # every host at once, as doctor does (pdsh's fan-out is 32)
     argv[argv.index("-f") + 1] = str(max(n, int(argv[argv.index("-f") + 1])))
     done = expect_rc(b.start(argv).finish(), 0, f"pdsh probe ({n} hosts)")
     answers = [json.loads(t.split(": ", 1)[1]) for _, t in done.lines if re.match(r"h\d+: \{", t)]
@@ -151,16 +167,17 @@ def doctor_noisy(rows: Sequence[DoctorRow]) -> list[str]:
 
 METHOD = """\
 * **doctor**: `sshddp doctor --ssh-config cfg --port P inv.yaml` (deep probe: every host imports
-  torch). Baseline: `pdsh -R exec -f 32 -w h1,..,hN ssh -F cfg %h 'exec PY -c BOOTSTRAP <
-  DIR/probe-%h.hdr'`, where each header file holds exactly the bytes doctor sends that host
-  (`shipped.header("session", {"probe": preflight.probe_args(...)})`, so host 1 also listens
-  on the rendezvous port and every host connects to it) and BOOTSTRAP is
-  `commands.python_command`. The header is read from a file on the host instead of over the
-  SSH channel. CPU is
-  user+sys of the command and the children it reaped (`os.wait4`): sshddp has none, pdsh's
-  include its `ssh` clients. pdsh's fan-out is the host count from 32 hosts on (host 1's
-  probe holds the port only while it runs). From 64 hosts on, at most 3 runs of each
-  method (a run of either takes about a minute there: 64 torch imports on 2 cores).
+  torch). Baseline: `pdsh -R exec -f N -w h1,..,hN ssh -F cfg %h 'PY -c BOOTSTRAP <
+  DIR/probe-%h.hdr; touch MARKS/%h'`, where each header file holds exactly the bytes doctor
+  sends that host (`shipped.header("session", {"probe": preflight.probe_args(...)})`, so
+  host 1 also listens on the rendezvous port and every host connects to it) and BOOTSTRAP
+  is `commands.python_command`. The header is read from a file on the host instead of over
+  the SSH channel. Host 1's probe holds the port only while its stdin is open, so its
+  stdin is the header followed by a wait until every other host's marker exists, as doctor
+  holds it until every host answered. CPU is user+sys of the command and the children it
+  reaped (`os.wait4`): sshddp has none, pdsh's include its `ssh` clients. pdsh's fan-out
+  is the host count, as doctor's. From 64 hosts on, at most 3 runs of each method (a run
+  of either takes about a minute there: 64 torch imports on 2 cores).
 """
 
 CASE: Case[list[DoctorRow]] = Case(

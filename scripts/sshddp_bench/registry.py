@@ -7,6 +7,8 @@ section all follow from this list.
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from typing import Any
 
 from sshddp_bench import (
@@ -60,6 +62,26 @@ def hosts_needed(sizes: Sizes) -> int:
     return max(case.hosts(sizes) for case in selected(sizes))
 
 
+@dataclass(frozen=True)
+class CaseFault:
+    """A case that stopped on a fault (of the benchmark, or of sshddp): the report says so
+    and the suite goes on with the next case, so one fault does not lose a whole run."""
+
+    error: str
+
+
 def run_cases(b: Bench, sizes: Sizes, reps: int) -> dict[str, Any]:
-    """Every selected case's results, by case name, in suite order."""
-    return {case.name: case.run(b, sizes, reps) for case in selected(sizes)}
+    """Every selected case's results, by case name, in suite order; each case's table is
+    printed to stderr as it ends (the report itself comes at the end)."""
+    rows: dict[str, Any] = {}
+    for case in selected(sizes):
+        try:
+            rows[case.name] = row = case.run(b, sizes, reps)
+        except Exception as exc:  # the report names it; the suite goes on
+            rows[case.name] = CaseFault(f"{type(exc).__name__}: {exc}"[:2000])
+            print(f"bench: case {case.name} stopped: {rows[case.name].error}", file=sys.stderr)
+            continue
+        print(
+            "\n".join(["", f"## {case.title(row)}", *case.table(row)]), file=sys.stderr, flush=True
+        )
+    return rows

@@ -20,7 +20,7 @@ from typing import Any
 
 from sshddp_bench import internals
 from sshddp_bench.case import Sizes
-from sshddp_bench.registry import CASES
+from sshddp_bench.registry import CASES, CaseFault
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/sshddp_bench/report.py
 
@@ -114,8 +114,17 @@ def sections(res: Results) -> list[str]:
     """Every case that ran, numbered by its place in the suite (not among those run)."""
     lines = []
     for number, case in enumerate(CASES, 1):
-        if case.name in res.rows:
-            row = res.rows[case.name]
+        if case.name not in res.rows:
+            continue
+        row = res.rows[case.name]
+        if isinstance(row, CaseFault):
+            lines += [
+                "",
+                f"## {number}. {case.name}: stopped",
+                "",
+                f"The case stopped: {row.error}",
+            ]
+        else:
             lines += ["", f"## {number}. {case.title(row)}", "", *case.table(row)]
     return lines
 
@@ -124,7 +133,7 @@ def noisy_rows(res: Results) -> list[str]:
     return [
         label
         for case in CASES
-        if case.name in res.rows
+        if case.name in res.rows and not isinstance(res.rows[case.name], CaseFault)
         for label in case.noisy(res.rows[case.name])
     ]
 
