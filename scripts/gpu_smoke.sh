@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA/NCCL paths on a real GPU machine, through the localhost transport (no sshd):
 # doctor's GPU facts, a GPU-count mismatch, a process already holding GPU memory, an NCCL
-# all-reduce under `sshddp launch`, and a failing NCCL rank torn down with its GPU freed.
+# all-reduce under `sshddp launch`, a failing NCCL rank torn down with its GPU freed, a
+# collective that never completes found by the stall watchdog with the NCCL flight
+# recorder's dump, and `sshddp stacks --native` of a detached NCCL rank (py-spy, if there).
 # Usage: bash scripts/gpu_smoke.sh [OUT_DIR]   (needs torch with CUDA and sshddp importable)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,5 +54,22 @@ cp ~/.sshddp/runs/nccl-stall/n0/nccl/trace_0 ~/.sshddp/runs/nccl-stall/n0/hang.j
 ls -la ~/.sshddp/runs/nccl-stall/n0/nccl/
 sleep 1
 step "GPU processes left after the stall's stop (expect none)"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+echo "count: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
+
+step "stacks --native of a detached NCCL rank waiting on its GPU (py-spy: C and CUDA frames)"
+sshddp launch --log-dir "$out/logs" --name nccl-native --detach "$out/gpu.yaml" \
+    scripts/payloads/nccl_smoke.py --hang
+echo "exit $?"
+sleep 8
+if command -v py-spy >/dev/null; then
+    sshddp stacks nccl-native --native; echo "exit $?"
+else
+    echo "py-spy is not installed here: skipping --native"
+fi
+sshddp stacks nccl-native; echo "exit $?"
+sshddp stop nccl-native; echo "exit $?"
+sleep 1
+step "GPU processes left after the stop (expect none)"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
 echo "count: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
