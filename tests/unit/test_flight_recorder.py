@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from sshddp.model import hang
 from sshddp.model.flight import RankFlight, findings
 from sshddp.remote import contract, flight
@@ -75,6 +77,23 @@ def test_the_ranks_with_a_reader_on_their_pipe_are_asked(tmp_path: Path) -> None
     finally:
         os.close(reader)
     assert flight.request(str(tmp_path / "elsewhere")) == []  # no recorder armed there
+
+
+def test_a_pipe_that_takes_no_more_is_not_an_error(tmp_path: Path) -> None:
+    """A rank asked before and not yet reading: its pipe is full, and the watchdog's report
+    must come all the same."""
+    d = nccl_dir(tmp_path)
+    os.mkfifo(d / "pipe_1.pipe")
+    reader = os.open(d / "pipe_1.pipe", os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(d / "pipe_1.pipe", os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(BlockingIOError):
+            while True:
+                os.write(writer, b"x" * 4096)
+        assert flight.request(str(tmp_path)) == []
+    finally:
+        os.close(writer)
+        os.close(reader)
 
 
 def test_gather_waits_for_the_ranks_asked_and_no_longer_than_it_may(tmp_path: Path) -> None:
