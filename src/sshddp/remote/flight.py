@@ -106,17 +106,22 @@ def gather(rundir: str, asked: list[int], since: float, wait: float = WAIT) -> l
     directory = os.path.join(rundir, contract.NCCL)
     deadline = since + wait
     records: dict[int, FlightRecord] = {}
+    unread: dict[int, tuple[float, int]] = {}  #: a file that was no whole dump, as it was then
     while True:
         for name in listdir(directory):
             rank = _rank(name, TRACE, "")
             if rank is None or rank in records:
                 continue
             path = os.path.join(directory, name)
-            fresh = _mtime(path) >= since
-            if rank in asked and not fresh and time.time() < deadline:
+            stamp = _stamp(path)
+            if stamp is None or unread.get(rank) == stamp:
+                continue  # gone, or not changed since it was read
+            if rank in asked and stamp[0] < since and time.time() < deadline:
                 continue  # an old dump: wait for the one asked for
             record = read(path, rank)
-            if record is not None:
+            if record is None:
+                unread[rank] = stamp
+            else:
                 records[rank] = record
         if all(r in records for r in asked) or time.time() >= deadline:
             return [records[r] for r in sorted(records)]
@@ -196,11 +201,13 @@ def _rank(name: str, prefix: str, suffix: str) -> Optional[int]:
     return int(middle) if middle.isdigit() else None
 
 
-def _mtime(path: str) -> float:
+def _stamp(path: str) -> Optional[tuple[float, int]]:
+    """A file's modification time and size, or None when it is gone."""
     try:
-        return os.stat(path).st_mtime
+        info = os.stat(path)
     except OSError:
-        return 0.0
+        return None
+    return info.st_mtime, info.st_size
 
 
 class _Plain(pickle.Unpickler):

@@ -242,6 +242,7 @@ class Watchdog:
                 "elapsed": 0.0,
             }
         dumped = flight.gather(self.rundir, asked, asked_at)
+        got = {d["rank"] for d in dumped}
         return {
             "schema": contract.SCHEMA,
             "kind": kind,
@@ -252,7 +253,7 @@ class Watchdog:
             "watch": self.mine(),
             "stacks": stacks,
             "flight": dumped,
-            "flight_late": [r for r in asked if r not in {d["rank"] for d in dumped}],
+            "flight_late": [r for r in asked if r not in got],
             "nccl": flight.dumps(self.rundir),
         }
 
