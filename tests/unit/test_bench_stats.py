@@ -1,0 +1,47 @@
+"""The benchmarks' paired statistic (``scripts/sshddp_bench/harness.py``): the interval for a
+median that the launch and Slurm cases judge their targets by."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sshddp_bench.harness import interval_cell, median_interval, paired, stat
+
+
+def test_the_interval_is_the_order_statistics_the_binomial_gives() -> None:
+    values = [float(v) for v in range(1, 16)]
+    random.Random(3).shuffle(values)
+    lo, hi, covered = median_interval(values)
+    # n = 15: P(Binomial(15, 1/2) <= 3) = 576/32768, so x(4) and x(12) cover 96.5%
+    assert (lo, hi) == (4.0, 12.0)
+    assert covered == pytest.approx(1 - 2 * 576 / 32768)
+    lo, hi, covered = median_interval([float(v) for v in range(1, 10)])
+    assert (lo, hi, round(covered, 4)) == (2.0, 8.0, 0.9609)
+
+
+def test_too_few_values_give_the_whole_range_and_say_how_sure_it_is() -> None:
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) == (1.0, 5.0, 1 - 2 / 32)
+    lo, hi, covered = median_interval([])
+    assert math.isnan(lo) and math.isnan(hi) and covered == 0.0
+
+
+def test_paired_differences_take_each_repetition_with_its_partner() -> None:
+    diffs = paired([2.0, 3.0, 2.5], [1.5, 2.0, 2.6])
+    assert diffs.values == pytest.approx((0.5, 1.0, -0.1))
+    with pytest.raises(ValueError):
+        paired([1.0, 2.0], [1.0])
+
+
+def test_a_target_is_met_only_when_the_whole_interval_is_within_it() -> None:
+    inside = stat([0.1, 0.2, 0.3, 0.35, 0.4, 0.2, 0.3, 0.25, 0.45])
+    assert interval_cell(inside, 0.5) == "+0.30 [+0.20, +0.40] 96%: met"
+    # the median (0.40) is within 0.5 s, but the interval's upper end (x(8) = 0.60) is not
+    reaching = stat([0.1, 0.2, 0.3, 0.35, 0.4, 0.45, 0.55, 0.6, 0.7])
+    cell = interval_cell(reaching, 0.5)
+    assert cell == "+0.40 [+0.20, +0.60] 96%: **missed**: reaches +0.10 s past it", cell
+    beyond = stat([0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8])
+    cell = interval_cell(beyond, 0.5)
+    assert cell == "+0.55 [+0.40, +0.70] 96%: **missed**: reaches +0.20 s past it", cell
