@@ -97,15 +97,14 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
     n = len(xs)
     if n == 0:
         return float("nan"), float("nan"), 0.0
-    tail, k = 0.0, 0  # tail: P(Binomial(n, 1/2) <= k - 1)
-    while k < n // 2:
-        nxt = tail + math.comb(n, k) / 2**n
-        if 1 - 2 * nxt < level:
-            break
-        tail, k = nxt, k + 1
-    k = max(k, 1)
-    covered = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
-    return xs[k - 1], xs[n - k], covered
+
+    def covered(k: int) -> float:  # 1 - 2 P(Binomial(n, 1/2) <= k - 1)
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k < n // 2 and covered(k + 1) >= level:
+        k += 1
+    return xs[k - 1], xs[n - k], covered(k)
 
 
 PAIRED = (
