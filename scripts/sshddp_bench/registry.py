@@ -25,6 +25,7 @@ from sshddp_bench import (
     slurm,
     smoke_bw,
     stacks,
+    startup,
     teardown,
     workdir,
 )
@@ -48,6 +49,7 @@ CASES: tuple[Case[Any], ...] = (
     workdir.CASE,
     hang.CASE,
     restart.CASE,
+    startup.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

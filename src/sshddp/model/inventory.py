@@ -14,13 +14,28 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal, NoReturn, Optional
-
-import yaml
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Optional
 
 from sshddp import defaults
 from sshddp.errors import InventoryError
 from sshddp.model import envvars
+
+
+class _YamlOnUse:
+    """PyYAML, imported the first time an attribute is asked for: a launch into a Slurm
+    allocation or onto ``-H`` hosts reads no YAML, and importing PyYAML (its reader's and
+    resolver's patterns) is ~15 ms of the coordinator's start (README, *Performance*)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import yaml
+
+        return getattr(yaml, name)
+
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = _YamlOnUse()
 
 __all__ = [
     "Format",
@@ -417,7 +432,7 @@ def _is_null(node: yaml.Node) -> bool:
     return isinstance(node, yaml.ScalarNode) and node.tag == _NULL
 
 
-_Items = dict[str, tuple[yaml.Node, yaml.Node]]
+_Items = dict[str, tuple["yaml.Node", "yaml.Node"]]
 
 
 def _items(
