@@ -49,6 +49,32 @@ def sshddp_launch(
     return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
 
 
+#: torch's exit race: a rank that has done its work (and destroyed its process group) can
+#: still abort while its interpreter finalizes, gloo's threads outliving it (what
+#: pytorch/pytorch#179291 set out to fix). Not sshddp's, and rare; seen here in the
+#: accelerate and DDP tutorial runs.
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def launch_expecting_success(
+    cluster: SshdCluster,
+    tmp: Path,
+    free_port: Callable[[], int],
+    args: list[str],
+    opts: list[str] = (),  # type: ignore[assignment]
+) -> Run:
+    """``sshddp_launch`` of a run that must succeed. One whose only fault was torch's exit
+    race (``EXIT_ABORT`` in the report, a rank killed by SIGABRT) runs once more, in a
+    directory of its own; any other failure, or that one twice, fails the test."""
+    run = sshddp_launch(cluster, tmp, free_port(), args, opts)
+    if run.rc != 0 and EXIT_ABORT in run.stderr and "killed by SIGABRT" in run.stderr:
+        print(f"torch's exit race; running once more. The first run's report:\n{run.stderr}")
+        again = tmp / "again"
+        again.mkdir()
+        run = sshddp_launch(cluster, again, free_port(), args, opts)
+    return run
+
+
 def records(run: Run, key: str) -> list[tuple[int, dict[str, Any]]]:
     """(node, record) of every JSON line with ``key`` in the nodes' local logs."""
     return [(n, r) for n in range(len(HOSTS)) for r in run.json_lines(n) if key in r]
@@ -72,10 +98,10 @@ def assert_every_rank_trained(run: Run, key: str, rank_key: str = "rank") -> Non
 def test_lightning_trainer_as_node_launcher_spawns_its_workers(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
 ) -> None:
-    run = sshddp_launch(
+    run = launch_expecting_success(
         ssh_env,
         tmp_path,
-        free_port(),
+        free_port,
         [str(PAYLOADS / "lightning_job.py"), "3"],
         opts=["--launcher", "node"],
     )
@@ -88,7 +114,9 @@ def test_lightning_trainer_as_node_launcher_spawns_its_workers(
 def test_lightning_trainer_under_torchrun(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
 ) -> None:
-    run = sshddp_launch(ssh_env, tmp_path, free_port(), [str(PAYLOADS / "lightning_job.py"), "3"])
+    run = launch_expecting_success(
+        ssh_env, tmp_path, free_port, [str(PAYLOADS / "lightning_job.py"), "3"]
+    )
     assert_every_rank_trained(run, "lightning", "global_rank")
     for node, r in records(run, "lightning"):
         assert r["node_rank"] == node and r["steps"] > 0, r
@@ -101,8 +129,8 @@ def test_lightning_trainer_under_torchrun(
 def test_spawn_trainer_computes_its_rank_from_node_rank(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
 ) -> None:
-    run = sshddp_launch(
-        ssh_env, tmp_path, free_port(), [str(PAYLOADS / "spawn_job.py")], ["--launcher", "node"]
+    run = launch_expecting_success(
+        ssh_env, tmp_path, free_port, [str(PAYLOADS / "spawn_job.py")], ["--launcher", "node"]
     )
     assert_every_rank_trained(run, "spawn")
     for node, r in records(run, "spawn"):
@@ -171,7 +199,7 @@ def test_accelerate_launch_multi_machine_through_placeholders(
         "accelerate_job.py",
     ]
     opts = ["--launcher", "node", "--workdir", str(PAYLOADS)]
-    run = sshddp_launch(ssh_env, tmp_path, free_port(), ["--", *command], opts)
+    run = launch_expecting_success(ssh_env, tmp_path, free_port, ["--", *command], opts)
     assert_every_rank_trained(run, "accelerate")
     for node, r in records(run, "accelerate"):
         assert r["machine_rank"] == node and r["distributed_type"].endswith("MULTI_CPU"), r
@@ -199,8 +227,8 @@ def assert_tutorial_trained(run: Run, epochs: int) -> None:
 def test_ddp_tutorial_contract_under_torchrun(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
 ) -> None:
-    run = sshddp_launch(
-        ssh_env, tmp_path, free_port(), [str(PAYLOADS / "ddp_tutorial.py"), "2", "1"]
+    run = launch_expecting_success(
+        ssh_env, tmp_path, free_port, [str(PAYLOADS / "ddp_tutorial.py"), "2", "1"]
     )
     assert_tutorial_trained(run, 2)
 
@@ -240,7 +268,7 @@ def test_pytorch_ddp_tutorial_multinode_py_under_torchrun(
     examples = Path(os.environ.get(EXAMPLES_VAR) or PAYLOADS / "pytorch_examples")
     code = tutorial_on_cpu(examples, tmp_path / "tutorial")
     args = ["multinode.py", "2", "1"]
-    run = sshddp_launch(ssh_env, tmp_path, free_port(), args, ["--workdir", str(code)])
+    run = launch_expecting_success(ssh_env, tmp_path, free_port, args, ["--workdir", str(code)])
     assert_tutorial_trained(run, 2)
 
 
