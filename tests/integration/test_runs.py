@@ -144,7 +144,11 @@ def test_stop_from_another_terminal_twice_and_after_the_end(
     )
     first = sshddp(ssh_env, tmp_path, "stop", "stp")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count(": stopped") == 3
+    # Each node is stopped by this command, or by its peers a moment before its own stop
+    # arrives (a stopping node stops the others): either way stopped, and nothing is left.
+    lines = first.stdout.splitlines()
+    assert len(lines) == 3 and first.stdout.count(": stopped") >= 1, first.stdout
+    assert all(line.endswith((": stopped", ": was already stopped")) for line in lines), lines
     run_no_leak("stp", timeout=2.0)
     again = sshddp(ssh_env, tmp_path, "stop", "stp")
     assert again.returncode == 0 and again.stdout.count("was already stopped") == 3
