@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from sshddp_bench.case import Case
-from sshddp_bench.harness import Bench, Stat, expect_rc, progress, stat
+from sshddp_bench.harness import Bench, Finished, Stat, expect_rc, progress, stat
 
 RUNS_PER_REP = 4  #: each command runs this many times per --reps: one run is ~0.1 s
 
@@ -55,14 +55,14 @@ def bench_startup(b: Bench, reps: int) -> list[StartRow]:
     """Every command ``reps * RUNS_PER_REP`` times, round robin, so that a slow moment of
     the machine falls on all of them alike."""
     todo = commands(b)
-    walls: dict[str, list[float]] = {label: [] for label, _ in todo}
-    cpus: dict[str, list[float]] = {label: [] for label, _ in todo}
+    runs: dict[str, list[Finished]] = {label: [] for label, _ in todo}
     for _ in range(reps * RUNS_PER_REP):
         for label, argv in todo:
-            done = expect_rc(b.start(argv, stdout_null=True).finish(), 0, label)
-            walls[label].append(done.wall)
-            cpus[label].append(done.cpu)
-    rows = [StartRow(label, stat(walls[label]), stat(cpus[label])) for label, _ in todo]
+            runs[label].append(expect_rc(b.start(argv, stdout_null=True).finish(), 0, label))
+    rows = [
+        StartRow(label, stat([r.wall for r in done]), stat([r.cpu for r in done]))
+        for label, done in runs.items()
+    ]
     progress("startup: " + ", ".join(f"{r.wall.median * 1000:.0f} ms" for r in rows))
     return rows
 
@@ -81,7 +81,7 @@ def startup_table(rows: list[StartRow]) -> list[str]:
 
 METHOD = """\
 * **startup**: commands that reach no host, each a new process from `Popen` to its exit
-  (stdout to `/dev/null`), `4 x --reps` times each, round robin: `python -c pass` with the
+  (stdout to `/dev/null`), `{runs} x --reps` times each, round robin: `python -c pass` with the
   venv's interpreter, `sshddp --version`, `sshddp ps` with an empty registry, and `sshddp
   launch --dry-run` of the rank program onto one `-H` alias and from a one-host YAML
   inventory (`--ssh-config cfg`: paramiko reads it to resolve the alias). CPU is user+sys.
@@ -94,5 +94,5 @@ CASE: Case[list[StartRow]] = Case(
     title=lambda rows: "Start-up of the command line (before any host is reached)",
     table=startup_table,
     noisy=lambda rows: [f"startup/{r.label}" for r in rows if r.wall.noisy],
-    method=lambda sizes: METHOD,
+    method=lambda sizes: METHOD.format(runs=RUNS_PER_REP),
 )
