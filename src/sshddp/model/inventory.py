@@ -29,7 +29,9 @@ class _YamlOnUse:
     def __getattr__(self, name: str) -> Any:
         import yaml
 
-        return getattr(yaml, name)
+        value = getattr(yaml, name)
+        setattr(self, name, value)  # the next use is a plain attribute, on the parse path
+        return value
 
 
 if TYPE_CHECKING:
