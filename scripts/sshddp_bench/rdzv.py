@@ -51,12 +51,13 @@ def once(tmp: Path, backend: str, delay: float) -> float:
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
     procs = []
     for rank in (0, 1):
+        if rank == 1:
+            time.sleep(delay)
         argv = [sys.executable, str(tmp / "node.py"), *common]
         if backend == "static":  # (c10d assigns node ranks itself)
             argv += ["--node-rank", str(rank)]
         argv.append(str(tmp / "rank.py"))
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
-        time.sleep(delay if rank == 0 else 0)
     out = "".join(p.communicate(timeout=120)[0] for p in procs)
     imported = [float(t) for t in re.findall(r"IMPORTED (\S+)", out)]
     ranks = [float(t) for t in re.findall(r"RANK (\S+)", out)]
