@@ -1,10 +1,12 @@
 """Booting a run: stage the code on every node, then start them all.
 
 Nothing starts anywhere unless every node staged: a node that cannot stage (full disk,
-host gone, bad checksum, missing script) makes the others remove what they staged. Node 0
-goes first: its probe must let go of the rendezvous port before any node's torchrun could
-reach that listener instead of node 0's store. The code then streams to every node at once.
-A node that fails to start stops the ones that did.
+host gone, bad checksum, missing script) makes the others remove what they staged. Every
+node gets the go and, right behind it, the code, at once. Node 0's probe lets go of the
+rendezvous port on its go, before it stages; so no torchrun (none starts before every node
+staged) can reach that listener instead of node 0's store. Node 0 once went alone first,
+from when a node started as soon as it staged, and the code waited for the "released"
+answer: two round trips more. A node that fails to start stops the ones that did.
 
 Each run gets a new secret, the key its supervisors authenticate each other with (port
 P + 1). It reaches each host in the boot order on the session's stdin, never an argv, and
@@ -19,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
-from sshddp.hosts.pool import HostResults, Outcome
+from sshddp.hosts.pool import HostResults
 from sshddp.hosts.session import HostSession
 from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
@@ -80,11 +82,7 @@ class Boot:
         state = self.state
         for result in state.results.values():
             result.state = NodeState.STARTING
-        first = state.plan.nodes[0]
-        opened = state.pool.map(self._go, [first])[first.index]
-        staged: HostResults[Problem] = HostResults({first.index: Outcome(error=opened.error)})
-        if opened.ok:
-            staged = state.pool.map(lambda n: self._stage(n, first), state.plan.nodes)
+        staged = state.pool.map(self._stage, state.plan.nodes)
         if all(o.ok and o.value is None for o in staged.values()):
             if not self.before_start():
                 self.cancelled = True
@@ -110,15 +108,13 @@ class Boot:
             raise error or SshddpError(f"{node.host.host}: no session")
         return session
 
-    def _go(self, node: NodePlan) -> HostSession:
+    def _stage(self, node: NodePlan) -> Problem:
         session = self._session(node)
         session.go(self._boot_args(node))
-        session.answer("release")
-        return session
-
-    def _stage(self, node: NodePlan, first: NodePlan) -> Problem:
-        session = self._session(node) if node is first else self._go(node)
+        # Right behind the go, not after the "released" answer: the session reads the code
+        # once it let go of the port, and a round trip per node is saved.
         session.send_code(self.payload.chunks())
+        session.answer("release")
         answer = session.answer("stage")
         return None if answer.get("ok") else str(answer.get("error"))
 

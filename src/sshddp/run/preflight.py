@@ -97,6 +97,7 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
     probe. One ``HostFacts`` per host: its facts, or why there are none."""
     errors = pool.connect_all()
     first = pool.hosts[0]
+    samples = defaults.CLOCK_SAMPLES if deep else defaults.LAUNCH_CLOCK_SAMPLES
     rdzv_ok = errors[first.index] is None
     reachable = [h for h in pool.hosts if errors[h.index] is None]
 
@@ -106,7 +107,7 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
             answer = session.answer("probe")
             answer["ssh"] = identity(pool.transport(host))
             if not answer.get("too_old"):
-                answer["clock"] = session.clock(defaults.CLOCK_SAMPLES)
+                answer["clock"] = session.clock(samples)
             return session, answer
         except BaseException:
             session.close()
