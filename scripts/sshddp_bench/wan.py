@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -55,7 +55,7 @@ class Relay:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         for listen, target in self._pairs:
-            serve = asyncio.start_server(lambda r, w, t=target: self._pipe(r, w, t), *listen)
+            serve = asyncio.start_server(functools.partial(self._pipe, target=target), *listen)
             self._loop.run_until_complete(serve)
         self._ready.set()
         self._loop.run_forever()
@@ -161,4 +161,4 @@ def _cell(values: list[float]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
