@@ -4,7 +4,7 @@ trip in each direction, as a laptop on a distant network would see the cluster.
 
 ``python -m sshddp_bench.wan [--rtt-ms 0,20,50] [--hosts 4] [--reps 5] [--before SRC]
 [--started]``.
-This machine's kernel has no ``netem``, so the relay is a process of this script (asyncio,
+This machine's kernel has no ``netem``, so the relay runs in this script's process (asyncio,
 one thread): each host gets one on ``127.0.2.N`` at the sshd port, and an ssh_config and
 known_hosts that name it. The ranks' own traffic (the rendezvous, gloo) stays on loopback,
 undelayed: a cluster's fast network, a slow link to it. ``--before SRC`` adds a third
@@ -12,7 +12,8 @@ method, sshddp run from another checkout's ``src/`` (``PYTHONPATH``), to compare
 versions in the same run. Start -> every rank's READY line, medians (min-max), and the
 paired sshddp - pdsh median; with ``--started``, sshddp's alone, start -> ``launch
 --detach`` returning (every node started: connect, preflight, code, start, without the
-ranks' torch import), each run waited out before the next. Not a case of the suite: a
+ranks' torch import), each run waited out before the next. One launch of each method
+comes first, not counted (it fills the hosts' code cache). Not a case of the suite: a
 diagnosis of round trips.
 """
 
@@ -144,6 +145,8 @@ def main() -> None:
         addrs = [f"127.0.2.{h.addr.rsplit('.', 1)[1]}" for h in b.cluster.hosts]
         relay = Relay([((a, h.port), (h.addr, h.port)) for a, h in zip(addrs, b.cluster.hosts)])
         b.cluster.ssh_config = relayed_config(b, addrs)
+        for how in methods:  # not counted: the first launch fills the hosts' code cache
+            once(b, how, args.hosts, args.before, args.started)
         for rtt in (float(x) for x in args.rtt_ms.split(",")):
             relay.delay = rtt / 2000
             got: dict[str, list[float]] = {m: [] for m in methods}
