@@ -33,7 +33,8 @@ STREAM_READ = 256 * 1024
 CLOCK_WARN = 1.0  #: seconds a host's clock may be off from the coordinator's before a warning
 CLOCK_FAIL = 60.0  #: seconds off that fail the check: no time sync at all
 CLOCK_SAMPLES = 3  #: doctor's clock round trips per host; the shortest one is used
-#: a launch's: each is a round trip before the go, and a launch only needs the 1 s bound
+#: a launch's, when the session's first line (its clock) does not prove the host within
+#: CLOCK_WARN: each is a round trip before anything starts
 LAUNCH_CLOCK_SAMPLES = 1
 SESSION_END_WAIT = 5.0  #: seconds a launch session that never started gets to clean up
 # Slurm

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 from doctor_helpers import Port, doctor, failing, fix_commands, problem, table, write
-from launch_helpers import launch
+from launch_helpers import launch, run_id_of, sshddp, write_inventory
 
 from sshddp import defaults
 from sshddp.errors import ExitCode
@@ -276,6 +277,43 @@ def test_hosts_with_shifted_clocks(
         cluster.set_extra_config(i, [])
     fixed = doctor(cluster, inv)
     assert fixed.code == ExitCode.OK, fixed.explain()
+
+
+def test_a_launch_checks_clocks_from_the_sessions_first_line(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Port,
+    faketime: Path,
+    run_no_leak: Callable[..., None],
+) -> None:
+    """A launch's clock check, whose sample is the session's first line (one more round
+    trip only for a clock that sample does not prove in sync): h3 90 s behind fails the
+    preflight and nothing starts; with h3 set right, h2 5 s ahead is a warning and the run
+    goes on. The node launcher runs a script without torch, which libfaketime need not
+    meet."""
+
+    def shifted(offset: str) -> list[str]:
+        return [f"SetEnv LD_PRELOAD={faketime} FAKETIME={offset}"]
+
+    cluster = make_cluster(3, extra_config={2: shifted("+5"), 3: shifted("-90")})
+    inv, workdir = write_inventory(cluster, tmp_path, free_port(), nproc=1)
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('hello from node', os.environ['SSHDDP_NODE_RANK'])\n")
+    argv = ["launch", "--launcher", "node", inv, script]
+
+    failed = sshddp(cluster, tmp_path, *argv)
+    assert failed.returncode == ExitCode.CHECK_FAILED, failed.stderr
+    assert "h3" in failed.stderr and "more than 60 s off" in failed.stderr, failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert not (workdir / "runs").exists() or not any((workdir / "runs").iterdir())
+
+    cluster.set_extra_config(3, [])
+    ran = sshddp(cluster, tmp_path, *argv)
+    assert ran.returncode == ExitCode.OK, ran.stderr
+    assert re.search(r"sshddp: warning: h2 clock: clock 5\.\d s ahead", ran.stderr), ran.stderr
+    assert "h1 clock" not in ran.stderr and "h3 clock" not in ran.stderr, ran.stderr
+    assert [f"hello from node {n}" in ran.stdout for n in range(3)] == [True] * 3, ran.stdout
+    run_no_leak(run_id_of(ran.stderr))
 
 
 # ----------------------------------------------------------------- --port auto

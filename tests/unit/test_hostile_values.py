@@ -224,7 +224,6 @@ class _InProcessCommand:
         self.command = command
         self.stdin = b""
         self.stdout: bytes | None = None
-        self.released = False
 
     def write(self, data: bytes) -> None:
         if self.stdout is None:  # the start line, once run, is already in
@@ -256,11 +255,8 @@ class _InProcessCommand:
         return out.getvalue().encode()
 
     def read(self, n: int = 65536) -> bytes:
-        if not self.released:  # the session answers the go before it reads the code
-            self.released = True
-            return b'{"released": true}\n'
-        if self.stdout is None:
-            self.stdout = self._run().partition(b"\n")[2]  # less the answer already read
+        if self.stdout is None:  # the first read: the header, the go and the code are in
+            self.stdout = self._run()
         chunk, self.stdout = self.stdout[:n], self.stdout[n:]
         return chunk
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_remote_session import answer, boot_args
+from test_remote_session import answer, boot_args, session_clock
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
@@ -44,9 +44,11 @@ def start_node(
         stderr=subprocess.PIPE,
     )
     assert proc.stdin is not None and proc.stdout is not None
+    sent = time.time()
     proc.stdin.write(shipped.header("session", {"probe": None}))
     proc.stdin.write(json.dumps({"go": True, "boot": args}).encode() + b"\n" + script)
     proc.stdin.flush()
+    session_clock(proc.stdout, sent)
     assert answer(proc.stdout) == {"released": True}
     assert answer(proc.stdout)["ok"]
     proc.stdin.write(b'{"start": true}\n')

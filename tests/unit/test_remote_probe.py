@@ -160,9 +160,12 @@ def test_the_session_answers_the_new_questions(
         "imports": {"names": ["json", "shipped_here", "nope_xyz"], "path0": None},
     }
     (tmp_path / "shipped_here.py").write_text("")
+    sent = time.time()
     proc = session(python, args)
     try:
         assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())  # the session's clock, before the probe
+        assert set(first) == {"clock"} and sent <= first["clock"] <= time.time(), first
         facts = json.loads(proc.stdout.readline())
         assert facts["port"]["port"] == port and facts["port"]["free"], facts["port"]
         assert facts["net"]["route"]["dev"] == "lo"

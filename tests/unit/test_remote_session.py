@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +25,15 @@ def answer(stream: IO[bytes]) -> dict[str, Any]:
     line = stream.readline()
     assert line.endswith(b"\n"), line
     return dict(json.loads(line))
+
+
+def session_clock(stream: IO[bytes], sent: float) -> float:
+    """The session's first line, its clock, read at once: the host's time.time() between
+    ``sent`` (before the header was written) and now; returned."""
+    first = answer(stream)
+    assert set(first) == {"clock"}, first
+    assert sent <= first["clock"] <= time.time(), first
+    return float(first["clock"])
 
 
 def boot_args(rundir: Path) -> dict[str, Any]:
@@ -81,8 +91,10 @@ def test_a_node_lives_and_ends_through_its_session(
     proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
+        sent = time.time()
         proc.stdin.write(shipped.header("session", {"probe": probe}))
         proc.stdin.flush()
+        session_clock(proc.stdout, sent)  # before the probe, which would take time
         facts = answer(proc.stdout)
         expected = subprocess.check_output([python, "--version"], text=True).split()[1]
         assert facts["python"]["version"] == expected, facts
@@ -132,10 +144,12 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
+        sent = time.time()
         proc.stdin.write(shipped.header("session", {"probe": None, "warm": warm}))
         go = {"go": True, "boot": args}
         proc.stdin.write(json.dumps(go).encode() + b"\n" + SCRIPT + b'{"start": true}\n')
         proc.stdin.flush()
+        session_clock(proc.stdout, sent)
         assert answer(proc.stdout) == {"released": True}
         assert answer(proc.stdout) == {"ok": True, "rundir": str(rundir)}
         started = answer(proc.stdout)

@@ -1,6 +1,7 @@
 """One SSH channel and one remote interpreter per host for a whole launch (or doctor run).
 
-The host's session (``remote/session.py``) answers the preflight probe, waits for the go,
+The host's session (``remote/session.py``) tells its clock as soon as it runs (a clock
+sample without a round trip of its own), answers the preflight probe, waits for the go,
 stages the node's code, waits for the start (given once every node staged), forks the
 node's supervisor and then streams the node's log. A doctor run ends it after the probe.
 Without it a launch cost every host three channels and four interpreters (probe, boot,
@@ -19,6 +20,7 @@ from typing import Any, Optional
 from sshddp import defaults
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
+from sshddp.model.commands import python_command
 from sshddp.remote import contract
 
 
@@ -40,15 +42,36 @@ class HostSession:
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
         env = {contract.RUN_ID_VAR: run_id} if run_id else None
-        self.proc: RemoteProcess = shipped.start(
-            transport, "session", {"probe": probe, "warm": warm}, env, label=rundir or None
-        )
+        command = python_command(transport.host.python, env, rundir or None)
+        self.proc: RemoteProcess = transport.start(command)
+        # The first clock sample runs from here to the session's first line: the host reads
+        # this header before it looks at its clock, so the interval holds that moment.
+        self._sent = time.time()
+        self.proc.write(shipped.header("session", {"probe": probe, "warm": warm}))
+        #: the host's clock from that sample ({"offset", "rtt"}, as ``clock``); None until the
+        #: first answer was read, or if the session never ran (its first line was not one)
+        self.first_clock: Optional[dict[str, float]] = None
+        self._first_read = False
         self._buffer = b""
         self.closed = False
         self.started = False  #: told to start its node: the run is the follower's from here
 
     def answer(self, what: str) -> dict[str, Any]:
-        """The next JSON line, or a ``RemoteError`` / ``InterpreterMissing`` saying why not."""
+        """The next JSON line, or a ``RemoteError`` / ``InterpreterMissing`` saying why not.
+        The session's first line, its clock, is taken as ``first_clock`` on the way."""
+        if not self._first_read:
+            self._first_read = True
+            first = self._line(what)
+            back = time.time()
+            if set(first) != {"clock"}:  # no session ran: the bootstrap's "too_old", say
+                return first
+            self.first_clock = {
+                "offset": float(first["clock"]) - (self._sent + back) / 2,
+                "rtt": back - self._sent,
+            }
+        return self._line(what)
+
+    def _line(self, what: str) -> dict[str, Any]:
         while b"\n" not in self._buffer:
             chunk = self.proc.read(65536)
             if not chunk:
@@ -67,8 +90,9 @@ class HostSession:
 
     def clock(self, samples: int) -> dict[str, float]:
         """The host's clock against ours, NTP-style: ``offset`` (seconds it is ahead) from
-        the round trip with the shortest ``rtt``; the offset is right within rtt / 2."""
-        best: dict[str, float] = {}
+        the round trip with the shortest ``rtt``, of ``samples`` more and the first
+        (``first_clock``); the offset is right within rtt / 2."""
+        best: dict[str, float] = dict(self.first_clock or {})
         for _ in range(samples):
             sent = time.time()
             theirs = float(self.ask({"ask": "clock"})["clock"])

@@ -13,12 +13,13 @@ then {"go": true, "boot": boot args} and the code bytes, then later {"start": tr
 removed. After the start stdin stays open: its EOF means the coordinator went away, and the
 follower ends (the run goes on; with boot args "bound", over srun, the node stops first: see
 bound.py).
-stdout, one JSON line each: the probe's facts (if asked); an answer per question; after the
-go, {"released": true} once the probe's listeners are closed (the rendezvous port is free
-for torchrun); stage()'s answer; after the start, start()'s answer; then, if the node
-started, the raw bytes of node.log and, at the end, the node's status record on stderr, as
-follow.py sends them. A port the probe reserved for the supervisors (a picked pair's P+1)
-stays reserved until just before the supervisor starts.
+stdout, one JSON line each: {"clock": this host's time.time()} as soon as the session runs
+(the coordinator's first clock sample); the probe's facts (if asked); an answer per
+question; after the go, {"released": true} once the probe's listeners are closed (the
+rendezvous port is free for torchrun); stage()'s answer; after the start, start()'s
+answer; then, if the node started, the raw bytes of node.log and, at the end, the node's
+status record on stderr, as follow.py sends them. A port the probe reserved for the
+supervisors (a picked pair's P+1) stays reserved until just before the supervisor starts.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def _answer(order: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(args: dict[str, Any]) -> None:
+    # First, before anything that takes time: this host's clock, the coordinator's first
+    # clock sample (from its writing the header to reading this line).
+    emit({"clock": time.time()})
     warm = None
     if args.get("warm"):  # before the probe: torch imports while the preflight runs
         from sshddp.remote.prewarm import Prewarm

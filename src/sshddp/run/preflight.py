@@ -97,7 +97,6 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
     probe. One ``HostFacts`` per host: its facts, or why there are none."""
     errors = pool.connect_all()
     first = pool.hosts[0]
-    samples = defaults.CLOCK_SAMPLES if deep else defaults.LAUNCH_CLOCK_SAMPLES
     rdzv_ok = errors[first.index] is None
     reachable = [h for h in pool.hosts if errors[h.index] is None]
 
@@ -107,7 +106,7 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
             answer = session.answer("probe")
             answer["ssh"] = identity(pool.transport(host))
             if not answer.get("too_old"):
-                answer["clock"] = session.clock(samples)
+                answer["clock"] = _clock(session, deep)
             return session, answer
         except BaseException:
             session.close()
@@ -126,6 +125,17 @@ def gather(pool: HostPool, ctx: Context, deep: bool, open_session: SessionOpener
     if ctx.auto_port:
         _connect_round(pool, ctx, gathered)
     return gathered
+
+
+def _clock(session: HostSession, deep: bool) -> dict[str, float]:
+    """The host's clock. doctor: the best of the session's first sample and
+    ``CLOCK_SAMPLES`` more. A launch: the first sample alone when it proves the clock
+    within ``CLOCK_WARN`` (the check passes, whatever a closer look finds); else the best
+    of it and ``LAUNCH_CLOCK_SAMPLES`` more, each a round trip before anything starts."""
+    first = session.first_clock
+    if not deep and first and abs(first["offset"]) + first["rtt"] / 2 <= defaults.CLOCK_WARN:
+        return dict(first)
+    return session.clock(defaults.CLOCK_SAMPLES if deep else defaults.LAUNCH_CLOCK_SAMPLES)
 
 
 def _connect_round(pool: HostPool, ctx: Context, gathered: Gathered) -> None:

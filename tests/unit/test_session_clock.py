@@ -1,0 +1,122 @@
+"""The clock sample a launch session's first line gives, and when a launch takes another.
+
+The session (``remote/session.py``) writes its clock as soon as it runs, so the coordinator
+gets a sample from writing the header to reading that line, with no round trip of its own.
+A launch takes one more only when that sample does not prove the host within
+``CLOCK_WARN``; doctor always takes ``CLOCK_SAMPLES`` more and keeps the best.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from sshddp import defaults
+from sshddp.hosts.session import HostSession
+from sshddp.model.inventory import Host
+from sshddp.run import preflight
+
+
+class _Host:
+    """A host's session as its bytes: what it answers, and the clock it answers from."""
+
+    def __init__(self, ahead: float, lines: list[dict[str, Any]], early: bool = True) -> None:
+        self.host = Host("h1", 0)
+        self.label = "h1"
+        self.ahead = ahead
+        self.lines = list(lines)
+        self.early = early
+        self.asked: list[dict[str, Any]] = []
+        self.out = b""
+
+    def start(self, command: str) -> _Host:
+        return self
+
+    def write(self, data: bytes) -> None:
+        if data.startswith(b'{"importer"'):  # the header: the session starts
+            if self.early:
+                self._say({"clock": time.time() + self.ahead})
+            for line in self.lines:
+                self._say(line)
+            return
+        question = json.loads(data)
+        self.asked.append(question)
+        assert question == {"ask": "clock"}
+        self._say({"clock": time.time() + self.ahead})
+
+    def _say(self, obj: dict[str, Any]) -> None:
+        self.out += json.dumps(obj).encode() + b"\n"
+
+    def read(self, n: int = 65536) -> bytes:
+        chunk, self.out = self.out[:n], self.out[n:]
+        return chunk
+
+    def read_stderr(self) -> bytes:
+        return b""
+
+    def wait(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def _session(host: _Host) -> HostSession:
+    return HostSession(host, "", "", {"workdir": "~"})  # type: ignore[arg-type]
+
+
+def test_the_first_line_is_a_clock_sample_around_the_header() -> None:
+    host = _Host(ahead=0.0, lines=[{"hostname": "h1"}])
+    before = time.time()
+    session = _session(host)
+    assert session.answer("probe") == {"hostname": "h1"}
+    clock = session.first_clock
+    assert clock is not None and 0 <= clock["rtt"] <= time.time() - before
+    assert abs(clock["offset"]) <= clock["rtt"] / 2 + 0.01
+
+
+@pytest.mark.parametrize("ahead", [5.0, -90.0])
+def test_the_offset_is_the_hosts(ahead: float) -> None:
+    session = _session(_Host(ahead=ahead, lines=[{"hostname": "h1"}]))
+    session.answer("probe")
+    assert session.first_clock is not None
+    assert session.first_clock["offset"] == pytest.approx(ahead, abs=0.5)
+
+
+def test_a_host_without_a_session_answers_first() -> None:
+    """Python too old: the bootstrap's own line comes first, and is the probe's answer."""
+    old = {"too_old": "3.6.15", "executable": "/usr/bin/python3"}
+    session = _session(_Host(ahead=0.0, lines=[old], early=False))
+    assert session.answer("probe") == old
+    assert session.first_clock is None
+
+
+def test_a_launch_takes_no_more_samples_of_a_clock_in_sync() -> None:
+    host = _Host(ahead=0.0, lines=[{"hostname": "h1"}])
+    session = _session(host)
+    session.answer("probe")
+    assert preflight._clock(session, deep=False) == session.first_clock
+    assert host.asked == []
+
+
+@pytest.mark.parametrize("ahead", [2 * defaults.CLOCK_WARN, -90.0])
+def test_a_launch_takes_one_more_sample_of_a_clock_off(ahead: float) -> None:
+    host = _Host(ahead=ahead, lines=[{"hostname": "h1"}])
+    session = _session(host)
+    session.answer("probe")
+    clock = preflight._clock(session, deep=False)
+    assert len(host.asked) == defaults.LAUNCH_CLOCK_SAMPLES == 1
+    assert clock["offset"] == pytest.approx(ahead, abs=0.5)
+    assert clock["rtt"] <= session.first_clock["rtt"]  # type: ignore[index]
+
+
+def test_doctor_takes_its_samples_and_keeps_the_best() -> None:
+    host = _Host(ahead=0.0, lines=[{"hostname": "h1"}])
+    session = _session(host)
+    session.answer("probe")
+    clock = preflight._clock(session, deep=True)
+    assert len(host.asked) == defaults.CLOCK_SAMPLES
+    assert clock["rtt"] <= session.first_clock["rtt"]  # type: ignore[index]
