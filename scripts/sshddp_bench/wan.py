@@ -3,18 +3,19 @@
 trip in each direction, as a laptop on a distant network would see the cluster.
 
 ``python -m sshddp_bench.wan [--rtt-ms 0,20,50] [--hosts 4] [--reps 5] [--before SRC]
-[--started]``.
+[--started] [--uplink-mbit R]``.
 This machine's kernel has no ``netem``, so the relay runs in this script's process (asyncio,
 one thread): each host gets one on ``127.0.2.N`` at the sshd port, and an ssh_config and
 known_hosts that name it. The ranks' own traffic (the rendezvous, gloo) stays on loopback,
-undelayed: a cluster's fast network, a slow link to it. ``--before SRC`` adds a third
-method, sshddp run from another checkout's ``src/`` (``PYTHONPATH``), to compare two
-versions in the same run. Start -> every rank's READY line, medians (min-max), and the
-paired sshddp - pdsh median; with ``--started``, sshddp's alone, start -> ``launch
---detach`` returning (every node started: connect, preflight, code, start, without the
-ranks' torch import), each run waited out before the next. One launch of each method
-comes first, not counted (it fills the hosts' code cache). Not a case of the suite: a
-diagnosis of round trips.
+undelayed: a cluster's fast network, a slow link to it. ``--uplink-mbit`` also limits what
+this machine sends to all hosts together, a laptop's upload (chunks take turns on it).
+``--before SRC`` adds a third method, sshddp run from another checkout's ``src/``
+(``PYTHONPATH``), to compare two versions in the same run. Start -> every rank's READY
+line, medians (min-max), and the paired sshddp - pdsh median; with ``--started``, sshddp's
+alone, start -> ``launch --detach`` returning (every node started: connect, preflight,
+code, start, without the ranks' torch import), each run waited out before the next. One
+launch of each method comes first, not counted (it fills the hosts' code cache). Not a
+case of the suite: a diagnosis of round trips and bytes sent.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class Relay:
 
     def __init__(self, pairs: list[tuple[tuple[str, int], tuple[str, int]]]) -> None:
         self.delay = 0.0
+        #: bytes per second of the uplink (this machine to the hosts, every connection's
+        #: bytes in turn, as a laptop's upload), or None: no limit
+        self.uplink: float | None = None
+        self._uplink_free = 0.0  # when the uplink has sent what it was given
         self._pairs = pairs
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -65,9 +70,19 @@ class Relay:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: tuple[str, int]
     ) -> None:
         up_r, up_w = await asyncio.open_connection(*target)
-        await asyncio.gather(self._one_way(reader, up_w), self._one_way(up_r, writer))
+        await asyncio.gather(self._one_way(reader, up_w, True), self._one_way(up_r, writer))
 
-    async def _one_way(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _due(self, size: int, up: bool) -> float:
+        """When a chunk of ``size`` bytes that came in now reaches the other side."""
+        now = time.monotonic()
+        if up and self.uplink:
+            self._uplink_free = max(now, self._uplink_free) + size / self.uplink
+            now = self._uplink_free
+        return now + self.delay
+
+    async def _one_way(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool = False
+    ) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def deliver() -> None:
@@ -85,7 +100,7 @@ class Relay:
         sender = asyncio.ensure_future(deliver())
         try:
             while data := await reader.read(CHUNK):
-                queue.put_nowait((time.monotonic() + self.delay, data))
+                queue.put_nowait((self._due(len(data), up), data))
         except OSError:
             pass
         queue.put_nowait((0.0, b""))
@@ -136,6 +151,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--before", help="another checkout's src/ to run as method 'before'")
     p.add_argument("--started", action="store_true", help="sshddp until every node started")
+    p.add_argument("--uplink-mbit", type=float, help="this machine's upload to the hosts")
     args = p.parse_args()
     methods = ["sshddp"] + ([] if args.started else ["pdsh"]) + (["before"] if args.before else [])
     other = "before" if args.started else "pdsh"
@@ -145,6 +161,7 @@ def main() -> None:
         addrs = [f"127.0.2.{h.addr.rsplit('.', 1)[1]}" for h in b.cluster.hosts]
         relay = Relay([((a, h.port), (h.addr, h.port)) for a, h in zip(addrs, b.cluster.hosts)])
         b.cluster.ssh_config = relayed_config(b, addrs)
+        relay.uplink = args.uplink_mbit * 125_000 if args.uplink_mbit else None
         for how in methods:  # not counted: the first launch fills the hosts' code cache
             once(b, how, args.hosts, args.before, args.started)
         for rtt in (float(x) for x in args.rtt_ms.split(",")):

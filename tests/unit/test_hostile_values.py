@@ -40,6 +40,7 @@ from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
 from sshddp.remote import contract
+from sshddp.remote.importer import unpack
 from sshddp.remote.supervisor import Supervisor
 from sshddp.run.boot import Boot
 from sshddp.run.payload import build_payload, code_spec
@@ -237,8 +238,11 @@ class _InProcessCommand:
         assert (exec_, env, python, dash_c) == ("exec", "env", sys.executable, "-c")
         assert run_id.startswith("SSHDDP_RUN_ID=") and "/runs/" in label
         header, _, rest = self.stdin.partition(b"\n")
-        rundir = os.path.expanduser(json.loads(rest.partition(b"\n")[0])["boot"]["rundir"])
         body = json.loads(header)
+        size = body.pop("packed")  # the modules follow the header line, packed
+        body["modules"] = unpack(io.BytesIO(rest[:size]), size)
+        rest = rest[size:]
+        rundir = os.path.expanduser(json.loads(rest.partition(b"\n")[0])["boot"]["rundir"])
         assert body["main"] == "sshddp.remote.session"
         body["modules"]["sshddp.remote.follow"] += "\n\ndef main(args):\n    return None\n"
         # The start line the coordinator sends once every node staged comes at the end.

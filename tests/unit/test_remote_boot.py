@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,18 @@ def test_a_damaged_archive_is_refused(tmp_path: Path) -> None:
     answer = stage(tmp_path, damaged)
     assert not answer["ok"] and "the shipped archive is damaged" in answer["error"], answer
     assert not (tmp_path / "runs" / "r1").exists()
+
+
+def test_the_files_after_the_go_are_unpacked_into_the_args() -> None:
+    """A launch sends the supervisor, rank shim, agent shim and sitecustomize packed after
+    the go line; args that carry them inline are taken as they are."""
+    files = {"supervisor": "S", "rank": "R", "agent": "A", "site": "T"}
+    packed = zlib.compress(json.dumps(files).encode())
+    stream = io.BytesIO(packed + b"CODE")
+    args = boot.unpack_files({"rundir": "r", "packed": len(packed)}, stream)
+    assert args == {"rundir": "r", "packed": len(packed), **files}
+    assert stream.read() == b"CODE"  # the code that follows is left for stage()
+    inline = {"rundir": "r", **files}
+    assert boot.unpack_files(inline, io.BytesIO(b"CODE")) == inline
+    with pytest.raises(boot.BootError, match="cut short"):
+        boot.unpack_files({"packed": len(packed)}, io.BytesIO(packed[:10]))

@@ -4,6 +4,7 @@ or PYTHONDONTWRITEBYTECODE never change what runs."""
 
 from __future__ import annotations
 
+import io
 import json
 import marshal
 import os
@@ -125,3 +126,22 @@ def test_shipped_code_runs_the_same_from_an_empty_and_a_full_cache(
         counts.append(len(entries(code)))
     assert answers[0] == answers[1] and answers[0]["state"] == "failed"
     assert counts == [len(shipped.closure("sshddp.remote.follow")) + 1] * 2  # and "sshddp"
+
+
+def test_the_modules_follow_the_header_line_packed() -> None:
+    """The header line names the size of what follows it: every module of the call's
+    closure, as zlib-compressed JSON, a third of the sources' size or less."""
+    sent = shipped.header("session", {"probe": None})
+    line, _, rest = sent.partition(b"\n")
+    head = json.loads(line)
+    assert "modules" not in head and head["packed"] == len(rest)
+    modules = importer.unpack(io.BytesIO(rest), head["packed"])
+    closure = shipped.closure("sshddp.remote.session")
+    assert modules == {m: shipped.source(m) for m in closure}
+    assert len(rest) * 3 < sum(len(s) for s in modules.values())
+
+
+def test_packed_modules_cut_short_are_refused() -> None:
+    rest = shipped.header("follow", {}).partition(b"\n")[2]
+    with pytest.raises(RuntimeError, match=f"cut short: {len(rest) - 1} of {len(rest)} bytes"):
+        importer.unpack(io.BytesIO(rest[:-1]), len(rest))

@@ -101,11 +101,12 @@ class HostSession:
                 best = {"offset": theirs - (sent + back) / 2, "rtt": back - sent}
         return best
 
-    def go(self, boot_args: dict[str, Any]) -> None:
+    def go(self, boot_args: dict[str, Any], packed: bytes = b"") -> None:
         """Tell the host to boot: its probe lets go of the rendezvous port first, then it
-        stages the code that ``send_code`` streams."""
+        stages the code that ``send_code`` streams. ``packed``: the bytes that follow the go
+        line (boot args ``"packed"``: their size)."""
         order = {"go": True, "boot": boot_args}
-        self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n")
+        self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n" + packed)
 
     def send_code(self, chunks: Iterable[bytes]) -> None:
         """Stream the code after the go, one bounded chunk at a time: one write of the whole

@@ -2,9 +2,11 @@
 
 A command line (``model.commands.python_command``) runs the host's configured interpreter
 with a tiny bootstrap that reads one JSON header line from stdin: the shipped importer, the
-sources of the modules the call needs, the entry module and its arguments
-(``remote/importer.py`` says what it does with them). Any bytes after the header (shipped
-code) stay on stdin for the entry module. Nothing is installed on the host, and no argument
+entry module and its arguments, and the size of what follows the line: the sources of the
+modules the call needs, as zlib-compressed JSON (``remote/importer.py`` says what it does
+with them). A launch session's 29 modules are 255 KB as JSON and 75 KB packed, sent to
+every host of every launch, from a laptop's uplink. Any bytes after those (shipped code)
+stay on stdin for the entry module. Nothing is installed on the host, and no argument
 or secret ever appears in a process's argv.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import zlib
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -23,6 +26,9 @@ from sshddp.hosts.transport import RemoteProcess, Transport, run
 from sshddp.model.commands import python_command
 
 PACKAGE = "sshddp.remote"
+#: zlib level of the packed modules: 6 (the default) packs 255 KB to 75 KB in 21 ms, once
+#: per launch; 9 gains 0.4 KB for three times the time, 1 loses 16 KB
+PACK_LEVEL = 6
 IMPORTER = f"{PACKAGE}.importer"
 _BUILDING = threading.Lock()
 
@@ -75,22 +81,22 @@ def entry_module(name: str) -> str:
 
 
 @cache
-def _header_prefix(entry: str) -> bytes:
-    """The header up to its arguments: the same bytes for every call of ``entry``."""
-    body = {
-        "importer": source(IMPORTER),
-        "modules": {m: source(m) for m in closure(entry)},
-        "main": entry,
-    }
+def _header_prefix(entry: str) -> tuple[bytes, bytes]:
+    """The header line up to its arguments, and the packed modules after it: the same
+    bytes for every call of ``entry``."""
+    modules = json.dumps({m: source(m) for m in closure(entry)}, separators=(",", ":"))
+    packed = zlib.compress(modules.encode(), PACK_LEVEL)
+    body = {"importer": source(IMPORTER), "packed": len(packed), "main": entry}
     text = json.dumps(body, separators=(",", ":"))
-    return text[:-1].encode() + b',"args":'
+    return text[:-1].encode() + b',"args":', packed
 
 
 def header(name: str, args: Mapping[str, Any]) -> bytes:
-    """The stdin header line that runs ``main(args)`` of host-side module ``name``."""
+    """What goes first on stdin to run ``main(args)`` of host-side module ``name``: the
+    header line, then the packed modules."""
     with _BUILDING:  # the first call builds it; the pool's other threads wait, then reuse it
-        prefix = _header_prefix(entry_module(name))
-    return prefix + json.dumps(args, separators=(",", ":")).encode() + b"}\n"
+        prefix, packed = _header_prefix(entry_module(name))
+    return prefix + json.dumps(args, separators=(",", ":")).encode() + b"}\n" + packed
 
 
 def standalone(name: str) -> str:

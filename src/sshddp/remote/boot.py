@@ -11,16 +11,20 @@ args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"t
        "bound": the node ends with this session (over srun; see bound.py),
        "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None,
        "peer_key": the supervisors' shared secret (hex)}
+"supervisor", "rank", "agent" and "site" come inline or, with "packed": N, as the N bytes
+after the go line (``unpack_files``): 238 KB of text are 64 KB so, per host and launch.
 The code stream holds exactly payload["size"] bytes; it is stored as it arrives.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
 import time
+import zlib
 from typing import IO, TYPE_CHECKING, Any, Dict, Optional, Protocol
 
 from sshddp.remote import contract
@@ -216,6 +220,19 @@ def supervise(
             sys.stderr.flush()
         finally:
             os._exit(status)
+
+
+def unpack_files(args: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
+    """``args`` with the files that follow the go line on ``stream`` when ``args["packed"]``
+    counts them ("supervisor", "rank", "agent", "site", as zlib-compressed JSON); else as
+    they are (the files given inline)."""
+    size = args.get("packed")
+    if not size:
+        return args
+    data = stream.read(int(size))
+    if len(data) != int(size):
+        raise BootError(f"the boot files were cut short: {len(data)} of {size} bytes")
+    return {**args, **json.loads(zlib.decompress(data).decode("utf-8"))}
 
 
 def stage(args: dict[str, Any], stream: IO[bytes], warm: Optional[Waiter] = None) -> Answer:

@@ -1,14 +1,16 @@
 """Serve shipped modules from memory on a host, then run the entry module.
 
-The bootstrap (``sshddp.hosts.shipped.BOOTSTRAP``) reads one JSON header from stdin::
+The bootstrap (``sshddp.model.commands.BOOTSTRAP``) reads one JSON header line from stdin::
 
-    {"importer": <this file's source>, "modules": {name: source, ...},
+    {"importer": <this file's source>, "packed": N,
      "main": "sshddp.remote.session", "args": {...}}
 
-and runs ``run(header)`` from this file. ``ShippedModules`` goes first on ``sys.meta_path``,
-so ``import sshddp.remote.common`` finds the shipped source even where another sshddp is
-installed; parent packages (``sshddp``, ``sshddp.remote``) are served too. Sources are put in
-``linecache`` so a traceback in ``supervisor.log`` shows the lines.
+and runs ``run(header)`` from this file, which reads the N bytes after the line: the
+modules' sources, {name: source, ...} as zlib-compressed JSON (a file left on the host,
+supervisor.py, has them in its header as ``"modules"`` instead). ``ShippedModules`` goes
+first on ``sys.meta_path``, so ``import sshddp.remote.common`` finds the shipped source even
+where another sshddp is installed; parent packages (``sshddp``, ``sshddp.remote``) are served
+too. Sources are put in ``linecache`` so a traceback in ``supervisor.log`` shows the lines.
 
 Compiling a launch session's 28 modules from source takes about 35 ms, every time, before
 the node can start anything; so each module's code object is kept in the user's cache
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import linecache
 import marshal
 import os
@@ -163,7 +166,22 @@ def install(sources: dict[str, str]) -> ShippedModules:
 
 
 def run(header: dict[str, Any]) -> None:
-    """Serve ``header["modules"]`` and call ``main(header["args"])`` of ``header["main"]``."""
-    install(header["modules"])
+    """Serve the shipped modules and call ``main(header["args"])`` of ``header["main"]``.
+    The modules: ``header["modules"]`` (a standalone file's), else the ``header["packed"]``
+    bytes that follow the header line on stdin, zlib-compressed JSON."""
+    modules = header.get("modules")
+    if modules is None:
+        modules = unpack(sys.stdin.buffer, int(header["packed"]))
+    install(modules)
     module = importlib.import_module(header["main"])
     getattr(module, ENTRY)(header["args"])
+
+
+def unpack(stream: Any, size: int) -> dict[str, str]:
+    """The ``size`` packed bytes at the head of ``stream``: {module name: source}."""
+    import zlib
+
+    data = stream.read(size)
+    if len(data) != size:
+        raise RuntimeError(f"the shipped modules were cut short: {len(data)} of {size} bytes")
+    return dict(json.loads(zlib.decompress(data).decode("utf-8")))

@@ -8,7 +8,8 @@ launch, what its torchrun needs to start importing torch at once (prewarm.py): {
 stdin after the header: first, any number of questions about the probe, each answered at
 once: {"ask": "clock"} (this host's time.time(), for the clock check) and {"ask": "connect",
 "connect": [addr, port], "timeout": s} (a rendezvous connect, when node 0 picked the port);
-then {"go": true, "boot": boot args} and the code bytes, then later {"start": true};
+then {"go": true, "boot": boot args}, the packed files boot args "packed" counts (boot.py)
+and the code bytes, then later {"start": true};
 {"go": false} / {"start": false} (or EOF) end it there, and a node staged but not started is
 removed. After the start stdin stays open: its EOF means the coordinator went away, and the
 follower ends (the run goes on; with boot args "bound", over srun, the node stops first: see
@@ -92,6 +93,7 @@ def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> N
     # A doctor session never gets here: the code for a launch is imported only now.
     from sshddp.remote import boot, bound, follow
 
+    boot_args = boot.unpack_files(boot_args, sys.stdin.buffer)
     staged = boot.stage(boot_args, sys.stdin.buffer, warm)
     emit(staged)
     if not staged.get("ok"):
