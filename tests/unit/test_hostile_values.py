@@ -26,6 +26,7 @@ from unittest import mock
 
 import pytest
 import yaml
+from fake_process import ScriptedOutput
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.distributed.elastic.utils.api import macros
@@ -214,7 +215,7 @@ def _fork_started(rundir: str) -> Callable[[], int]:
     return fork
 
 
-class _InProcessCommand:
+class _InProcessCommand(ScriptedOutput):
     """A host command whose shipped bootstrap runs in this process once it is read from.
 
     By then the coordinator has sent the launch session its header, the go line and the
@@ -224,10 +225,10 @@ class _InProcessCommand:
     def __init__(self, command: str) -> None:
         self.command = command
         self.stdin = b""
-        self.stdout: bytes | None = None
+        self.ran = False
 
     def write(self, data: bytes) -> None:
-        if self.stdout is None:  # the start line, once run, is already in
+        if not self.ran:  # the start line, once run, is already in
             self.stdin += data
 
     def close_stdin(self) -> None:
@@ -259,19 +260,10 @@ class _InProcessCommand:
         return out.getvalue().encode()
 
     def read(self, n: int = 65536) -> bytes:
-        if self.stdout is None:  # the first read: the header, the go and the code are in
-            self.stdout = self._run()
-        chunk, self.stdout = self.stdout[:n], self.stdout[n:]
-        return chunk
-
-    def read_stderr(self) -> bytes:
-        return b""
-
-    def wait(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
+        if not self.ran:  # the first read: the header, the go and the code are in
+            self.ran = True
+            self.out = self._run()
+        return super().read(n)
 
 
 class _InProcessHost:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from fake_process import ScriptedOutput
 
 from sshddp import defaults
 from sshddp.hosts.session import HostSession
@@ -20,7 +21,7 @@ from sshddp.model.inventory import Host
 from sshddp.run import preflight
 
 
-class _Host:
+class _Host(ScriptedOutput):
     """A host's session as its bytes: what it answers, and the clock it answers from."""
 
     def __init__(self, ahead: float, lines: list[dict[str, Any]], early: bool = True) -> None:
@@ -30,7 +31,6 @@ class _Host:
         self.lines = list(lines)
         self.early = early
         self.asked: list[dict[str, Any]] = []
-        self.out = b""
 
     def start(self, command: str) -> _Host:
         return self
@@ -49,19 +49,6 @@ class _Host:
 
     def _say(self, obj: dict[str, Any]) -> None:
         self.out += json.dumps(obj).encode() + b"\n"
-
-    def read(self, n: int = 65536) -> bytes:
-        chunk, self.out = self.out[:n], self.out[n:]
-        return chunk
-
-    def read_stderr(self) -> bytes:
-        return b""
-
-    def wait(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
 
 
 def _session(host: _Host) -> HostSession:
