@@ -33,6 +33,7 @@ from sshddp_bench.harness import (
     Bench,
     BenchError,
     ReadyWatch,
+    Watched,
     expect_rc,
     run_pids,
     running_bench,
@@ -132,7 +133,7 @@ def once(b: Bench, how: str, n: int, before: str | None, started: bool = False) 
         argv = b.launch_argv(name, port, inv, "latency", options=options)
     env = dict(b.env, PYTHONPATH=before) if how == "before" and before else b.env
     watch = ReadyWatch(n)
-    proc = Bench(b.tmp, b.cluster, env, b.sshddp, b.rank_script).start(argv, on_line=watch)
+    proc = Watched(argv, env, b.tmp, on_line=watch)  # Bench.start, in this method's env
     done = expect_rc(proc.finish(), 0, f"{how} at {n} hosts")
     if started:
         deadline = time.monotonic() + 60
