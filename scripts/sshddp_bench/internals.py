@@ -14,7 +14,8 @@ from pathlib import Path
 
 import sshddp
 from sshddp.hosts import shipped
-from sshddp.hosts.transport import SshOptions, ssh_hostname
+from sshddp.hosts.pool import node_addr
+from sshddp.hosts.transport import SshOptions
 from sshddp.model import commands
 from sshddp.model.checks import Context
 from sshddp.run.inputs import load_inventory
@@ -47,7 +48,7 @@ def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, byte
     also listens on the port, and every host connects to it, as in doctor."""
     inv = load_inventory(str(inventory))
     first = inv.hosts[0]
-    rdzv_addr = ssh_hostname(first, SshOptions(ssh_config=ssh_config))
+    rdzv_addr = node_addr(first, SshOptions(ssh_config=ssh_config))  # as doctor does
     ctx = Context(rdzv_addr=rdzv_addr, rdzv_port=port)
     return {
         host.host: shipped.header(

@@ -19,8 +19,7 @@ from sshddp.cli.options import (
     transport_option,
 )
 from sshddp.errors import ExitCode, UsageError
-from sshddp.hosts.pool import HostPool
-from sshddp.hosts.transport import node_addr
+from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.model import envvars
 from sshddp.model.checks import Context, reports_ok
 from sshddp.model.inventory import Inventory

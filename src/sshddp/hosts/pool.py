@@ -70,6 +70,18 @@ def open_transport(host: Host, options: SshOptions) -> Transport:
     return SshTransport(host, options)
 
 
+def node_addr(host: Host, options: SshOptions) -> str:
+    """The address other nodes reach ``host`` at: its ``addr``, else the HostName its SSH
+    connection resolves the alias to (``127.0.0.1`` for ``localhost``)."""
+    if host.addr:
+        return host.addr
+    if host.is_local:
+        return "127.0.0.1"
+    from sshddp.hosts.ssh import resolve_hostname
+
+    return resolve_hostname(host.host, options)
+
+
 class HostPool:
     """The transports of a set of hosts, keyed by inventory index."""
 

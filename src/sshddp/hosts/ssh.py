@@ -92,6 +92,27 @@ def _prefer_fast_ciphers() -> None:
     paramiko.Transport._preferred_ciphers = order  # type: ignore[attr-defined]
 
 
+@functools.cache
+def _ssh_config(path: Optional[str]) -> paramiko.SSHConfig:
+    """The ssh_config every connection of this command reads, parsed once, by fabric's
+    rules: ``path`` alone (like ``ssh -F``), else ``~/.ssh/config`` then
+    ``/etc/ssh/ssh_config`` (the first value of a keyword wins, as in OpenSSH)."""
+    from fabric import Config
+
+    return (Config(runtime_ssh_path=path) if path else Config()).base_ssh_config
+
+
+def resolve_hostname(alias: str, options: SshOptions) -> str:
+    """The HostName ssh_config gives ``alias``, as a connection to it resolves it (the
+    alias itself when none, or when the config cannot be read: connecting reports that)."""
+    import paramiko
+
+    try:
+        return str(_ssh_config(options.ssh_config).lookup(alias).get("hostname", alias))
+    except (OSError, paramiko.SSHException):
+        return alias
+
+
 class SshTransport:
     """One SSH connection to one host, reused for every command on it."""
 
@@ -102,7 +123,7 @@ class SshTransport:
 
         self.host = host
         self._options = options
-        config = Config(runtime_ssh_path=options.ssh_config) if options.ssh_config else Config()
+        config = Config(ssh_config=_ssh_config(options.ssh_config))
         timeout = options.connect_timeout
         self._conn = Connection(
             host.host,

@@ -8,7 +8,6 @@ for the host named ``localhost``, so nothing needs an SSH server there.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
@@ -76,24 +75,3 @@ def identity(transport: Transport) -> dict[str, Any]:
     ``endpoint`` (``model.checks.SshFacts``); empty for one that cannot tell."""
     describe = getattr(transport, "identity", None)
     return dict(describe()) if describe is not None else {}
-
-
-def node_addr(host: Host, options: SshOptions) -> str:
-    """The address other nodes reach ``host`` at: its ``addr``, else its ssh HostName."""
-    return host.addr or ssh_hostname(host, options)
-
-
-def ssh_hostname(host: Host, options: SshOptions) -> str:
-    """The HostName ssh_config gives a host alias (the alias itself when none)."""
-    if host.is_local:
-        return "127.0.0.1"
-    import paramiko
-
-    path = options.ssh_config or os.path.expanduser("~/.ssh/config")
-    if not os.path.isfile(path):
-        return host.host
-    try:
-        config = paramiko.SSHConfig.from_path(path)
-        return str(config.lookup(host.host).get("hostname", host.host))
-    except (OSError, paramiko.SSHException):
-        return host.host

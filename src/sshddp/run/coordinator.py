@@ -21,9 +21,9 @@ from typing import Any, Optional
 from sshddp import defaults
 from sshddp.errors import HostUnreachable, Interrupted, RunGone, StateError, UsageError
 from sshddp.hosts import calls
-from sshddp.hosts.pool import HostPool
+from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.hosts.session import HostSession
-from sshddp.hosts.transport import SshOptions, node_addr
+from sshddp.hosts.transport import SshOptions
 from sshddp.model.allocation import refuse_detach
 from sshddp.model.checks import Context
 from sshddp.model.inventory import Host, Inventory
