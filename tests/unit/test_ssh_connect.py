@@ -1,8 +1,10 @@
 """ssh_config is read once a command, and the address other nodes reach a host at is the
-one its connection resolves (``hosts/ssh.py``). No connection is opened here."""
+one its connection resolves; the TCP connection under SSH (``hosts/ssh.py``). No SSH
+connection is opened here (``tests/integration/test_ssh_socket.py`` opens real ones)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 
 from sshddp.hosts import ssh
 from sshddp.hosts.pool import node_addr
-from sshddp.hosts.ssh import SshTransport, resolve_hostname
+from sshddp.hosts.ssh import SshTransport, _tcp_connect, resolve_hostname
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.inventory import parse_inventory
 
@@ -68,3 +70,27 @@ def test_user_config_without_ssh_config_option(
 def test_unreadable_config_leaves_the_alias(tmp_path: Path) -> None:
     options = SshOptions(ssh_config=str(tmp_path / "missing"))
     assert resolve_hostname("h1", options) == "h1"
+
+
+def test_tcp_connection_without_nagle() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        sock = _tcp_connect("127.0.0.1", port, 5.0)
+        peer, _ = server.accept()
+        with sock, peer:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert sock.gettimeout() == 5.0  # until paramiko's transport sets its own
+            peer.sendall(b"SSH-2.0-x\r\n")
+            assert sock.recv(64) == b"SSH-2.0-x\r\n"
+
+
+def test_refused_everywhere_is_paramikos_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    with pytest.raises(paramiko.ssh_exception.NoValidConnectionsError):
+        _tcp_connect("127.0.0.1", port, 5.0)  # nothing listens there any more
+
+
+def test_unknown_name_raises_at_once() -> None:
+    with pytest.raises(socket.gaierror):
+        _tcp_connect("no-such-host.invalid", 22, 5.0)

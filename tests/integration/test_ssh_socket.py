@@ -1,0 +1,33 @@
+"""The TCP connection under each SSH connection, against a real sshd: Nagle off, quick
+acknowledgements while the connection is set up (``hosts/ssh._QuickAckSocket``), and a
+command's output intact."""
+
+from __future__ import annotations
+
+import socket
+
+from sshddp.hosts.ssh import SshTransport, _QuickAckSocket
+from sshddp.hosts.transport import SshOptions
+from sshddp.model.inventory import parse_inventory
+from sshddp_lab.sshd import SshdCluster
+
+
+def test_connection_socket(cluster: SshdCluster) -> None:
+    host = parse_inventory("hosts:\n  - host: h1\n", "inv.yaml").hosts[0]
+    transport = SshTransport(host, SshOptions(ssh_config=str(cluster.ssh_config)))
+    try:
+        transport.connect()
+        paramiko_transport = transport._conn.client.get_transport()
+        assert paramiko_transport is not None
+        sock = paramiko_transport.sock
+        assert isinstance(sock, _QuickAckSocket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert sock.quick
+        proc = transport.start("printf 'a\\nb\\n'; printf err >&2; exit 3")
+        assert not sock.quick  # the first command runs: bulk output acknowledged as usual
+        out = b""
+        while chunk := proc.read():
+            out += chunk
+        assert (out, proc.read_stderr(), proc.wait()) == (b"a\nb\n", b"err", 3)
+    finally:
+        transport.close()
