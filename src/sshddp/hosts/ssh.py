@@ -153,15 +153,21 @@ class SshTransport:
             if self._conn.is_connected:
                 return
             self._prepare_host_keys()
+            sock: Optional[socket.socket] = None
             try:
                 if not self._conn.gateway:  # ProxyJump/ProxyCommand: the gateway's socket
-                    self._conn.connect_kwargs["sock"] = _tcp_connect(
+                    sock = _tcp_connect(
                         self.hostname, int(self._conn.port), self._conn.connect_timeout
                     )
+                    self._conn.connect_kwargs["sock"] = sock
                 self._conn.open()
             except Exception as exc:  # every paramiko/socket failure becomes a finding
+                if sock is not None:
+                    sock.close()
                 where = _KnownHosts(self.known_hosts_path(), self.known_hosts_name())
                 raise _explain(exc, self.host.host, self.label, where) from exc
+            finally:  # a reconnection opens a socket of its own
+                self._conn.connect_kwargs.pop("sock", None)
             transport = self._conn.client.get_transport()
             if transport is not None:
                 transport.set_keepalive(KEEPALIVE_SECONDS)
@@ -213,6 +219,9 @@ class SshTransport:
         self._conn.close()
 
 
+_TCP_QUICKACK: int = getattr(socket, "TCP_QUICKACK", 0)  #: Linux's; 0 where there is none
+
+
 class _QuickAckSocket(socket.socket):
     """A TCP socket that, while ``quick``, acknowledges what it receives at once (Linux's
     ``TCP_QUICKACK``, set again after every read: the kernel leaves quick-ack mode on its
@@ -234,9 +243,6 @@ class _QuickAckSocket(socket.socket):
             with contextlib.suppress(OSError):
                 self.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
         return data
-
-
-_TCP_QUICKACK: int = getattr(socket, "TCP_QUICKACK", 0)
 
 
 def _tcp_connect(host: str, port: int, timeout: Optional[float]) -> socket.socket:
