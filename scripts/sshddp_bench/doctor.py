@@ -84,11 +84,21 @@ def doctor_pdsh(b: Bench, n: int) -> Finished:
     # every host at once, as doctor does (pdsh's fan-out is 32)
     argv[argv.index("-f") + 1] = str(max(n, int(argv[argv.index("-f") + 1])))
     done = expect_rc(b.start(argv).finish(), 0, f"pdsh probe ({n} hosts)")
-    lines = [json.loads(t.split(": ", 1)[1]) for _, t in done.lines if re.match(r"h\d+: \{", t)]
-    answers = [a for a in lines if set(a) != {"clock"}]  # each session's first line: its clock
-    good = [a for a in answers if a["rendezvous"]["ok"] and "error" not in a["torch"]]
-    if len(good) != n:
-        raise BenchError(f"pdsh probe: {len(good)} of {n} hosts answered well: {done.lines}")
+    said = [t.split(": ", 1) for _, t in done.lines if re.match(r"h\d+: \{", t)]
+    # each session's first line is its clock; then its probe's answer
+    answers = {host: a for host, a in ((h, json.loads(t)) for h, t in said) if set(a) != {"clock"}}
+    bad = {
+        host: f"rendezvous {a['rendezvous']}, torch {a['torch'].get('error')}"
+        for host, a in answers.items()
+        if not a["rendezvous"]["ok"] or "error" in a["torch"]
+    }
+    if len(answers) - len(bad) != n:
+        other = [t for _, t in done.lines if not re.match(r"h\d+: \{", t)]
+        raise BenchError(
+            f"pdsh probe: {len(answers) - len(bad)} of {n} hosts answered well, "
+            f"{len(answers)} answered; bad answers: {list(bad.items())[:5]}; "
+            f"other lines: {other[:10]}"
+        )
     return done
 
 
