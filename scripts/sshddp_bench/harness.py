@@ -161,7 +161,10 @@ class Watched:
         on_line: Optional[Callable[[float, str], None]] = None,
         stdout_null: bool = False,
         timeout: float = RUN_TIMEOUT_S,
+        stdout_to: Optional[IO[bytes]] = None,
     ) -> None:
+        """``stdout_null``: its stdout to /dev/null; ``stdout_to``: to that file; either way
+        no line is watched."""
         self.argv = list(argv)
         self.on_line = on_line
         self.timeout = timeout
@@ -180,14 +183,14 @@ class Watched:
             stderr=self._err,
             env=env,
             cwd=cwd,
-            stdout=subprocess.DEVNULL if stdout_null else subprocess.PIPE,
+            stdout=stdout_to or (subprocess.DEVNULL if stdout_null else subprocess.PIPE),
             start_new_session=True,  # its own group: a timeout kills it and its children
         )
         self._threads = [
             threading.Thread(target=self._wait, daemon=True),
             threading.Thread(target=self._watch_rss, daemon=True),
         ]
-        if not stdout_null:
+        if not stdout_null and stdout_to is None:
             self._threads.append(threading.Thread(target=self._read, daemon=True))
         for t in self._threads:
             t.start()
@@ -398,8 +401,9 @@ class Bench:
         argv: Sequence[str],
         on_line: Optional[Callable[[float, str], None]] = None,
         stdout_null: bool = False,
+        stdout_to: Optional[IO[bytes]] = None,
     ) -> Watched:
-        return Watched(argv, self.env, self.tmp, on_line, stdout_null)
+        return Watched(argv, self.env, self.tmp, on_line, stdout_null, stdout_to=stdout_to)
 
     def launch_argv(
         self, name: str, port: int, inv: Path, *rank_args: str, options: Sequence[str] = ()

@@ -24,6 +24,7 @@ from sshddp_bench.harness import (
     RUN_TIMEOUT_S,
     Bench,
     BenchError,
+    Finished,
     Stat,
     Watched,
     expect_rc,
@@ -77,6 +78,7 @@ class LogSample:
     direct: float  #: ssh running the same writer, its stdout to a local file
     rss_mb: float  #: sshddp's peak RSS
     cpu: float  #: sshddp's user+sys seconds
+    shown: float  #: as ``total``, sshddp's stdout to a file: every line prefixed on it
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,17 @@ def size_when_complete(path: Path, proc: Watched) -> list[tuple[float, int]]:
     return [(t, sizes[0]) for t, sizes in sizes_until_exit([path], proc)]
 
 
-def log_once(b: Bench, mb: int) -> LogSample:
+def flood_once(b: Bench, mb: int, shown: bool) -> tuple[float, float, Finished, Path]:
+    """One sshddp launch of a ``mb`` MB flood, its stdout to /dev/null or (``shown``) to a
+    file: START to the local log complete, START to END, how it ended, the host's node.log."""
     port, name = b.port(), b.name("log")
     inv = b.inventory(name, 1, 1, port)
     local = b.tmp / "logs" / name / "node0-h1.log"
-    proc = b.start(b.launch_argv(name, port, inv, "flood", str(mb)), stdout_null=True)
-    samples = size_when_complete(local, proc)
-    done = expect_rc(proc.finish(), 0, "sshddp launch (flood)")
+    argv = b.launch_argv(name, port, inv, "flood", str(mb))
+    with open(b.tmp / "console.out", "wb") as console:
+        proc = b.start(argv, stdout_null=not shown, stdout_to=console if shown else None)
+        samples = size_when_complete(local, proc)
+        done = expect_rc(proc.finish(), 0, "sshddp launch (flood)")
     final = samples[-1][1]
     complete_at = next(t for t, size in samples if size == final)
     start = head_stamp(local, "START")
@@ -104,11 +110,18 @@ def log_once(b: Bench, mb: int) -> LogSample:
     remote = run_dir(b, name, 0) / "node.log"
     if remote.stat().st_size != final:
         raise BenchError(f"local log {final} bytes, remote node.log {remote.stat().st_size}")
-    cat, direct = ssh_cat(b, remote), ssh_direct(b, mb)
-    sample = LogSample(complete_at - start, end - start, cat, direct, done.maxrss_mb, done.cpu)
-    shutil.rmtree(b.tmp / "work" / name)  # 2 copies of the log per repetition otherwise
     local.unlink()
-    return sample
+    (b.tmp / "console.out").unlink()
+    return complete_at - start, end - start, done, remote
+
+
+def log_once(b: Bench, mb: int) -> LogSample:
+    total, writer, done, remote = flood_once(b, mb, False)
+    cat, direct = ssh_cat(b, remote), ssh_direct(b, mb)
+    shutil.rmtree(remote.parents[3])  # work/NAME: 2 copies of the log per repetition otherwise
+    shown, _, _, remote = flood_once(b, mb, True)
+    shutil.rmtree(remote.parents[3])
+    return LogSample(total, writer, cat, direct, done.maxrss_mb, done.cpu, shown)
 
 
 def ssh_cat(b: Bench, remote: Path) -> float:
@@ -141,12 +154,13 @@ def bench_logs(b: Bench, mb: int, reps: int) -> LogRow:
 
 
 def log_table(r: LogRow) -> list[str]:
-    total, cat, rss = r.stage("total"), r.stage("cat"), r.stage("rss_mb")
+    total, cat, rss, shown = (r.stage(x) for x in ("total", "cat", "rss_mb", "shown"))
     ratio = total.median / cat.median
     rows = [
         ("sshddp: rank's first byte → local log complete", total),
         ("… the rank's writes into node.log (START → END)", r.stage("writer")),
         ("… END at the host → local copy complete (follower, SSH, coordinator)", r.lag),
+        ("sshddp, its stdout to a file (every line prefixed): → local log complete", shown),
         ("OpenSSH: `ssh h1 cat node.log > /dev/null` (after the run)", cat),
         (
             "OpenSSH: `ssh h1 python rank.py flood > file` (same writer, no sshddp)",
@@ -159,7 +173,8 @@ def log_table(r: LogRow) -> list[str]:
     return out + [
         "",
         f"sshddp / ssh cat: {ratio:.2f}x — target ≤ {CAT_RATIO}x: "
-        f"{verdict(ratio <= CAT_RATIO, over)}.",
+        f"{verdict(ratio <= CAT_RATIO, over)}. With its stdout to a file, where "
+        f"the console prefixes every line: {shown.median / cat.median:.2f}x (no target).",
         f"Coordinator peak RSS {rss.fmt(1, 0)} MB — target < 200 MB: "
         f"{verdict(rss.median < 200, f'{rss.median - 200:.0f} MB over')}. "
         f"Coordinator CPU {r.stage('cpu').fmt()} s.",
@@ -175,7 +190,9 @@ LOGS_METHOD = """\
   runs with its stdout redirected to `/dev/null` (printing 200 MB to a terminal would
   dominate) and is timed from the rank's `START` timestamp until the local
   `sshddp-logs/<run>/node0-h1.log` reached its final size (polled every 10 ms; the byte count
-  is checked against the host's `node.log`). Baselines: `ssh -F cfg h1 cat <node.log>` to
+  is checked against the host's `node.log`). A console that goes to `/dev/null` is not
+  formatted, so the same launch runs again with its stdout to a file, every line prefixed
+  there (no target). Baselines: `ssh -F cfg h1 cat <node.log>` to
   `/dev/null` after the run, and ssh running the same writer with stdout to a local file.
   Peak RSS is the sshddp process's `VmHWM` (/proc/<pid>/status, polled every 10 ms).
 """

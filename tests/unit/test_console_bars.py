@@ -11,7 +11,7 @@ from pathlib import Path
 from sshddp.model.bars import LineState, Sparse, bar_line, last_state, screen_rows, settle
 from sshddp.remote.output import set_size
 from sshddp.remote.winsize import resize
-from sshddp.run.sinks import Console, terminal_size
+from sshddp.run.sinks import Console, goes_nowhere, terminal_size
 
 
 def test_a_redrawn_line_settles_to_what_a_terminal_leaves() -> None:
@@ -133,3 +133,29 @@ def test_resizing_a_node_without_a_terminal_says_why(tmp_path: Path) -> None:
     (tmp_path / "spec.json").write_text(json.dumps({"tty": True}))
     (tmp_path / "state.json").write_text(json.dumps({"pid": 1, "pid_start": -5}))
     assert resize(str(tmp_path), 100, 30) == "the node's torchrun is not running"
+
+
+def test_a_console_that_goes_to_dev_null_formats_nothing(tmp_path: Path) -> None:
+    """Output nobody can read is not prefixed or filtered: a flood sent to /dev/null costs
+    the coordinator only its log copy. A file, a pipe or a terminal still gets every line."""
+    read, write = os.pipe()
+    with open(os.devnull, "wb") as null, open(tmp_path / "out", "wb") as fh:
+        assert goes_nowhere(null)
+        assert not goes_nowhere(fh) and not goes_nowhere(io.BytesIO())
+        with os.fdopen(write, "wb") as pipe:
+            assert not goes_nowhere(pipe)
+        os.close(read)
+        formatted: list[bytes] = []
+
+        class Watched(Console):
+            def _prefixed(self, key: tuple[int, int], lines: bytes) -> bytes:
+                formatted.append(lines)
+                return super()._prefixed(key, lines)
+
+        for stream in (null, fh):
+            console = Watched(stream, color=False)
+            console.add_node(0, "0 h1", 6)
+            console.write(0, b"one\ntwo\n")
+            console.flush_node(0)
+    assert formatted == [b"one\ntwo"]  # the file's; /dev/null's were never formatted
+    assert (tmp_path / "out").read_bytes() == b"[0 h1] one\n[0 h1] two\n"
