@@ -226,7 +226,10 @@ def _read_available(fd: int) -> tuple[list[bytes], bool]:
     size = 0
     while size < PUMP_BYTES:
         try:
-            data = os.read(fd, 1 << 16)
+            # A pipe gives all it holds in one read, so the first asks for it all (a 200 MB
+            # flood: 0.18-0.37 s of the supervisor's CPU against 0.12-0.15 in 64 KB reads
+            # joined); a pty gives ~4 KB a read, and the reads after the first ask for 64 KB.
+            data = os.read(fd, PUMP_BYTES if not chunks else 1 << 16)
         except BlockingIOError:
             break
         except OSError as exc:
