@@ -60,7 +60,21 @@ def doctor_sshddp(b: Bench, n: int) -> Finished:
 
 def doctor_pdsh(b: Bench, n: int) -> Finished:
     """pdsh running the probe on every host; every host must answer, torch imported and
-    the rendezvous port reached, or the comparison would flatter pdsh."""
+    the rendezvous port reached, or the comparison would flatter pdsh. A run where host 1
+    began listening after another host's probe had stopped trying to connect (3 s; seen
+    at 64 hosts, where 64 sessions start on 2 cores) is the baseline's own failure: it
+    runs once more."""
+    try:
+        return _doctor_pdsh(b, n)
+    except LateListener:
+        return _doctor_pdsh(b, n)
+
+
+class LateListener(BenchError):
+    """pdsh's probe: the only bad answers are rendezvous connects that host 1 refused."""
+
+
+def _doctor_pdsh(b: Bench, n: int) -> Finished:
     port = b.port()
     inv = b.inventory(b.name("doctor-pdsh"), n, 1, port)
     headers, first = probe_headers(b, inv, port)
@@ -94,7 +108,8 @@ def doctor_pdsh(b: Bench, n: int) -> Finished:
     }
     if len(answers) - len(bad) != n:
         other = [t for _, t in done.lines if not re.match(r"h\d+: \{", t)]
-        raise BenchError(
+        late = len(answers) == n and all("Connection refused" in why for why in bad.values())
+        raise (LateListener if late else BenchError)(
             f"pdsh probe: {len(answers) - len(bad)} of {n} hosts answered well, "
             f"{len(answers)} answered; bad answers: {list(bad.items())[:5]}; "
             f"other lines: {other[:10]}"
@@ -188,7 +203,9 @@ METHOD = """\
   holds it until every host answered. CPU is user+sys of the command and the children it
   reaped (`os.wait4`): sshddp has none, pdsh's include its `ssh` clients. pdsh's fan-out
   is the host count, as doctor's. From 64 hosts on, at most 3 runs of each method (a run
-  of either takes about a minute there: 64 torch imports on 2 cores).
+  of either takes about a minute there: 64 torch imports on 2 cores). A pdsh run whose only
+  fault is that host 1 listened too late for other hosts' probes (they try to connect for
+  3 s) runs once more, and the second run is the one timed.
 """
 
 CASE: Case[list[DoctorRow]] = Case(

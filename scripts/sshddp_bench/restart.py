@@ -35,9 +35,11 @@ class RestartRow:
 
 
 def restart_gap(text: str, ranks: int) -> float:
-    """From the FAIL time to the last AGAIN time in ``text`` (every rank's lines)."""
-    fail = re.search(r"^FAIL (\d+\.\d+)", text, re.M)
-    again = [float(t) for t in re.findall(r"^AGAIN \d+ (\d+\.\d+)", text, re.M)]
+    """From the FAIL time to the last AGAIN time in ``text`` (every rank's lines). Not
+    anchored at a line's start: torchrun's own workers (``python -u``) write a line's text
+    and its newline apart, so two ranks' lines can share one (``AGAIN 1 T1AGAIN 0 T0``)."""
+    fail = re.search(r"FAIL (\d+\.\d+)", text)
+    again = [float(t) for t in re.findall(r"AGAIN \d+ (\d+\.\d+)", text)]
     if fail is None or len(again) != ranks:
         raise BenchError(f"expected FAIL and {ranks} AGAIN lines, got:\n{text[-2000:]}")
     return max(again) - float(fail.group(1))
