@@ -54,8 +54,8 @@ def log_name(node_rank: int, host: str, suffix: str = ".log") -> str:
 
 
 def goes_nowhere(stream: BinaryIO) -> bool:
-    """Whether ``stream`` is /dev/null: what nobody can read is not formatted (prefixing a
-    flood of short lines costs the coordinator about 2.5 s of CPU a GB)."""
+    """Whether ``stream`` is /dev/null: what nobody can read is not formatted (prefixing and
+    filtering a flood of 64-byte lines costs the coordinator about 0.65 s of CPU a GB)."""
     try:
         return os.path.samestat(os.fstat(stream.fileno()), os.stat(os.devnull))
     except (OSError, ValueError, AttributeError):  # no descriptor (a test's buffer)
