@@ -175,7 +175,9 @@ def test_ctrl_c_at_any_moment_of_a_launch_stops_everything(
             assert passed == ("every node removed what it had staged" in err), where
             assert passed or what in ("preflight", "staging"), where
             _assert_never_started(ssh_env, tmp_path, run, workdir)
-    assert seen["started"] >= 5 and seen["never"] >= 2, seen
+    # "preflight + 0" always finds nothing started; the later moments fall on either side
+    # of the start, as fast as this machine's preflight is that day
+    assert seen["started"] >= 5 and seen["never"] >= 1, seen
 
 
 def test_ctrl_c_during_a_detached_launch_stops_what_started(

@@ -124,6 +124,32 @@ def test_a_picked_pair_stays_held_and_a_second_pick_moves_on(free_port: Any) -> 
     assert bound(first + 1, reuse=False)
 
 
+def test_a_pair_let_go_for_its_run_stays_claimed_until_the_pick_s_session_ends(
+    free_port: Any,
+) -> None:
+    """From the go (P let go for torchrun) and the start (P+1 for the supervisor) until they
+    bind them, both ports are free; a second launch picking then must not take them. Seen
+    in CI: two launches at one instant on one first host picked the same pair."""
+    first = free_port()
+    holds = probe.Holds()
+    assert probe._pick_pair(first, holds)["port"] == first
+    holds.release_all()  # the go and the start: both ports free, no one bound them yet
+    assert bound(first, reuse=False) and bound(first + 1, reuse=False)
+    other = probe.Holds()
+    again = probe._pick_pair(first, other)
+    assert again["port"] is not None and again["port"] >= first + 2, again
+    other.release_all()
+    for fd in holds.claims + other.claims:  # the sessions end
+        os.close(fd)
+    last = probe.Holds()
+    try:
+        assert probe._pick_pair(first, last)["port"] == first
+    finally:
+        last.release_all()
+        for fd in last.claims:
+            os.close(fd)
+
+
 def session(python: str, probe_args: dict[str, Any]) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [python, "-c", BOOTSTRAP],

@@ -67,6 +67,10 @@ class Holds:
     def __init__(self) -> None:
         self.listeners: list[Held] = []
         self.reserved: list[Held] = []
+        #: a picked pair's claims (``claim``): kept until this session ends, never released
+        #: with the ports, so no other pick takes the pair before torchrun and the
+        #: supervisor have bound it
+        self.claims: list[int] = []
 
     def release_listeners(self) -> None:
         release(self.listeners)
@@ -279,18 +283,58 @@ def _hold_port(port: int, holds: Holds) -> Facts:
     return facts
 
 
+def claim(port: int) -> Optional[int]:
+    """An exclusive lock on this host's claim file of ``port`` (in the temporary directory),
+    as an open descriptor; None when another pick holds it. A pair is let go at the go (P,
+    for torchrun) and at the start (P+1, for the supervisor) and bound again only later:
+    meanwhile a second run's pick would find both ports free, so a pick also claims them,
+    and keeps the claims while its session lives (a forked supervisor inherits them)."""
+    import fcntl
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"sshddp-port-{port}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError:  # made by another user and not readable: no claim, the bind decides
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _claim_pair(port: int) -> Optional[list[int]]:
+    """Claims on ``port`` and ``port + 1``, or None (nothing held) when either is taken."""
+    first = claim(port)
+    if first is None:
+        return None
+    second = claim(port + 1)
+    if second is None:
+        if first >= 0:
+            os.close(first)
+        return None
+    return [fd for fd in (first, second) if fd >= 0]
+
+
 def _pick_pair(first: int, holds: Holds) -> Facts:
-    """The first P >= ``first`` with P and P+1 both free: P listened on, P+1 reserved."""
+    """The first P >= ``first`` with P and P+1 both free and claimed by no other pick: P
+    listened on, P+1 reserved, both claimed."""
     for port in range(first, min(first + AUTO_TRIES, 65535)):
+        claims = _claim_pair(port)
+        if claims is None:
+            continue
         listener, _ = _listen(port)
-        if listener is None:
-            continue
-        reserved = _reserve(port + 1)
+        reserved = _reserve(port + 1) if listener is not None else None
         if reserved is None:
-            release([listener])
+            release([listener] if listener is not None else [])
+            for fd in claims:
+                os.close(fd)
             continue
-        holds.listeners.append(listener)
+        holds.listeners.append(listener)  # type: ignore[arg-type]
         holds.reserved.append(reserved)
+        holds.claims += claims
         return {"port": port, "free": True, "error": None, "peer_free": True, "auto": first}
     last = min(first + AUTO_TRIES, 65535)
     error = f"no free pair of ports P, P+1 in {first}-{last}"
