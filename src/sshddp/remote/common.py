@@ -37,6 +37,21 @@ def create(path: str, mode: int = 0o600, flags: int = 0) -> int:
     return os.open(path, NEW_FILE | flags, mode)
 
 
+def try_lock(path: str, flags: int, mode: int) -> Optional[int]:
+    """``path`` opened with ``flags`` (never through a symlink) and locked for this process
+    alone (``flock``, without waiting), as an open descriptor; None when another process
+    holds the lock. OSError when it cannot be opened."""
+    import fcntl
+
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
 def write_new(path: str, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to a new file (see ``create``)."""
     fd = create(path, mode)

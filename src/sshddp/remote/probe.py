@@ -34,7 +34,7 @@ import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from sshddp.remote import imports, network
-from sshddp.remote.common import home_path, listdir
+from sshddp.remote.common import home_path, listdir, try_lock
 from sshddp.remote.workdir import inspect
 
 Facts = Dict[str, Any]
@@ -289,20 +289,13 @@ def claim(port: int) -> Optional[int]:
     for torchrun) and at the start (P+1, for the supervisor) and bound again only later:
     meanwhile a second run's pick would find both ports free, so a pick also claims them,
     and keeps the claims while its session lives (a forked supervisor inherits them)."""
-    import fcntl
     import tempfile
 
     path = os.path.join(tempfile.gettempdir(), f"sshddp-port-{port}")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        return try_lock(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:  # made by another user and not readable: no claim, the bind decides
         return -1
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
-    except OSError:
-        os.close(fd)
-        return None
 
 
 def _claim_pair(port: int) -> Optional[list[int]]:
