@@ -38,7 +38,7 @@ Problem = Optional[str]
 #: One thread builds the host code, and one packs it; the others wait for it, then reuse
 #: it. Without them, every pool thread that asked before the first had finished built it
 #: again: at 16 hosts, up to 16 supervisor files, and 3 to 7 packings of them at the go,
-#: which spread the go to the hosts over 70-90 ms where it now takes 10-20. Two locks: a
+#: which spread the go to the hosts over 20-110 ms where it now takes 14-45. Two locks: a
 #: session opening for the files never waits on the packing.
 _BUILDING = threading.Lock()
 _PACKING = threading.Lock()
