@@ -320,12 +320,12 @@ def _pick_pair(first: int, holds: Holds) -> Facts:
             continue
         listener, _ = _listen(port)
         reserved = _reserve(port + 1) if listener is not None else None
-        if reserved is None:
+        if listener is None or reserved is None:
             release([listener] if listener is not None else [])
             for fd in claims:
                 os.close(fd)
             continue
-        holds.listeners.append(listener)  # type: ignore[arg-type]
+        holds.listeners.append(listener)
         holds.reserved.append(reserved)
         holds.claims += claims
         return {"port": port, "free": True, "error": None, "peer_free": True, "auto": first}
