@@ -5,14 +5,17 @@ interpreter's teardown of torch."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sshddp.hosts import shipped
-from sshddp.remote.agent import exit_code
+from sshddp.remote.agent import await_store, exit_code, store_endpoint
 from sshddp.remote.standby import Spare, Standby
 
 WORKER = r"""
@@ -131,3 +134,133 @@ def test_a_standby_started_with_another_environment_is_ended_not_used(
     assert spare.take(1, base, Output()) is None  # type: ignore[arg-type]
     assert standby.proc.returncode is not None  # ended and reaped
     os.close(Output.slave)
+
+
+# ------------------------------------------------------------- node 0's store first
+
+
+STATIC_1 = "--node-rank 1 --rdzv-backend static"
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (f"{STATIC_1} --rdzv-endpoint 10.0.0.1:29500", ("10.0.0.1", 29500)),
+        ("--node_rank=2 --rdzv_backend=static --rdzv_endpoint=h1:7", ("h1", 7)),
+        (f"{STATIC_1} --rdzv-endpoint [fd00::1]:29500", ("fd00::1", 29500)),
+        # node 0 serves the store; another backend is torchrun's own business
+        ("--node-rank 0 --rdzv-backend static --rdzv-endpoint h1:7", None),
+        ("--node-rank 1 --rdzv-backend c10d --rdzv-endpoint h1:7", None),
+        # the last of an option counts, as in argparse (the user's options come after ours)
+        (f"{STATIC_1} --rdzv-endpoint h1:7 --rdzv-backend c10d", None),
+        # no port, no endpoint, no rank: nothing to wait for
+        (f"{STATIC_1} --rdzv-endpoint h1", None),
+        (STATIC_1, None),
+        ("--rdzv-backend static --rdzv-endpoint h1:7", None),
+        # the program's own arguments are not torchrun's
+        (f"{STATIC_1} --no-python python rank.py --rdzv-endpoint h9:9", None),
+        (f"{STATIC_1} --rdzv-endpoint h1:7 --no-python python rank.py --node-rank 0", ("h1", 7)),
+        ("--node-rank 1 --rdzv-backend", None),
+    ],
+)
+def test_store_endpoint_is_node_0s_for_the_other_nodes_of_a_static_rendezvous(
+    args: str, want: tuple[str, int] | None
+) -> None:
+    assert store_endpoint(args.split()) == want
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_await_store_returns_once_the_endpoint_listens_and_leaves_no_connection() -> None:
+    port = _free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    listening = threading.Event()
+
+    def listen_later() -> None:
+        time.sleep(0.3)  # the node's tries are refused until then
+        server.listen()
+        listening.set()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    try:
+        assert await_store("127.0.0.1", port, limit=60)
+        assert listening.is_set()
+        conn, _ = server.accept()  # the one try that got through, closed at once
+        with conn:
+            assert conn.recv(16) == b""
+    finally:
+        thread.join()
+        server.close()
+
+
+def test_await_store_gives_up_after_its_limit() -> None:
+    assert not await_store("127.0.0.1", _free_port(), limit=0.2)
+    assert not await_store("no-such-host.invalid", 1, limit=0.2)
+
+
+def test_a_try_of_the_store_leaves_it_serving_its_clients() -> None:
+    """The try is a connection the store sees open and close with nothing sent; its clients
+    connect and work as before."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), False)
+    for _ in range(3):
+        assert await_store("127.0.0.1", port, limit=10)
+    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=30))
+    client.set("key", "value")
+    assert server.get("key") == b"value"
+
+
+def test_a_node_started_before_node_0_runs_torchrun_once_node_0s_store_is_up(
+    shim: Path, tmp_path: Path
+) -> None:
+    """Two nodes of a static rendezvous on this machine, node 1 started first: its torchrun
+    (whose launcher logs at INFO) begins only after node 0 was started, and the rendezvous
+    completes with both nodes' workers."""
+    port = _free_port()
+
+    def node(rank: int) -> subprocess.Popen[str]:
+        torchrun = f"--nnodes 2 --node-rank {rank} --nproc-per-node 1 --rdzv-backend static"
+        argv = [sys.executable, str(shim), *torchrun.split(), "--rdzv-endpoint"]
+        argv += [f"127.0.0.1:{port}", "worker.py", "ok"]
+        env = {**os.environ, "LOGLEVEL": "INFO"}
+        return subprocess.Popen(
+            argv, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+
+    first = node(1)
+    began: list[float] = []
+
+    def watch() -> None:
+        assert first.stderr is not None
+        for line in first.stderr:
+            if "Starting elastic_operator" in line:
+                began.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    time.sleep(3)  # node 1 has imported torch by now, on most machines, and waits
+    node0_started = time.monotonic()
+    zero = node(0)
+    try:
+        out0, _ = zero.communicate(timeout=120)
+        first.wait(timeout=120)
+    finally:
+        for proc in (zero, first):
+            proc.kill()
+        watcher.join()
+    assert first.stdout is not None
+    out1 = first.stdout.read()
+    assert (zero.returncode, first.returncode) == (0, 0)
+    assert "worker 0 ['ok']" in out0 and "worker 1 ['ok']" in out1
+    assert len(began) == 1 and began[0] > node0_started

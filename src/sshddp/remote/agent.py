@@ -20,6 +20,17 @@ JSON, and the node's output as a descriptor (SCM_RIGHTS). It takes them and runs
 at once, with the command line and in the working directory the go names (a launch's
 first attempt starts its standby before either is final: ``prewarm.py``). Without a go (the
 socket ends: no restart, or the supervisor is gone) it leaves.
+
+Node 0's store first (static rendezvous, every node but node 0): torchrun's rendezvous
+connects to the store node 0's torchrun serves at the endpoint, and while nothing listens
+there torch's connect waits between tries, longer each time: a node whose torch import ended
+before node 0's did found the store up to half a second after it came up (measured: a
+client started 0.6 s before the store connected 0.54 s after it), with every node idle
+meanwhile. So after the import and before torchrun's own code, such a node tries the
+endpoint itself every ``STORE_STEP`` seconds until it accepts a connection (closed at once:
+the store takes it for a client that left), for at most ``STORE_WAIT`` seconds; then
+torchrun connects at its first try. Another rendezvous backend, node 0, or an endpoint that
+cannot be read: torchrun starts as it would.
 Standalone: it imports nothing of sshddp.
 """
 
@@ -35,9 +46,16 @@ import signal
 import socket
 import sys
 import threading
+import time
+from typing import Optional
 
 MODULE = "torch.distributed.run"
 STANDBY_VAR = "SSHDDP_AGENT_STANDBY"  #: set: wait for the supervisor's go (see above)
+STORE_STEP = 0.01  #: seconds between tries of node 0's store while it is not up (see above)
+#: seconds a node waits for node 0's store before leaving it to torchrun's own tries, which
+#: count against the rendezvous timeout from there (so a store that never comes is reported
+#: at most this much later than without the wait)
+STORE_WAIT = 10.0
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -66,16 +84,78 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     return b"".join(chunks), fds
 
 
+def preimport() -> None:
+    """Import torchrun (and torch) ahead of running it. torch stays imported; torchrun's own
+    module runs afresh as ``__main__``, as with ``-m`` (runpy warns of a module it is asked
+    to run that is imported already). A failure (no torch, say) is left to that run, which
+    fails again the same way, into the node's log."""
+    try:
+        importlib.import_module(MODULE)
+        del sys.modules[MODULE]
+    except Exception:
+        pass
+
+
+def store_endpoint(args: list[str]) -> Optional[tuple[str, int]]:
+    """Node 0's store, from torchrun's arguments ``args``, when this node is another node of
+    a static rendezvous; else None. The last of an option counts, as in argparse; the
+    program's own arguments (from ``--no-python``, which sshddp always gives) are not read."""
+    names = {
+        "--node-rank": "rank",
+        "--node_rank": "rank",
+        "--rdzv-backend": "backend",
+        "--rdzv_backend": "backend",
+        "--rdzv-endpoint": "endpoint",
+        "--rdzv_endpoint": "endpoint",
+    }
+    found: dict[str, str] = {}
+    for at, arg in enumerate(args):
+        if arg == "--no-python":
+            break
+        name, equals, value = arg.partition("=")
+        if name not in names:
+            continue
+        if not equals:
+            if at + 1 >= len(args):
+                break
+            value = args[at + 1]
+        found[names[name]] = value
+    if found.get("backend") != "static" or found.get("rank", "0").strip() in ("0", ""):
+        return None
+    host, colon, port = found.get("endpoint", "").rpartition(":")
+    host = host.strip("[]")  # an IPv6 address: [addr]:port
+    if not colon or not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def await_store(host: str, port: int, limit: float = STORE_WAIT, step: float = STORE_STEP) -> bool:
+    """Try ``host:port`` every ``step`` seconds until it accepts a connection (True) or
+    ``limit`` seconds have passed (False)."""
+    deadline = time.monotonic() + limit
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    while True:
+        for family, kind, proto, _name, address in addresses:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                with socket.socket(family, kind, proto) as sock:
+                    sock.settimeout(min(1.0, left))
+                    sock.connect(address)
+                return True
+            except OSError:
+                pass
+        time.sleep(step)
+
+
 def standby() -> bool:
     """Import torchrun, then wait for the go and take on its environment and output; False
     when none came."""
-    try:
-        importlib.import_module(MODULE)
-        # torch stays imported; torchrun's own module runs afresh as __main__, as with -m
-        # (runpy warns of a module it is asked to run that is imported already)
-        del sys.modules[MODULE]
-    except Exception:  # no torch, say: after the go it fails again, into the node's log
-        pass
+    preimport()
     sock = socket.socket(fileno=0)
     try:
         data, fds = receive(sock)
@@ -103,10 +183,16 @@ def standby() -> bool:
 
 def main() -> None:
     sys.path[0] = os.getcwd()  # as `python -m` has it (run_module sets sys.argv[0])
-    if os.environ.get(STANDBY_VAR) and not standby():
+    standing_by = bool(os.environ.get(STANDBY_VAR))
+    if standing_by and not standby():
         os._exit(0)
     code, interrupted = 0, False
     try:
+        if not standing_by:
+            preimport()
+        store = store_endpoint(sys.argv[1:])
+        if store is not None:
+            await_store(*store)
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exit_code(exc)
