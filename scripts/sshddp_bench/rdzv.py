@@ -1,5 +1,5 @@
 """torch's two rendezvous backends, as torchrun runs them: from the last node's torch
-import to the first rank's line, two nodes on this machine, the second started late.
+import to the first rank's line, two nodes on this machine, one started late.
 
 ``python -m sshddp_bench.rdzv [--reps N] [--delays S,S,..]``. Each node is a real
 ``torchrun`` (``--nnodes 2 --nproc-per-node 1``) on 127.0.0.1 whose import of torch is
@@ -7,7 +7,11 @@ timed from inside its own interpreter; a rank prints its time at start. sshddp's
 the static backend (README, *Restarts*); this shows what the c10d backend would cost: a
 node that joined before the last one polls torch's store once a second
 (``dynamic_rendezvous``'s ``_delay(seconds=1)``), so the ranks start up to a second after
-the last node is ready. Not a case of the suite: it measures torch, not sshddp.
+the last node is ready. With the static backend, node 0 serves the store: when node 0 is
+the late one, the other node's connect waits between tries, longer each time, and the
+last rows time that through plain torchrun and through sshddp's agent shim, whose nodes
+try the store every 10 ms before torchrun runs (``remote/agent.py``, README *How a launch
+works*, step 4). Not a case of the suite: it measures torch, and that one wait of sshddp's.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ NODE = """\
 import runpy, sys, time
 import torch.distributed.run
 print("IMPORTED %.6f" % time.time(), flush=True)
+if sys.argv[1] == "shim":  # sshddp's agent shim, from here on as it runs on a node
+    sys.argv[:2] = ["agent.py"]
+    import agent
+    agent.main()
 del sys.modules["torch.distributed.run"]
-sys.argv = ["torchrun"] + sys.argv[1:]
+sys.argv[:2] = ["torchrun"]
 runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
 """
 RANK = 'import time\nprint("RANK %.6f" % time.time(), flush=True)\n'
@@ -40,20 +48,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def once(tmp: Path, backend: str, delay: float) -> float:
-    """Seconds from the later node's import to the first rank's line."""
+def once(tmp: Path, backend: str, delay: float, late: int = 1, via: str = "torchrun") -> float:
+    """Seconds from the later node's import to the first rank's line; node ``late`` starts
+    ``delay`` seconds after the other, through ``via`` (torchrun, or sshddp's agent shim)."""
     port = free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", backend]
-    if backend == "static":
-        common += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    else:
-        common += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"r{port}"]
+    common += ["--rdzv-endpoint", f"127.0.0.1:{port}"]  # as sshddp's plan gives it
+    if backend != "static":
+        common += ["--rdzv-id", f"r{port}"]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
     procs = []
-    for rank in (0, 1):
-        if rank == 1:
+    for rank in (1 - late, late):
+        if rank == late:
             time.sleep(delay)
-        argv = [sys.executable, str(tmp / "node.py"), *common]
+        argv = [sys.executable, str(tmp / "node.py"), via, *common]
         if backend == "static":  # (c10d assigns node ranks itself)
             argv += ["--node-rank", str(rank)]
         argv.append(str(tmp / "rank.py"))
@@ -76,13 +84,27 @@ def main() -> None:
         tmp = Path(name)
         (tmp / "node.py").write_text(NODE)
         (tmp / "rank.py").write_text(RANK)
-        print("| backend | second node started after (s) | last import → first rank (s) |")
-        print("|---|---:|---|")
-        for backend in ("static", "c10d"):
+        (tmp / "agent.py").write_text(agent_source())
+        print(
+            "| backend | node started late | started after (s) | through "
+            "| last import → first rank (s) |"
+        )
+        print("|---|---:|---:|---|---|")
+        rows = [("static", 1, "torchrun"), ("c10d", 1, "torchrun")]
+        rows += [("static", 0, "torchrun"), ("static", 0, "shim")]
+        for backend, late, via in rows:
             for delay in delays:
-                runs = [once(tmp, backend, delay) for _ in range(args.reps)]
+                runs = [once(tmp, backend, delay, late, via) for _ in range(args.reps)]
                 cell = f"{statistics.median(runs):.2f} ({min(runs):.2f}–{max(runs):.2f})"
-                print(f"| {backend} | {delay:g} | {cell} |", flush=True)
+                name = "sshddp's agent shim" if via == "shim" else via
+                print(f"| {backend} | {late} | {delay:g} | {name} | {cell} |", flush=True)
+
+
+def agent_source() -> str:
+    """sshddp's agent shim, as a launch writes it into a node's run directory."""
+    from sshddp.hosts import shipped
+
+    return shipped.source("sshddp.remote.agent")
 
 
 if __name__ == "__main__":
