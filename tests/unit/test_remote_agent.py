@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -169,14 +170,10 @@ def test_store_endpoint_is_node_0s_for_the_other_nodes_of_a_static_rendezvous(
     assert store_endpoint(args.split()) == want
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def test_await_store_returns_once_the_endpoint_listens_and_leaves_no_connection() -> None:
-    port = _free_port()
+def test_await_store_returns_once_the_endpoint_listens_and_leaves_no_connection(
+    free_port: Callable[[], int],
+) -> None:
+    port = free_port()
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", port))
@@ -200,19 +197,19 @@ def test_await_store_returns_once_the_endpoint_listens_and_leaves_no_connection(
         server.close()
 
 
-def test_await_store_gives_up_after_its_limit() -> None:
-    assert not await_store("127.0.0.1", _free_port(), limit=0.2)
+def test_await_store_gives_up_after_its_limit(free_port: Callable[[], int]) -> None:
+    assert not await_store("127.0.0.1", free_port(), limit=0.2)
     assert not await_store("no-such-host.invalid", 1, limit=0.2)
 
 
-def test_a_try_of_the_store_leaves_it_serving_its_clients() -> None:
+def test_a_try_of_the_store_leaves_it_serving_its_clients(free_port: Callable[[], int]) -> None:
     """The try is a connection the store sees open and close with nothing sent; its clients
     connect and work as before."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    port = _free_port()
+    port = free_port()
     server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), False)
     for _ in range(3):
         assert await_store("127.0.0.1", port, limit=10)
@@ -222,12 +219,12 @@ def test_a_try_of_the_store_leaves_it_serving_its_clients() -> None:
 
 
 def test_a_node_started_before_node_0_runs_torchrun_once_node_0s_store_is_up(
-    shim: Path, tmp_path: Path
+    shim: Path, tmp_path: Path, free_port: Callable[[], int]
 ) -> None:
     """Two nodes of a static rendezvous on this machine, node 1 started first: its torchrun
     (whose launcher logs at INFO) begins only after node 0 was started, and the rendezvous
     completes with both nodes' workers."""
-    port = _free_port()
+    port = free_port()
 
     def node(rank: int) -> subprocess.Popen[str]:
         torchrun = f"--nnodes 2 --node-rank {rank} --nproc-per-node 1 --rdzv-backend static"
