@@ -222,6 +222,25 @@ def test_a_copy_cut_inside_a_span_resumes_at_the_span_s_start(tmp_path: Path) ->
     assert spans.parse(again.index_paths[0].read_bytes()) == [(0, 6, NODE), (6, 26, 1)]
 
 
+def test_a_copy_cut_inside_its_first_span_resumes_from_the_start(tmp_path: Path) -> None:
+    """Cut before the first span's record (seen in CI: a full local disk, 61440 bytes of
+    the first span written, no index made yet): reopened, the copy starts again from 0,
+    as the follower, resuming from the empty index, sends it."""
+    logs = NodeLogs(tmp_path)
+    logs.open(0, "h1")
+    stream = framed((1, b"rank 1 writes a long line\n"))
+    NodeFeed(logs, None, 0).feed(stream[:20])  # part of the first span, no record
+    cut = logs.paths[0].read_bytes()
+    assert cut and b"rank 1 writes".startswith(cut) and not logs.index_paths[0].exists()
+    logs.close()
+    again = NodeLogs(tmp_path)
+    assert again.open(0, "h1") == 0 and again.index_size(0) == 0
+    NodeFeed(again, None, 0).feed(stream)
+    again.close()
+    assert again.paths[0].read_bytes() == b"rank 1 writes a long line\n"
+    assert spans.parse(again.index_paths[0].read_bytes()) == [(0, 26, 1)]
+
+
 def test_a_span_that_does_not_follow_the_copy_is_refused(tmp_path: Path) -> None:
     logs = NodeLogs(tmp_path)
     logs.open(0, "h1")

@@ -237,7 +237,9 @@ class NodeLogs:
         self._files[node_rank] = _append_only(path)
         index = self.directory / log_name(node_rank, host, ".idx")
         self.index_paths[node_rank] = index
-        if index.exists():
+        # No index beside a log that has bytes: the copy was cut inside its first span
+        # (a full disk, say), before that span's record; that is an empty index.
+        if index.exists() or self.size(node_rank):
             self._agree(node_rank, index)
         return self.size(node_rank)
 
