@@ -30,8 +30,10 @@ meanwhile. So after the import and before torchrun's own code, such a node tries
 endpoint itself until it accepts a connection (closed at once: the store takes it for a
 client that left), for at most ``STORE_WAIT`` seconds; then torchrun connects at its first
 try. It tries again after 5 ms, then twice as long each time up to ``STORE_STEP``: a node
-that waits long tries 40 times a second (about 2 ms of CPU a second; every 10 ms took 16,
-on a machine whose cores the nodes' torch imports share), and finds the store at most
+that waits long tries 40 times a second (13 ms of CPU a second on the 2-core lab, mostly
+wake-ups; every 10 ms took 27, from the cores the nodes' torch imports share; its own
+sshddp code cannot be imported here, so the probe's connect loop is not reused), and finds
+the store at most
 ``STORE_STEP`` after it came up. Another rendezvous backend, node 0, or an endpoint that
 cannot be read: torchrun starts as it would.
 Standalone: it imports nothing of sshddp.
