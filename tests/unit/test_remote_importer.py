@@ -145,3 +145,31 @@ def test_packed_modules_cut_short_are_refused() -> None:
     rest = shipped.header("follow", {}).partition(b"\n")[2]
     with pytest.raises(RuntimeError, match=f"cut short: {len(rest) - 1} of {len(rest)} bytes"):
         importer.unpack(io.BytesIO(rest[:-1]), len(rest))
+
+
+#: Standard modules a node's launch session and supervisor use only on rare paths (removing
+#: a run, reading a flight recorder dump, copying a workspace file): imported there, not at
+#: the start every host of every launch pays for (README, *Performance*).
+NOT_AT_START = ("shutil", "pickle", "bz2", "lzma", "tempfile", "importlib.resources")
+
+
+def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
+    """The modules a node's session imports before it starts, and its supervisor's, loaded
+    through the real bootstrap and importer in a fresh interpreter, as on a host."""
+    entries = [f"sshddp.remote.{m}" for m in ("session", "boot", "follow", "prewarm")]
+    entries.append("sshddp.remote.supervisor")
+    modules = {m: shipped.source(m) for e in entries for m in shipped.closure(e)}
+    modules["loaded"] = (
+        "import importlib, json, sys\n"
+        "def main(args):\n"
+        "    for name in args:\n"
+        "        importlib.import_module(name)\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+    )
+    head = {"importer": shipped.source(shipped.IMPORTER), "modules": modules}
+    line = json.dumps({**head, "main": "loaded", "args": entries}).encode() + b"\n"
+    got = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=line, capture_output=True)
+    assert got.returncode == 0, got.stderr
+    loaded = set(json.loads(got.stdout))
+    assert set(entries) <= loaded
+    assert not loaded & set(NOT_AT_START)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
 from sshddp.remote import imports, network, probe
+from sshddp.remote.common import which
 
 
 def own_ipv4() -> list[str]:
@@ -209,3 +211,30 @@ def test_the_session_answers_the_new_questions(
         proc.kill()
         proc.wait()
     assert bound(port, reuse=True) and bound(port + 1, reuse=False)
+
+
+def test_which_finds_what_shutil_which_finds(tmp_path: Path, monkeypatch: Any) -> None:
+    """The probe's own PATH lookup (shutil stays unimported on a host) against the standard
+    library's, for a program on PATH, one shadowed by a directory or a file without the
+    execute bit, and one nowhere."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+    for folder, name, mode in [
+        (first, "tool", 0o644),
+        (second, "tool", 0o755),
+        (second, "x", 0o755),
+    ]:
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(mode)
+    (first / "x").mkdir()  # a directory named like the program, first on PATH
+    monkeypatch.setenv("PATH", f"{first}{os.pathsep}{second}")
+    for name in ("tool", "x", "nowhere"):
+        assert which(name) == shutil.which(name), name
+    assert which("tool") == str(second / "tool")
+
+
+def test_free_space_is_what_the_standard_library_reports(tmp_path: Path) -> None:
+    facts = probe._disk(str(tmp_path / "not" / "made"))  # the nearest folder that exists
+    assert facts["path"] == str(tmp_path)
+    assert abs(facts["free_bytes"] - shutil.disk_usage(tmp_path).free) < 64 << 20

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 import zlib
@@ -146,8 +145,11 @@ def _prune(runs_root: str, keep: int) -> None:
         if nodes and all(os.path.exists(os.path.join(n, contract.EXIT)) for n in nodes):
             finished.append((os.path.getmtime(path), path))
     finished.sort(reverse=True)
-    for _, path in finished[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
+    if finished[keep:]:
+        import shutil  # here: a start that removes nothing is 3 ms of CPU sooner without it
+
+        for _, path in finished[keep:]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _start_supervisor(
@@ -296,6 +298,8 @@ def put_torchrun_shims(rundir: str, args: dict[str, Any]) -> None:
 
 def discard(rundir: str) -> None:
     """Remove a staged node that will not start (and its run's directory, once empty)."""
+    import shutil
+
     shutil.rmtree(rundir, ignore_errors=True)
     try:
         os.rmdir(os.path.dirname(rundir))

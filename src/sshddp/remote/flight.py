@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import stat
 import time
 from typing import Any, Optional
@@ -130,10 +129,12 @@ def gather(rundir: str, asked: list[int], since: float, wait: float = WAIT) -> l
 
 def read(path: str, rank: int) -> Optional[FlightRecord]:
     """One dump's summary, or None while the file is not yet a whole pickle."""
+    import pickle  # not at the top: every supervisor imports this module, few read a dump
+
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_DUMP)
-        dump = _Plain(io.BytesIO(raw)).load()
+        dump = _load_plain(raw)
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError):
         return None
     if not isinstance(dump, dict):
@@ -210,8 +211,12 @@ def _stamp(path: str) -> Optional[tuple[float, int]]:
     return info.st_mtime, info.st_size
 
 
-class _Plain(pickle.Unpickler):
-    """An unpickler of plain data only: every class is refused."""
+def _load_plain(raw: bytes) -> Any:
+    """Unpickle ``raw``, plain data only: every class is refused."""
+    import pickle
 
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+    class Plain(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+    return Plain(io.BytesIO(raw)).load()

@@ -27,11 +27,12 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import json
-import shutil
 import socket
 import struct
 import subprocess
 from typing import Any, Dict, Optional
+
+from sshddp.remote.common import which
 
 Facts = Dict[str, Any]
 IP_TIMEOUT = 10.0
@@ -52,7 +53,7 @@ def facts(addr: str) -> Facts:
         target = resolve(addr)
     except (OSError, UnicodeError) as exc:
         return {"target": None, "error": f"cannot resolve {addr}: {exc}"}
-    found = _by_ip(target) if shutil.which("ip") else None
+    found = _by_ip(target) if which("ip") else None
     if found is None:
         found = by_socket(target)
     found["target"] = target

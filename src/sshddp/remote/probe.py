@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from sshddp.remote import imports, network
-from sshddp.remote.common import home_path, listdir, try_lock
+from sshddp.remote.common import home_path, listdir, try_lock, which
 from sshddp.remote.workdir import inspect
 
 Facts = Dict[str, Any]
@@ -162,7 +161,7 @@ def _finish_json(proc: subprocess.Popen[str], what: str) -> Facts:
 
 
 def _nvidia_smi() -> Optional[Facts]:
-    exe = shutil.which("nvidia-smi")
+    exe = which("nvidia-smi")
     if not exe:
         return None
     facts: Facts = {"gpus": [], "processes": [], "error": None}
@@ -196,8 +195,8 @@ def _disk(workdir: str) -> Facts:
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
     try:
-        usage = shutil.disk_usage(path or "/")
-        return {"path": path, "free_bytes": usage.free}
+        usage = os.statvfs(path or "/")
+        return {"path": path, "free_bytes": usage.f_bavail * usage.f_frsize}
     except OSError as exc:
         return {"path": path, "error": str(exc)}
 

@@ -12,7 +12,6 @@ share a disk (an NFS home) share the workspace, as torchrun's nodes share a dire
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 
 SHA_FILE = ".sha256"  #: the code's digest, kept in RUNDIR/code only
@@ -67,5 +66,7 @@ def _place(source: str, target: str, workspace: str) -> None:
     try:
         os.link(source, tmp)
     except OSError:  # a filesystem without hard links, or another one
+        import shutil
+
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
