@@ -1,12 +1,13 @@
 """The TCP connection under each SSH connection, against a real sshd: Nagle off, quick
-acknowledgements while the connection is set up (``hosts/ssh._QuickAckSocket``), and a
+acknowledgements while the connection is set up (``hosts/ssh._QuickAckSocket``), paramiko's
+reader thread waking once a second on an idle connection and ending after a close, and a
 command's output intact."""
 
 from __future__ import annotations
 
 import socket
 
-from sshddp.hosts.ssh import SshTransport, _QuickAckSocket
+from sshddp.hosts.ssh import IDLE_WAKE_SECONDS, SshTransport, _QuickAckSocket
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.inventory import parse_inventory
 from sshddp_lab.sshd import SshdCluster
@@ -23,6 +24,7 @@ def test_connection_socket(cluster: SshdCluster) -> None:
         assert isinstance(sock, _QuickAckSocket)
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         assert sock.quick
+        assert sock.gettimeout() == IDLE_WAKE_SECONDS  # paramiko's is 0.1 s
         proc = transport.start("printf 'a\\nb\\n'; printf err >&2; exit 3")
         assert not sock.quick  # the first command runs: bulk output acknowledged as usual
         out = b""
@@ -31,3 +33,5 @@ def test_connection_socket(cluster: SshdCluster) -> None:
         assert (out, proc.read_stderr(), proc.wait()) == (b"a\nb\n", b"err", 3)
     finally:
         transport.close()
+    paramiko_transport.join(10 * IDLE_WAKE_SECONDS)
+    assert not paramiko_transport.is_alive()
