@@ -1,16 +1,29 @@
 """The TCP connection under each SSH connection, against a real sshd: Nagle off, quick
 acknowledgements while the connection is set up (``hosts/ssh._QuickAckSocket``), paramiko's
-reader thread waking once a second on an idle connection and ending after a close, and a
-command's output intact."""
+reader thread waking once a second on an idle connection, a close that ends the TCP
+connection at once (that thread may still sleep in ``recv``), and a command's output intact."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from sshddp.hosts.ssh import IDLE_WAKE_SECONDS, SshTransport, _QuickAckSocket
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.inventory import parse_inventory
 from sshddp_lab.sshd import SshdCluster
+
+_TCP_ESTABLISHED = "01"
+
+
+def tcp_state(local: tuple[str, int]) -> str:
+    """The kernel's state of the IPv4 TCP socket bound to ``local`` ("" when there is none)."""
+    addr = socket.inet_aton(local[0])[::-1].hex().upper()  # /proc/net/tcp: little-endian hex
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        if fields[1] == f"{addr}:{local[1]:04X}":
+            return fields[3]
+    return ""
 
 
 def test_connection_socket(cluster: SshdCluster) -> None:
@@ -31,7 +44,10 @@ def test_connection_socket(cluster: SshdCluster) -> None:
         while chunk := proc.read():
             out += chunk
         assert (out, proc.read_stderr(), proc.wait()) == (b"a\nb\n", b"err", 3)
+        local = sock.getsockname()
+        assert tcp_state(local) == _TCP_ESTABLISHED
     finally:
         transport.close()
+    assert tcp_state(local) != _TCP_ESTABLISHED  # the FIN went at the close, not at a wake-up
     paramiko_transport.join(10 * IDLE_WAKE_SECONDS)
     assert not paramiko_transport.is_alive()

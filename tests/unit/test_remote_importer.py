@@ -164,6 +164,11 @@ def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
         "def main(args):\n"
         "    for name in args:\n"
         "        importlib.import_module(name)\n"
+        "    from sshddp.remote.prewarm import take_slot\n"
+        "    slot = take_slot()  # a torchrun node's session takes one before its probe\n"
+        "    if slot is not None:\n"
+        "        import os\n"
+        "        os.close(slot)\n"
         "    print(json.dumps(sorted(sys.modules)))\n"
     )
     head = {"importer": shipped.source(shipped.IMPORTER), "modules": modules}

@@ -19,7 +19,7 @@ import pytest
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
 from sshddp.remote import imports, network, probe
-from sshddp.remote.common import which
+from sshddp.remote.common import temp_dir, which
 
 
 def own_ipv4() -> list[str]:
@@ -238,3 +238,16 @@ def test_free_space_is_what_the_standard_library_reports(tmp_path: Path) -> None
     facts = probe._disk(str(tmp_path / "not" / "made"))  # the nearest folder that exists
     assert facts["path"] == str(tmp_path)
     assert abs(facts["free_bytes"] - shutil.disk_usage(tmp_path).free) < 64 << 20
+
+
+@pytest.mark.parametrize("tmpdir", ["set", "missing", "unset"])
+def test_temp_dir_is_the_one_tempfile_picks(tmp_path: Path, monkeypatch: Any, tmpdir: str) -> None:
+    """Where the sessions of a machine put their lock files (tempfile stays unimported)."""
+    import tempfile
+
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    if tmpdir != "unset":
+        monkeypatch.setenv("TMPDIR", str(tmp_path if tmpdir == "set" else tmp_path / "gone"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # its cached pick
+    assert temp_dir() == tempfile.gettempdir()

@@ -223,6 +223,14 @@ class SshTransport:
         return _SshProcess(channel)
 
     def close(self) -> None:
+        # paramiko closes its socket while its reader thread may still sleep in recv() on
+        # it, and Linux ends the TCP connection only once that call returns (after up to
+        # IDLE_WAKE_SECONDS): shut it down first, which ends it now and wakes the thread,
+        # so the host's sshd ends the session at once.
+        transport = self._conn.client.get_transport() if self._conn.is_connected else None
+        if transport is not None and isinstance(transport.sock, socket.socket):
+            with contextlib.suppress(OSError):
+                transport.sock.shutdown(socket.SHUT_RDWR)
         self._conn.close()
 
 

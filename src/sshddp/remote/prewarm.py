@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.agent import MODULE as TORCHRUN
-from sshddp.remote.common import try_lock
+from sshddp.remote.common import temp_dir, try_lock
 from sshddp.remote.workdir import Unsafe, make_rundir
 
 SUPERVISOR_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
@@ -159,9 +159,7 @@ def slot_count() -> int:
 def take_slot() -> Optional[int]:
     """A lock on one of this machine's ``cpu_count // 2`` slots for an early import (see
     above), as an open descriptor; None when every slot is held."""
-    import tempfile
-
-    base = os.path.join(tempfile.gettempdir(), f"sshddp-warm-{os.getuid()}-")
+    base = os.path.join(temp_dir(), f"sshddp-warm-{os.getuid()}-")
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
     for slot in range(slot_count()):
         try:

@@ -33,7 +33,7 @@ import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from sshddp.remote import imports, network
-from sshddp.remote.common import home_path, listdir, try_lock, which
+from sshddp.remote.common import home_path, listdir, temp_dir, try_lock, which
 from sshddp.remote.workdir import inspect
 
 Facts = Dict[str, Any]
@@ -288,9 +288,7 @@ def claim(port: int) -> Optional[int]:
     for torchrun) and at the start (P+1, for the supervisor) and bound again only later:
     meanwhile a second run's pick would find both ports free, so a pick also claims them,
     and keeps the claims while its session lives (a forked supervisor inherits them)."""
-    import tempfile
-
-    path = os.path.join(tempfile.gettempdir(), f"sshddp-port-{port}")
+    path = os.path.join(temp_dir(), f"sshddp-port-{port}")
     try:
         return try_lock(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:  # made by another user and not readable: no claim, the bind decides
