@@ -35,8 +35,8 @@ KEEPALIVE_SECONDS = 15
 # paramiko's reader thread wakes whenever its socket's timeout (0.1 s) passes without data,
 # only to see whether the connection was closed meanwhile: 7.3 ms of the coordinator's CPU a
 # second at 16 idle hosts (2.6 with a second; measured), for as long as a launch follows its
-# run. A second is soon enough for the rest it does then (the keepalive above, a rekey), and
-# a close needs no wake-up: paramiko does not wait for that thread.
+# run. A second is soon enough for the rest it does then (the keepalive above, a rekey); a
+# close does not wait for it (``SshTransport.close`` shuts the connection down first).
 IDLE_WAKE_SECONDS = 1.0
 # A host whose link is cut (cable, partition, powered off) sends no FIN: without these, a
 # follower waits on it for TCP's ~15 minutes of retransmissions. Idle probes start after

@@ -145,10 +145,11 @@ def _prune(runs_root: str, keep: int) -> None:
         if nodes and all(os.path.exists(os.path.join(n, contract.EXIT)) for n in nodes):
             finished.append((os.path.getmtime(path), path))
     finished.sort(reverse=True)
-    if finished[keep:]:
+    stale = finished[keep:]
+    if stale:
         import shutil  # here: a start that removes nothing is 3 ms of CPU sooner without it
 
-        for _, path in finished[keep:]:
+        for _, path in stale:
             shutil.rmtree(path, ignore_errors=True)
 
 

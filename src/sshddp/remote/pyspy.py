@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
+from sshddp.remote.common import which
 from sshddp.remote.contract import FrameRecord, ProcessStacks, ThreadRecord
 from sshddp.remote.frames import cwd_of, native_frame, python_frame
 
@@ -34,7 +34,7 @@ def find() -> Optional[str]:
     beside = beside_python()
     if os.path.isfile(beside) and os.access(beside, os.X_OK):
         return beside
-    return shutil.which("py-spy")
+    return which("py-spy")
 
 
 def missing() -> str:
