@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import random
 import re
 import resource
 import shlex
@@ -39,6 +40,9 @@ from sshddp_lab.sshd import SshdCluster
 # suite going on at the same time moves this one to the next free range.
 FIRST_OCTETS = (200, 160, 60)
 SSHD_PORT = 2222
+# Rendezvous ports: below the ephemeral range (32768+), clear of the tests' 10000-21000,
+# the lab's sshd ports (22000-28000) and its slurmctld ports (29000-31000).
+PORTS = range(31000, 32760)
 FANOUT = 32  # sshddp's default --fanout; pdsh gets the same -f
 POLL_S = 0.01  # /proc and log-size polling period
 RUN_TIMEOUT_S = 180.0
@@ -368,15 +372,16 @@ class Bench:
 
     def port(self) -> int:
         """A fresh rendezvous port P, P + 1 free too (sshddp also uses it), both never
-        handed out before in this run."""
-        while True:
-            with socket.socket() as sock:
-                sock.bind(("", 0))
-                port = int(sock.getsockname()[1])
+        handed out before in this run. Drawn below Linux's ephemeral range (32768+, where
+        this suite's own ssh connections get their local ports and could take P + 1 between
+        the pick and the run's preflight), in ``PORTS``."""
+        for _ in range(4000):
+            port = random.randrange(PORTS.start, PORTS.stop, 2)
             pair = {port, port + 1}
-            if port < 65535 and not pair & (self.used_ports | {SSHD_PORT}) and free(port + 1):
+            if not pair & (self.used_ports | {SSHD_PORT}) and free(port) and free(port + 1):
                 self.used_ports |= pair
                 return port
+        raise BenchError(f"no free pair of TCP ports in {PORTS.start}-{PORTS.stop - 1}")
 
     def name(self, kind: str) -> str:
         """A run name unique in this suite; its prefix (``RUN_PREFIX``) finds leftovers."""

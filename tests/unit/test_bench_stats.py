@@ -1,14 +1,27 @@
 """The benchmarks' paired statistic (``scripts/sshddp_bench/harness.py``): the interval for a
-median that the launch and Slurm cases judge their targets by."""
+median that the launch and Slurm cases judge their targets by; and the rendezvous ports
+the suite hands its runs."""
 
 from __future__ import annotations
 
 import math
 import random
+import socket
+from pathlib import Path
+from typing import cast
 
 import pytest
 
-from sshddp_bench.harness import interval_cell, median_interval, paired, stat
+from sshddp_bench.harness import (
+    PORTS,
+    Bench,
+    free,
+    interval_cell,
+    median_interval,
+    paired,
+    stat,
+)
+from sshddp_lab.sshd import SshdCluster
 
 
 def test_the_interval_is_the_order_statistics_the_binomial_gives() -> None:
@@ -45,3 +58,23 @@ def test_a_target_is_met_only_when_the_whole_interval_is_within_it() -> None:
     beyond = stat([0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8])
     cell = interval_cell(beyond, 0.5)
     assert cell == "+0.55 [+0.40, +0.70] 96%: **missed**: reaches +0.20 s past it", cell
+
+
+def test_rendezvous_ports_lie_below_the_ephemeral_range_and_skip_a_taken_neighbour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An outgoing connection's local port comes from ip_local_port_range: a rendezvous
+    # port there can lose P + 1 to one between the pick and the run's preflight.
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    bench = Bench(tmp_path, cast(SshdCluster, None), {}, [], tmp_path / "rank.py")
+    pairs = [p for p in range(PORTS.start, PORTS.stop, 2) if free(p) and free(p + 1)]
+    taken, ok1, ok2 = pairs[0], pairs[1], pairs[2]
+    with socket.socket() as neighbour:
+        neighbour.bind(("", taken + 1))
+        neighbour.listen()
+        # the first draw's P + 1 is taken, the third repeats a port already handed out
+        draws = iter([taken, ok1, ok1, ok2])
+        monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
+        got = [bench.port(), bench.port()]
+    assert got == [ok1, ok2]
+    assert all(PORTS.start <= p and p + 1 < min(PORTS.stop, ephemeral) for p in got)
