@@ -15,6 +15,7 @@ from sshddp_bench import (
     doctor,
     exec_true,
     fetch,
+    floor,
     hang,
     launch,
     logs,
@@ -35,6 +36,7 @@ from sshddp_bench.harness import Bench
 CASES: tuple[Case[Any], ...] = (
     doctor.CASE,
     launch.CASE,
+    floor.CASE,
     teardown.CASE,
     nodeloss.CASE,
     logs.LOGS,

@@ -12,6 +12,7 @@ from typing import cast
 
 import pytest
 
+from sshddp_bench.floor import FloorRow, floor_table
 from sshddp_bench.harness import (
     PORTS,
     Bench,
@@ -78,3 +79,19 @@ def test_rendezvous_ports_lie_below_the_ephemeral_range_and_skip_a_taken_neighbo
         got = [bench.port(), bench.port()]
     assert got == [ok1, ok2]
     assert all(PORTS.start <= p and p + 1 < min(PORTS.stop, ephemeral) for p in got)
+
+
+def test_the_floor_case_says_when_two_identical_launches_differ_more_than_the_target() -> None:
+    # pdsh against itself: spread ±1 s (a busy 2-core box at 16 hosts) and ±0.05 s
+    ours = [12.0 + 0.1 * (i % 3) for i in range(9)]
+    pdsh = [12.0] * 9
+    wide = [12.0 + (1.0 if i % 2 else -1.0) for i in range(9)]
+    narrow = [12.0 + (0.05 if i % 2 else -0.05) for i in range(9)]
+    said = "\n".join(floor_table(FloorRow(16, stat(ours), stat(pdsh), stat(wide))))
+    assert (
+        "resolves 0.2 s at 16 hosts (the interval of two identical launches within ±0.2 s)" in said
+    )
+    assert "**missed**: reaches ±1.00 s, wider than ±0.2 s" in said
+    assert "median within +0.2 s: yes (+0.10; sooner in 0 of 9)" in said
+    said = "\n".join(floor_table(FloorRow(16, stat(ours), stat(pdsh), stat(narrow))))
+    assert "within ±0.2 s): met." in said
