@@ -1,5 +1,5 @@
 """Case ``floor``: how small a launch difference this machine can resolve at the largest
-launch size. sshddp, pdsh and pdsh again run back to back, the order rotating: the paired
+launch size. sshddp, pdsh and pdsh again run back to back (``harness.order``): the paired
 sshddp - pdsh difference is the launch case's, and pdsh - pdsh (the same command twice, an
 A/A comparison) is what the machine alone puts between two identical launches. When the
 A/A interval is wider than the launch target, no interval of that many repetitions can
@@ -16,6 +16,7 @@ from sshddp_bench.harness import (
     Stat,
     interval_cell,
     median_interval,
+    order,
     paired,
     progress,
     stat,
@@ -40,15 +41,15 @@ class FloorRow:
 
     @property
     def same(self) -> Stat:
-        """pdsh - pdsh: two identical launches of each repetition (which of the two ran
-        first rotates, as the whole order does)."""
+        """pdsh - pdsh: two identical launches of each repetition (which of the two runs
+        first changes as the whole order does)."""
         return paired(self.pdsh2.values, self.pdsh.values)
 
 
 def bench_floor(b: Bench, n: int, reps: int) -> FloorRow:
     got: dict[str, list[float]] = {how: [] for how in ORDER}
     for rep in range(reps):
-        for how in ORDER[rep % 3 :] + ORDER[: rep % 3]:
+        for how in order(ORDER, rep):
             seconds, _ = launch_once(b, "pdsh" if how == "pdsh2" else how, n)
             got[how].append(seconds)
     row = FloorRow(n, stat(got["sshddp"]), stat(got["pdsh"]), stat(got["pdsh2"]))
@@ -65,7 +66,7 @@ def floor_table(r: FloorRow) -> list[str]:
     within = r.diff.median <= TARGET_S
     return [
         f"{r.hosts} hosts, {len(r.diff.values)} repetitions of sshddp, pdsh and pdsh a second "
-        "time, back to back, the order rotating.",
+        "time, back to back, every two repetitions each pair once each way round.",
         "",
         "| hosts | sshddp (s) | pdsh (s) | pdsh, second copy (s) | sshddp − pdsh, paired "
         f"(target ≤ +{TARGET_S} s) | pdsh − pdsh, paired (A/A) |",
@@ -87,7 +88,8 @@ def floor_table(r: FloorRow) -> list[str]:
 def method(sizes: Sizes) -> str:
     return (
         f"* **floor**: the launch case's measurement at {max(sizes.launch)} hosts, with pdsh "
-        "run a second time in each repetition (sshddp, pdsh, pdsh, the order rotating): "
+        "run a second time in each repetition (sshddp, pdsh, pdsh; a rotation, then that "
+        "rotation reversed): "
         "the pdsh − pdsh interval is how wide two identical launches' interval is on this "
         "machine, the smallest difference its repetitions can resolve.\n"
     )

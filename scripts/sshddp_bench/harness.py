@@ -92,6 +92,16 @@ def paired(ours: Sequence[float], theirs: Sequence[float]) -> Stat:
     return Stat(tuple(a - b for a, b in zip(ours, theirs, strict=True)))
 
 
+def order(methods: Sequence[str], rep: int) -> tuple[str, ...]:
+    """The order the methods run in repetition ``rep``: a rotation, and the next repetition
+    that rotation reversed, so every two repetitions run each pair of methods once each way
+    round (a plain rotation of three runs the first before the second in two repetitions of
+    three, and a machine that slows from one run to the next would favour it)."""
+    k = (rep // 2) % len(methods)
+    turn = tuple(methods[k:]) + tuple(methods[:k])
+    return turn[::-1] if rep % 2 else turn
+
+
 def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
     """A distribution-free interval for the median: the order statistics ``x(k)`` and
     ``x(n+1-k)`` with the largest ``k`` whose binomial tail leaves at least ``level``
@@ -112,8 +122,8 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
 
 
 PAIRED = (
-    "*Paired*: the two methods ran back to back in each repetition (the first one "
-    "alternating); the median of the per-repetition differences, and the order statistics "
+    "*Paired*: the two methods ran back to back in each repetition (each first in about half "
+    "of them); the median of the per-repetition differences, and the order statistics "
     "around it that cover the true median with the probability shown (distribution-free: "
     "binomial), so a slow moment of the machine, which delays both, mostly cancels. The "
     "paired cell says met only when the whole interval is within the target."

@@ -17,6 +17,7 @@ from sshddp_bench.harness import (
     Stat,
     expect_rc,
     interval_cell,
+    order,
     paired,
     progress,
     stat,
@@ -55,11 +56,12 @@ def launch_once(b: Bench, how: str, n: int) -> tuple[float, Finished]:
 
 
 def launch_row(b: Bench, n: int, reps: int) -> LaunchRow:
-    """``reps`` runs of each method at ``n`` hosts, the first method rotating."""
+    """``reps`` runs of each method at ``n`` hosts, in ``order``: every two repetitions run
+    sshddp before pdsh once and after it once."""
     lat: dict[str, list[float]] = {m: [] for m in METHODS}
     cpu: list[float] = []
     for rep in range(reps):
-        for how in METHODS[rep % 3 :] + METHODS[: rep % 3]:
+        for how in order(METHODS, rep):
             seconds, done = launch_once(b, how, n)
             lat[how].append(seconds)
             if how == "sshddp":

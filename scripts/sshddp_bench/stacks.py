@@ -19,6 +19,7 @@ from sshddp_bench.harness import (
     GonePoller,
     Stat,
     expect_rc,
+    order,
     progress,
     stat,
     verdict,
@@ -71,7 +72,7 @@ def bench_stacks(b: Bench, n: int, reps: int) -> StacksRow:
     try:
         wait_logs(b, name, n, "READY", n * ST_NPROC, timeout=240.0)
         for rep in range(reps):
-            for how in COMMANDS[rep % 3 :] + COMMANDS[: rep % 3]:
+            for how in order(COMMANDS, rep):
                 seconds, used = command_once(b, name, n, how)
                 wall[how].append(seconds)
                 if how == "plain":
@@ -123,10 +124,10 @@ METHOD = """\
 * **stacks**: a detached run of {hosts} hosts × {nproc} ranks of the rank program's `sleep`
   mode (no torch in the ranks; torchrun imports it). Once every READY is in the nodes'
   `node.log`, `sshddp stacks RUN`, `sshddp stacks --native RUN` (py-spy 0.4.3 beside the
-  hosts' interpreter) and `sshddp ps` run as new processes in turn, {reps} times each, the
-  first rotating. `stacks` must report every rank in one group. Time is the command's wall
-  clock, from its start to its exit; `stacks` writes its dumps under the run's log
-  directory each time.
+  hosts' interpreter) and `sshddp ps` run as new processes in turn, {reps} times each, in
+  a rotation and then that rotation reversed. `stacks` must report every rank in one
+  group. Time is the command's wall clock, from its start to its exit; `stacks` writes its
+  dumps under the run's log directory each time.
 """
 
 

@@ -35,6 +35,7 @@ from sshddp_bench.harness import (
     ReadyWatch,
     Watched,
     expect_rc,
+    order,
     run_pids,
     running_bench,
 )
@@ -169,7 +170,7 @@ def main() -> None:
             relay.delay = rtt / 2000
             got: dict[str, list[float]] = {m: [] for m in methods}
             for rep in range(args.reps):
-                for how in methods[rep % len(methods) :] + methods[: rep % len(methods)]:
+                for how in order(methods, rep):
                     got[how].append(once(b, how, args.hosts, args.before, args.started))
             cells = [_cell(got[m]) for m in methods]
             pairs = zip(got["sshddp"], got.get(other, []))

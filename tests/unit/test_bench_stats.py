@@ -4,6 +4,8 @@ the suite hands its runs."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import random
 import socket
@@ -19,6 +21,7 @@ from sshddp_bench.harness import (
     free,
     interval_cell,
     median_interval,
+    order,
     paired,
     stat,
 )
@@ -95,3 +98,19 @@ def test_the_floor_case_says_when_two_identical_launches_differ_more_than_the_ta
     assert "median within +0.2 s: yes (+0.10; sooner in 0 of 9)" in said
     said = "\n".join(floor_table(FloorRow(16, stat(ours), stat(pdsh), stat(narrow))))
     assert "within ±0.2 s): met." in said
+
+
+@pytest.mark.parametrize("methods", [("sshddp", "pdsh"), ("sshddp", "pdsh", "ssh")])
+def test_every_two_repetitions_run_each_pair_of_methods_once_each_way_round(
+    methods: tuple[str, ...],
+) -> None:
+    # A plain rotation of three runs sshddp before pdsh in two repetitions of three: on a
+    # machine that slows from one run to the next, the paired difference leans its way.
+    runs = [order(methods, rep) for rep in range(6 * len(methods))]
+    assert all(sorted(run) == sorted(methods) for run in runs)
+    for rep in range(0, len(runs), 2):
+        for a, b in itertools.combinations(methods, 2):
+            firsts = [run.index(a) < run.index(b) for run in runs[rep : rep + 2]]
+            assert sorted(firsts) == [False, True], (rep, a, b, runs[rep : rep + 2])
+    firsts = collections.Counter(run[0] for run in runs)
+    assert set(firsts.values()) == {len(runs) // len(methods)}
