@@ -16,6 +16,7 @@ This module imports only the standard library and ``sshddp_lab.sshd``, never pyt
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import signal
@@ -27,6 +28,10 @@ from sshddp_lab.sshd import SshdCluster, SshHost
 
 INNER_IFNAME = "eth0"  # every host's interface, so one GLOO_SOCKET_IFNAME fits all
 SSH_PORT = 2222
+# Interface and namespace names carry this process's pid and a serial: two sets of
+# namespaces alive in one process at once (the Slurm cluster's and a test's) never share
+# a name (a random suffix did, once in a hundred).
+_SERIAL = itertools.count()
 
 
 class NetnsError(RuntimeError):
@@ -41,6 +46,11 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and proc.returncode != 0:
         raise NetnsError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
     return proc
+
+
+def _tag() -> str:
+    """Seven digits: this process's pid and a serial, both modulo what fits a name."""
+    return f"{os.getpid() % 100000:05d}{next(_SERIAL) % 100:02d}"
 
 
 def _free_subnet() -> str:
@@ -63,13 +73,16 @@ class Netns:
                 "network-namespace tests need root (CAP_NET_ADMIN) to run `ip netns add`; "
                 "CI runs as root. Run the suite as root, e.g. `sudo bash .ci/run`"
             )
-        tag = f"{os.getpid() % 100000:05d}{random.randrange(100):02d}"
+        self.n = n
         self.subnet = _free_subnet()
-        self.bridge = f"sdbr{tag}"
-        self.names = [f"sshddp-test-{tag}-{i}" for i in range(1, n + 1)]
-        self.outer = [f"sdv{tag}{i}" for i in range(1, n + 1)]
+        self._name(_tag())
         self._made_bridge = False
         self._made: list[int] = []
+
+    def _name(self, tag: str) -> None:
+        self.bridge = f"sdbr{tag}"
+        self.names = [f"sshddp-test-{tag}-{i}" for i in range(1, self.n + 1)]
+        self.outer = [f"sdv{tag}{i}" for i in range(1, self.n + 1)]
 
     def addr(self, i: int) -> str:
         """Host ``i``'s address (1-based)."""
@@ -80,7 +93,15 @@ class Netns:
 
     def setup(self) -> None:
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
+            for _ in range(100):  # a bridge of an earlier process with this pid, left over
+                made = _ip("link", "add", self.bridge, "type", "bridge", check=False)
+                if "File exists" not in made.stderr:
+                    break
+                self._name(_tag())
+            if made.returncode != 0:
+                raise NetnsError(
+                    f"`ip link add {self.bridge} type bridge` failed: {made.stderr.strip()}"
+                )
             self._made_bridge = True
             _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
