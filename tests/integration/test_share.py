@@ -71,8 +71,9 @@ def test_a_snapshot_rank_0_saved_reaches_every_node_only_with_share(
     assert "snapshot.pt" in warning and "--share snapshot.pt" in warning, unshared.err
     run_no_leak(run_id)
 
-    # With it: node 0's copy reaches node 1 before the ranks start; every node resumes.
-    shared, run_id, lines = launch(inv, logs, "--share", "snapshot.pt")
+    # With it: node 0's copy reaches node 1 before the ranks start; every node resumes. Under
+    # torchrun, whose store then listens on the port node 0 sent the file from.
+    shared, run_id, lines = launch(inv, logs, "--share", "snapshot.pt", "--launcher", "torchrun")
     assert [line["start_epoch"] for line in lines] == [1, 1], shared.err
     assert "node 0 sent 1 file(s)" in shared.err and "warning" not in shared.err
     assert (spaces[1] / "snapshot.pt").read_bytes() == (spaces[0] / "snapshot.pt").read_bytes()
