@@ -48,3 +48,7 @@ STACKS_TIMEOUT = 2.0  #: seconds each process of a run has to write its stacks (
 # The console
 BAR_EVERY = 5.0  #: seconds between a progress bar's states on a console that is not a terminal
 TTY_SIZE = (80, 24)  #: columns and rows of the ranks' pty (--tty) when sshddp has no terminal
+
+# --share
+SHARE_LIST_CAP = 200  #: top-level files of the ranks' cwd a node lists, for the unshared warning
+SHARE_TIMEOUT = 60.0  #: seconds a --share transfer may wait on node 0 (to connect, per read)

@@ -122,6 +122,14 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="Run in a new directory for this run only (removed by retention), not in the "
     "workspace that the script's directory keeps on each host.",
 )
+@click.option(
+    "--share",
+    multiple=True,
+    metavar="PATH",
+    help="Before the ranks start, make PATH (relative to the ranks' working directory, e.g. "
+    "snapshot.pt) on every node a copy of node 0's, sent from node 0 and checked by SHA-256; "
+    "repeatable. For hosts that share no disk, when rank 0 saves a checkpoint every rank loads.",
+)
 @watchdog_options
 @click.pass_context
 def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
@@ -198,6 +206,7 @@ def launch_options(
         init_timeout=kw["init_timeout"],
         stall_timeout=kw["stall_timeout"],
         on_stall=kw["on_stall"],
+        share=tuple(kw["share"]),
     )
     return options, secrets
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, Optional
 from sshddp import defaults
 from sshddp.errors import InventoryError
 from sshddp.model import envvars
+from sshddp.model.share import share_problem
 
 
 class _YamlOnUse:
@@ -124,6 +125,7 @@ class Inventory:
     hosts: tuple[Host, ...]  #: hosts[i].index == i; at least one, once ``slurm`` is resolved
     rendezvous: Rendezvous  #: rendezvous settings (defaults if the file has none)
     slurm: Optional[SlurmRequest] = None  #: the hosts are this Slurm job's nodes
+    share: tuple[str, ...] = ()  #: ``defaults.share``: paths handed on from node 0 (--share)
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -328,7 +330,7 @@ _ENV_VALUE_RULE = _Rule(
 )
 
 _HOST_KEYS = ("host", "user", "port", "gpus", "nproc", "python", "addr", "env", "workdir")
-_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport")
+_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport", "share")
 _TOP_KEYS = ("defaults", "rendezvous", "hosts")
 _RDZV_KEYS = ("port", "host")
 _HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key not in ("host", "transport")))
@@ -468,13 +470,14 @@ def _value_where(path: str, key_node: yaml.Node, node: yaml.Node) -> _Where:
 def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     top = _items(doc, root, "", _TOP_KEYS)
     defaults = _read_section(doc, top.get("defaults"), "defaults", _DEFAULT_KEYS, _DEFAULTS_HINTS)
+    share = defaults.pop("share", ())  # the run's, not a host's
     rdzv = _read_section(doc, top.get("rendezvous"), "rendezvous", _RDZV_KEYS)
     if rdzv.get("port") == "auto":
         rdzv["port"] = _AUTO_PORT
     rendezvous = Rendezvous(**rdzv)
     hosts = top.get("hosts")
     if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
-        return Inventory(doc.source, (), rendezvous, _slurm_request(doc, hosts, defaults))
+        return Inventory(doc.source, (), rendezvous, _slurm_request(doc, hosts, defaults), share)
     if defaults.get("transport") == "srun":
         doc.fail(
             _at("defaults.transport", top["defaults"][1]),
@@ -483,7 +486,7 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
         )
     entries = _hosts_list(doc, root, hosts)
     pairs = [_yaml_host(doc, node, index, defaults) for index, node in enumerate(entries)]
-    return _inventory(doc, pairs, rendezvous)
+    return replace(_inventory(doc, pairs, rendezvous), share=share)
 
 
 def _slurm_request(
@@ -528,6 +531,8 @@ def _read_fields(doc: _Doc, items: _Items, path: str) -> dict[str, Any]:
         where = _value_where(_join(path, name), key_node, node)
         if name == "env":
             fields[name] = _read_env(doc, node, where)
+        elif name == "share":
+            fields[name] = _read_share(doc, node, where)
         else:
             rule = _RDZV_PORT_RULE if (path, name) == ("rendezvous", "port") else _RULES[name]
             fields[name] = _read_scalar(doc, rule, node, where)
@@ -546,6 +551,27 @@ def _read_env(doc: _Doc, node: yaml.Node, where: _Where) -> dict[str, str]:
         value_where = _value_where(path, name_node, value_node)
         env[name] = _read_scalar(doc, _ENV_VALUE_RULE, value_node, value_where)
     return env
+
+
+_SHARE_RULE = _Rule(
+    "a file path relative to the ranks' working directory (snapshot.pt)",
+    lambda value: isinstance(value, str) and share_problem(value) is None,
+    text=True,
+)
+
+
+def _read_share(doc: _Doc, node: yaml.Node, where: _Where) -> tuple[str, ...]:
+    """``share:``, a list of paths node 0 hands to every node before the ranks start."""
+    if _is_null(node):
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        doc.fail(where, f"expected a list of paths (share: [snapshot.pt]), got {_kind(node)}.")
+    paths = []
+    for i, item in enumerate(node.value):
+        item_where = _at(f"{where.path}[{i}]", item)
+        value = str(_read_scalar(doc, _SHARE_RULE, item, item_where))
+        paths.append(value)
+    return tuple(paths)
 
 
 def _hosts_list(

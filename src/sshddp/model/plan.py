@@ -33,6 +33,7 @@ from sshddp.model.launchers import (
     node_argv,
     spec_launcher,
 )
+from sshddp.model.share import normalized, share_problem
 from sshddp.model.torchrun import torchrun_args
 from sshddp.remote import contract
 
@@ -68,6 +69,7 @@ class LaunchOptions:
     init_timeout: float = defaults.INIT_TIMEOUT  #: seconds for the world to form; 0: off
     stall_timeout: float = 0.0  #: seconds with no output from any rank that stall; 0: off
     on_stall: str = defaults.ON_STALL  #: "stop" or "report"
+    share: tuple[str, ...] = ()  #: ``--share`` paths: node 0's copy goes to every node
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class LaunchPlan:
     nonce: str = ""  #: random, one per launch: no two runs' node marks are ever the same
     watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
     max_restarts: int = 0  #: times every node starts again together after a failure
+    share: tuple[str, ...] = ()  #: paths in the ranks' cwd made node 0's on every node first
 
     def mark(self, node: NodePlan) -> str:
         """The marker in every process of ``node`` (teardown finds them by it): the run id
@@ -232,6 +235,7 @@ def make_plan(
         nonce=secrets.token_hex(6),
         watch=(options.init_timeout, options.stall_timeout, options.on_stall),
         max_restarts=options.max_restarts,
+        share=normalized((*inventory.share, *options.share)),
     )
 
 
@@ -346,6 +350,10 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
             "node the node's own launcher starts the workers"
         )
     torchrun_args(options.torchrun_args)
+    for path in options.share:
+        problem = share_problem(path)
+        if problem:
+            raise UsageError(f"--share {path}: {problem}")
 
 
 def run_dir(workdir: str, run_id: str, node_rank: int) -> str:
@@ -381,7 +389,7 @@ def decide_code(options: LaunchOptions, paths: LocalPaths) -> CodeSpec:
         root = paths.resolve(options.workdir)
         if paths.kind(root) != "dir":
             raise UsageError(f"--workdir {options.workdir}: not a local directory")
-        return CodeSpec("tar", options.command[0], root)
+        return CodeSpec("tar", options.command[0], root, root)  # it runs in the workspace
     if options.workdir:
         return _workdir_code(options, options.workdir, paths)
     if options.module:
@@ -436,6 +444,8 @@ def describe(plan: LaunchPlan) -> str:
         "launcher:    "
         + ("torchrun" if plan.launcher == "torchrun" else "node (one process per node)"),
     ]
+    if plan.share:
+        lines.append(f"share:       {' '.join(plan.share)} (node 0's copy, to every node first)")
     for node in plan.nodes:
         last = node.first_rank + node.nproc - 1
         env = plan.masked_env(node.env)

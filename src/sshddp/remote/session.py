@@ -17,10 +17,12 @@ bound.py).
 stdout, one JSON line each: {"clock": this host's time.time()} as soon as the session runs
 (the coordinator's first clock sample); the probe's facts (if asked); an answer per
 question; after the go, {"released": true} once the probe's listeners are closed (the
-rendezvous port is free for torchrun); stage()'s answer; after the start, start()'s
-answer; then, if the node started, the raw bytes of node.log and, at the end, the node's
-status record on stderr, as follow.py sends them. A port the probe reserved for the
-supervisors (a picked pair's P+1) stays reserved until just before the supervisor starts.
+rendezvous port is free for torchrun); stage()'s answer (with boot args "look", what the
+ranks' working directory holds: share.py, whose questions may come next); after the
+start, start()'s answer; then, if the node started, the raw bytes of node.log and, at the
+end, the node's status record on stderr, as follow.py sends them. A port the probe reserved
+for the supervisors (a picked pair's P+1) stays reserved until just before the supervisor
+starts.
 """
 
 from __future__ import annotations
@@ -91,14 +93,21 @@ def _session(args: dict[str, Any], warm: Optional[Prewarm]) -> None:
 
 def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
-    from sshddp.remote import boot, bound, follow
+    from sshddp.remote import boot, bound, follow, share
 
     boot_args = boot.unpack_files(boot_args, sys.stdin.buffer)
     staged = boot.stage(boot_args, sys.stdin.buffer, warm)
+    if staged.get("ok") and boot_args.get("look"):
+        staged["look"] = share.look(boot_args["look"])
     emit(staged)
     if not staged.get("ok"):
         return
-    start = _order().get("start")
+    with share.Shares() as shares:  # --share: node 0's files to the others, before the start
+        order = _order()
+        while "ask" in order:
+            emit(shares.answer(order))
+            order = _order()
+    start = order.get("start")
     holds.release_all()  # the supervisor binds the reserved port as it starts
     if not start:
         boot.discard(staged["rundir"])

@@ -31,6 +31,7 @@ from sshddp.model.state import NodeState
 from sshddp.remote import contract
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import RunState
+from sshddp.run.share import Share
 from sshddp.run.teardown import Teardown
 
 #: A node's answer to staging or starting: None when it went well, else why not.
@@ -120,6 +121,7 @@ class Boot:
         payload: Payload,
         unreachable: Optional[dict[int, BaseException]] = None,
         before_start: Callable[[], bool] = lambda: True,
+        say: Callable[[str], None] = lambda text: None,
     ) -> None:
         self.state = state
         self.payload = payload
@@ -129,6 +131,7 @@ class Boot:
         self.before_start = before_start
         self.cancelled = False
         self.peer_key = secrets.token_hex(32)  #: the supervisors' shared secret for this run
+        self.share = Share(state, self.peer_key, say)  #: --share, between stage and start
 
     def run(self, teardown: Teardown) -> bool:
         """Boot every node; False (and every started node stopped) when one failed."""
@@ -136,6 +139,8 @@ class Boot:
         for result in state.results.values():
             result.state = NodeState.STARTING
         staged = state.pool.map(self._stage, state.plan.nodes)
+        if all(o.ok and o.value is None for o in staged.values()):
+            staged.update(self.share.run(self._session))  # a node without a file: unstaged
         if all(o.ok and o.value is None for o in staged.values()):
             if not self.before_start():
                 self.cancelled = True
@@ -169,6 +174,7 @@ class Boot:
         session.send_code(self.payload.chunks())
         session.answer("release")
         answer = session.answer("stage")
+        self.share.looks[node.index] = answer.get("look")
         return None if answer.get("ok") else str(answer.get("error"))
 
     def _start(self, node: NodePlan) -> Problem:
@@ -189,6 +195,7 @@ class Boot:
             "bound": node.host.transport == "srun",  # the node ends with its job step
             "workspace": node.workspace,
             "peer_key": self.peer_key,
+            "look": self.share.look_args(node),
         }
 
     def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:

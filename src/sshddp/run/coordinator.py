@@ -182,7 +182,7 @@ class Launch:
     ) -> Optional[RunResult]:
         plan = state.plan
         teardown = Teardown(state)
-        boot = Boot(state, payload, unreachable, before_start=self._may_start)
+        boot = Boot(state, payload, unreachable, self._may_start, self.screen.err)
         booted = boot.run(teardown)
         if boot.cancelled:
             raise Interrupted(

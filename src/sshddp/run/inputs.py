@@ -72,7 +72,8 @@ def _resolve_slurm(inv: Inventory, environ: Mapping[str, str]) -> Inventory:
     names = [node.name for node in alloc.nodes]
     addrs = allocation.parse_node_addrs(slurm.node_addrs(names, environ))
     nodes = tuple(replace(node, addr=addrs.get(node.name)) for node in alloc.nodes)
-    return allocation.slurm_inventory(replace(alloc, nodes=nodes), request, inv.rendezvous)
+    hosts = allocation.slurm_inventory(replace(alloc, nodes=nodes), request, inv.rendezvous)
+    return replace(hosts, share=inv.share)
 
 
 def load_host_list(

@@ -1,0 +1,151 @@
+"""``--share``: which files of the ranks' working directory node 0 hands to the other nodes
+before the ranks start, and what a launch without it warns about.
+
+Every node reports what it found once it staged (``remote/share.py``'s ``look``: the
+working directory's top-level files, names and sizes, and each shared path's size and
+SHA-256); this module decides from those reports alone. A shared path whose copy on a node
+already has node 0's digest is skipped there; one node 0 lacks is left alone everywhere (a
+first run has no checkpoint yet).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+SHOWN = 5  #: files a warning names; then it counts the rest
+_DIGITS = re.compile(r"[0-9]+")
+
+#: One node's report (``remote/share.py``'s ``look``), None when the node did not send one.
+Look = Optional[Mapping[str, Any]]
+
+
+def share_problem(path: str) -> Optional[str]:
+    """Why ``path`` cannot be shared (absolute, or escaping the working directory with
+    ``..``), or None."""
+    if not path or "\0" in path:
+        return "expected a file path relative to the ranks' working directory"
+    if path.startswith(("/", "~")):
+        return "is absolute; give it relative to the ranks' working directory (snapshot.pt)"
+    norm = posixpath.normpath(path)
+    if norm == "." or norm == ".." or norm.startswith("../"):
+        return "leaves the ranks' working directory; give a file inside it (snapshot.pt)"
+    return None
+
+
+def normalized(paths: Sequence[str]) -> tuple[str, ...]:
+    """The shared paths, normalized (``./a//b`` is ``a/b``), each once, in order."""
+    return tuple(dict.fromkeys(posixpath.normpath(p) for p in paths))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One shared file that some nodes lack, or hold in another version."""
+
+    path: str  #: relative to the working directory
+    size: int  #: bytes of node 0's copy
+    sha256: str  #: node 0's copy's digest: what every receiver must end up with
+    to: tuple[int, ...]  #: node ranks that fetch it from node 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``--share`` does before the ranks start."""
+
+    transfers: tuple[Transfer, ...]  #: files to send, and to whom
+    notes: tuple[str, ...]  #: what the user should know (a path node 0 lacks)
+    problems: tuple[str, ...]  #: why the launch cannot go on (node 0's path is no file)
+    same: tuple[str, ...] = ()  #: paths whose node 0 copy every node holds already
+
+
+def decide(paths: Sequence[str], looks: Sequence[Look]) -> Decision:
+    """From every node's report (node rank order), what to send where."""
+    first = _shares(looks[0])
+    transfers: list[Transfer] = []
+    notes: list[str] = []
+    problems: list[str] = []
+    same: list[str] = []
+    for path in paths:
+        mine = first.get(path)
+        if mine is None:
+            notes.append(f"--share {path}: not on node 0, so not shared (a first run has none)")
+        elif mine.get("error"):
+            problems.append(f"--share {path}: on node 0, {mine['error']}")
+        else:
+            lacking = tuple(
+                rank
+                for rank, look in enumerate(looks[1:], 1)
+                if (_shares(look).get(path) or {}).get("sha256") != mine["sha256"]
+            )
+            if lacking:
+                transfers.append(Transfer(path, int(mine["size"]), str(mine["sha256"]), lacking))
+            else:
+                same.append(path)
+    return Decision(tuple(transfers), tuple(notes), tuple(problems), tuple(same))
+
+
+def _shares(look: Look) -> Mapping[str, Any]:
+    return (look or {}).get("share") or {}
+
+
+def _files(look: Look) -> dict[str, int]:
+    return {str(name): int(size) for name, size in (look or {}).get("files") or ()}
+
+
+def _shape(name: str) -> str:
+    """A name with its numbers blanked: per-rank files (rank0.pt, rank1.pt) share one."""
+    return _DIGITS.sub("#", name)
+
+
+def unshared(looks: Sequence[Look], shared: Sequence[str]) -> list[tuple[str, int, list[int]]]:
+    """Top-level files node 0's working directory holds and some other node's lacks, with
+    their size and the node ranks lacking them: what ranks that load rank 0's checkpoint
+    would miss there. Per-rank files (every node holds one of the same shape) are not
+    counted, nor are shared paths. A node whose listing was cut short (over the cap)
+    lacks only names that sort before its last one."""
+    first = _files(looks[0])
+    others = [(rank, _files(look), look) for rank, look in enumerate(looks[1:], 1) if look]
+    if not first or not others:
+        return []
+    shapes = set.intersection(*({_shape(n) for n in _files(look)} for look in looks if look))
+    found = []
+    for name in sorted(set(first) - set(shared)):
+        lacking = [rank for rank, files, look in others if _lacks(files, look, name)]
+        if lacking and _shape(name) not in shapes:
+            found.append((name, first[name], lacking))
+    return found
+
+
+def _lacks(files: dict[str, int], look: Mapping[str, Any], name: str) -> bool:
+    if name in files:
+        return False
+    return not look.get("more") or (bool(files) and name < max(files))
+
+
+def unshared_warning(found: list[tuple[str, int, list[int]]], hosts: Sequence[str]) -> str:
+    """The warning for ``unshared``'s files (not empty), naming them and the fix."""
+    names = [f"{name} ({_size(size)})" for name, size, _ in found[:SHOWN]]
+    more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    lacking = sorted({rank for _, _, ranks in found for rank in ranks})
+    where = ", ".join(f"node {r} ({hosts[r]})" for r in lacking)
+    return (
+        f"node 0 ({hosts[0]}) has files in the ranks' working directory that {where} "
+        f"lack{'s' if len(lacking) == 1 else ''}: {', '.join(names)}{more}. If every rank "
+        "loads them (a checkpoint rank 0 saved), the other nodes start without them; hand "
+        f"them on from node 0 before the ranks start with --share {found[0][0]} (repeatable; "
+        "or `share:` under `defaults:` in the inventory)"
+    )
+
+
+def _size(size: int) -> str:
+    if size < 1000:
+        return f"{size} B"
+    value, unit = size / 1000, "kB"
+    for bigger in ("MB", "GB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.1f} {unit}"
