@@ -168,6 +168,35 @@ def test_the_console_prefixes_each_line_with_its_rank_and_filters_by_rank() -> N
     ]
 
 
+AGENT = (
+    b"W1128 torch/distributed/run.py:792] Setting OMP_NUM_THREADS environment variable\n"
+    b"sshddp: cannot start /usr/bin/python: [Errno 2] No such file\n"
+    b"torch.distributed.elastic.multiprocessing.api.SignalException: Process 9 got signal: 15\n"
+)
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_torchruns_own_lines_show_only_when_asked(shown: bool, tmp_path: Path) -> None:
+    """A node that tells its ranks apart: what is not a rank's is torchrun's agent, left to
+    the log (but for sshddp's own lines) unless asked (-v); a node that does not (no
+    index: --tty, a node launcher) shows all it wrote."""
+    stream = io.BytesIO()
+    console = Console(stream, color=False, agent=shown)
+    for node in (0, 1):
+        console.add_node(node, f"{node} h{node + 1}", 6)
+        console.add_rank(node, 0, f"{node} h{node + 1}", 6)
+    logs = NodeLogs(tmp_path)
+    logs.open(0, "h1")
+    NodeFeed(logs, console, 0).feed(framed((NODE, AGENT), (0, b"mine\n")))
+    assert logs.paths[0].read_bytes() == AGENT + b"mine\n"  # the log keeps every byte
+    console.write(1, AGENT)  # a node without index: its lines, whoever wrote them
+    lines = stream.getvalue().decode().splitlines()
+    agent = [f"[0 h1] {line}" for line in AGENT.decode().splitlines()]
+    assert lines[: len(agent) if shown else 1] == (agent if shown else [agent[1]])
+    assert "[0 h1] mine" in lines
+    assert lines[-3:] == [f"[1 h2] {line}" for line in AGENT.decode().splitlines()]
+
+
 def test_each_ranks_unfinished_line_is_its_own() -> None:
     """Two ranks' partial lines interleaved in the log still show as two whole lines."""
     stream = io.BytesIO()

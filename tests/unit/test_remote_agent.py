@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sshddp.hosts import shipped
-from sshddp.remote.agent import await_store, exit_code, store_endpoint
+from sshddp.remote.agent import await_store, exit_code, program_name, store_endpoint
 from sshddp.remote.standby import Spare, Standby
 
 WORKER = r"""
@@ -59,6 +59,21 @@ def test_torchrun_through_the_shim_ends_as_with_dash_m(
         assert "Root Cause (first observed failure)" in via_shim.stderr
         assert "ChildFailedError" in via_shim.stderr
         assert "exitcode  : 1" in via_shim.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["/r/n1/rank.py", "train.py", "--lr", "1"], "train.py"),
+        (["/r/n1/rank.py", "-m", "pkg.train", "x"], "pkg.train"),
+        (["/r/n1/rank.py", "cost$$.py"], "cost$.py"),  # as the script got it
+        (["/r/n1/rank.py"], "/r/n1/rank.py"),  # nothing after the shim: left as it is
+        (["train.py", "rank.py"], "train.py"),  # the program is not the shim
+    ],
+)
+def test_torchruns_summary_names_the_script_the_rank_shim_runs(args: list[str], name: str) -> None:
+    torchruns = next(arg for arg in args if not arg.startswith("-"))  # its rule, for python
+    assert program_name(torchruns, list(args)) == name
 
 
 def test_bad_torchrun_options_exit_as_argparse_does(shim: Path, tmp_path: Path) -> None:

@@ -18,9 +18,11 @@ from sshddp.cli.options import (
     make_ssh,
     ranks_option,
     select_ranks,
+    select_verbose,
     ssh_options,
     terminal_of,
     transport_option,
+    verbose_option,
 )
 from sshddp.cli.terminal import Terminal
 from sshddp.cli.watchdog import hang_report, watchdog_options
@@ -43,6 +45,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INVENTORY SCRIPT [ARGS]...")
 @ssh_options
 @ranks_option
+@verbose_option
 @host_list_options
 @transport_option
 @click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
@@ -145,6 +148,7 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     ssh = make_ssh(kw)
     check_not_in_step(terminal.environ)
     select_ranks(terminal, kw["show_ranks"])
+    select_verbose(terminal, kw["verbose"])
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
     options, secrets = launch_options(rest, kw, terminal, dashdash)
     mode = coordinator.LaunchMode(

@@ -95,10 +95,26 @@ def ranks_option(fn: F) -> F:
     )(fn)
 
 
+def verbose_option(fn: F) -> F:
+    """``-v``: torchrun's own lines on the console too; the log files keep them either way."""
+    return click.option(
+        "-v",
+        "--verbose",
+        is_flag=True,
+        help="Show torchrun's own lines too (its banner, its stopping of workers, its "
+        "failure summary); the log files keep them either way.",
+    )(fn)
+
+
 def select_ranks(terminal: Terminal, text: Optional[str], option: str = "--ranks") -> None:
     """Parse ``--ranks`` (bad input: a UsageError naming the part) onto the terminal."""
     if text is not None:
         terminal.ranks = parse_ranks(text, option)
+
+
+def select_verbose(terminal: Terminal, verbose: bool) -> None:
+    """``-v`` onto the terminal: the console shows torchrun's own lines too."""
+    terminal.verbose = verbose
 
 
 def transport_option(fn: F) -> F:

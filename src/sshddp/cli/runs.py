@@ -17,8 +17,10 @@ from sshddp.cli.options import (
     make_ssh,
     ranks_option,
     select_ranks,
+    select_verbose,
     ssh_options,
     terminal_of,
+    verbose_option,
 )
 from sshddp.cli.watchdog import hang_report
 from sshddp.errors import ExitCode, UsageError
@@ -42,11 +44,13 @@ def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
 @click.argument("run", shell_complete=complete_run_ids)
 @ssh_options
 @ranks_option
+@verbose_option
 @click.pass_context
 def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     """Follow RUN live again, like launch; exit with its result."""
     terminal = terminal_of(ctx)
     select_ranks(terminal, kw["show_ranks"])
+    select_verbose(terminal, kw["verbose"])
     record = runs.started(registry.resolve(run))
     ssh = _ssh_for(record, kw)
     result = coordinator.attach(record, ssh, kw["fanout"], terminal)

@@ -31,6 +31,7 @@ class Terminal:
     color: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
     ranks: Optional[frozenset[int]] = None  #: --ranks: the ranks whose output is shown
+    verbose: bool = False  #: -v: torchrun's agent's lines shown too
 
     @classmethod
     def from_process(cls) -> Terminal:

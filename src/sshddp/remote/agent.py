@@ -36,6 +36,11 @@ sshddp code cannot be imported here, so the probe's connect loop is not reused),
 the store at most
 ``STORE_STEP`` after it came up. Another rendezvous backend, node 0, or an endpoint that
 cannot be read: torchrun starts as it would.
+
+torchrun's failure summary (``NAME FAILED``) names the program it started, by its own rule
+the first argument of python's that is no option: the rank shim, for every sshddp run. Once
+torchrun is imported, its rule is wrapped to name the script (or ``-m`` module) the shim
+runs instead (``program_name``).
 Standalone: it imports nothing of sshddp.
 """
 
@@ -61,6 +66,8 @@ STORE_STEP = 0.025  #: most seconds between tries of node 0's store while it is 
 #: count against the rendezvous timeout from there (so a store that never comes is reported
 #: at most this much later than without the wait)
 STORE_WAIT = 10.0
+RANK_SHIM = "rank.py"  #: the rank shim's file (sshddp.remote.contract.RANK_SHIM)
+LAUNCHER_API = "torch.distributed.launcher.api"  #: where torchrun names its program
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -99,6 +106,33 @@ def preimport() -> None:
         del sys.modules[MODULE]
     except Exception:
         pass
+
+
+def program_name(name: str, args: list[object]) -> str:
+    """What torchrun's summary names, ``name`` as its rule gives it from the program's
+    ``args``: where that is the rank shim, the script or module the shim runs (its
+    ``$$``, as torchrun must be given a ``$``, back to one)."""
+    if os.path.basename(name) != RANK_SHIM or name not in args:
+        return name
+    rest = [str(arg) for arg in args[args.index(name) + 1 :]]
+    if rest[:1] == ["-m"]:
+        rest = rest[1:]
+    return rest[0].replace("$$", "$") if rest else name
+
+
+def name_the_program() -> None:
+    """Wrap torchrun's rule for the name its failure summary gives (``program_name``), if
+    torchrun is imported and has it (a private function: another torch may not)."""
+    api = sys.modules.get(LAUNCHER_API)
+    rule = getattr(api, "_get_entrypoint_name", None)
+    if rule is None or getattr(rule, "__wrapped__", None) is not None:
+        return
+
+    def entrypoint_name(entrypoint: object, args: list[object]) -> str:
+        return program_name(rule(entrypoint, args), args)
+
+    entrypoint_name.__wrapped__ = rule  # type: ignore[attr-defined]
+    api._get_entrypoint_name = entrypoint_name  # type: ignore[union-attr]
 
 
 def store_endpoint(args: list[str]) -> Optional[tuple[str, int]]:
@@ -201,6 +235,7 @@ def main() -> None:
         store = store_endpoint(sys.argv[1:])
         if store is not None:
             await_store(*store)
+        name_the_program()
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exit_code(exc)

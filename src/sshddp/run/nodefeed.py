@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from sshddp.model.spans import StreamReader
+from sshddp.remote.contract import SOURCE_NODE
 from sshddp.run.sinks import Console, NodeLogs
 
 
@@ -29,4 +30,6 @@ class NodeFeed:
             else:
                 self.logs.write(rank, piece.data)
             if self.console is not None:
-                self.console.write(rank, piece.data, piece.source)
+                # a node that keeps node.idx tells its ranks apart: the rest is torchrun's
+                agent = piece.source == SOURCE_NODE and piece.offset >= 0
+                self.console.write(rank, piece.data, piece.source, agent)

@@ -109,7 +109,7 @@ def show_logs(
     nodes = [n for n in plan.nodes if node is None or n.node_rank == node]
     with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
-        logs, console = open_sinks(plan, Path(record.log_dir), screen)
+        logs, console = open_sinks(plan, Path(record.log_dir), screen, agent=True)
         try:
             reachable = [n for n in nodes if errors[n.index] is None]
             fetched = pool.map(lambda n: _fetch(pool, n, logs), reachable)

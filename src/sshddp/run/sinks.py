@@ -8,7 +8,9 @@ known, the node's ranks) and host, coloured per node on a terminal, and the live
 each rank's progress bar (``model.bars``). What reaches the console is filtered for the terminal
 (``model.escape.for_terminal``): the ranks' colours pass, other escape sequences do not, and
 a line that ``\r`` redraws shows as a terminal would leave it, after its prefix, so that no
-rank can overprint the prefix.
+rank can overprint the prefix. On a node that tells its ranks apart, what is not a rank's is
+torchrun's agent (its OMP banner, its stopping of workers, its failure summary): the console
+leaves that to the logs, but for sshddp's own lines about the node, unless asked (``agent``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Screen(Protocol):
     stdout_bytes: BinaryIO  #: the ranks' output, prefixed, goes here
     color: bool
     ranks: Optional[frozenset[int]]  #: the ranks whose output the console shows (all: None)
+    verbose: bool  #: torchrun's agent's lines shown too (-v)
 
     def out(self, text: str) -> None: ...
     def err(self, text: str) -> None: ...
@@ -75,8 +78,10 @@ class Console:
         live: bool = False,
         bar_every: float = defaults.BAR_EVERY,
         clock: Callable[[], float] = time.monotonic,
+        agent: bool = True,
     ) -> None:
         self._stream = stream
+        self._agent = agent  # torchrun's own lines shown (-v, logs)
         self._color = color
         # the reader went away (`| head`), or there is none (/dev/null); the log files go on
         self._quiet = goes_nowhere(stream)
@@ -108,13 +113,20 @@ class Console:
         if not shown:
             self._hidden.add(key)
 
-    def write(self, node_rank: int, data: bytes, source: int = SOURCE_NODE) -> None:
-        """A node's output; ``source``: the local rank that wrote it, where known."""
+    def write(
+        self, node_rank: int, data: bytes, source: int = SOURCE_NODE, agent: bool = False
+    ) -> None:
+        """A node's output; ``source``: the local rank that wrote it, where known; ``agent``:
+        the bytes are torchrun's agent's (the node's own, on a node that tells ranks apart)."""
         key = (node_rank, source)
         if key not in self._prefix:
             key = (node_rank, SOURCE_NODE)
         if self._quiet or key in self._hidden:
             return
+        if agent and not self._agent:
+            data = sshddp_lines(data)
+            if not data:
+                return
         update = self._lines.setdefault(key, LineState(_MAX_PARTIAL)).feed(data)
         lines = b"" if update.lines is None else self._prefixed(key, update.lines)
         self._show(key, lines, update.bar)
@@ -162,6 +174,16 @@ class Console:
         line = visible(text, multiline=True).encode("utf-8", "replace") + b"\n"
         with self._lock:
             self._put(line if self._region is None else self._region.around(line))
+
+
+_OWN = b"sshddp: "  #: how the supervisor's lines in a node's log start (cannot start ...)
+
+
+def sshddp_lines(data: bytes) -> bytes:
+    """The lines of ``data`` (whole lines: its spans end at a newline) that sshddp wrote."""
+    if _OWN not in data:  # torchrun's agent: most of its spans
+        return b""
+    return b"".join(line for line in data.splitlines(keepends=True) if line.startswith(_OWN))
 
 
 class _BarRegion:
@@ -335,14 +357,18 @@ def tail_lines(path: Optional[Path], lines: int) -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")][-lines:] if text else []
 
 
-def open_sinks(plan: LaunchPlan, log_dir: Path, screen: Screen) -> tuple[NodeLogs, Console]:
+def open_sinks(
+    plan: LaunchPlan, log_dir: Path, screen: Screen, agent: bool = False
+) -> tuple[NodeLogs, Console]:
     """A run's local log files (opened to append, resuming) and its prefixed console, which
-    shows the ranks ``screen.ranks`` selects (every one when None)."""
+    shows the ranks ``screen.ranks`` selects (every one when None), and torchrun's agent's
+    lines with ``agent`` or ``screen.verbose``."""
     if screen.ranks is not None:
         check_ranks(screen.ranks, plan.world_size, plan.run_id)
     logs = NodeLogs(log_dir)
     stream = screen.stdout_bytes
-    console = Console(stream, screen.color, live=_isatty(stream))
+    shown = agent or screen.verbose
+    console = Console(stream, screen.color, live=_isatty(stream), agent=shown)
     labels = {n.node_rank: f"{rank_label(n.first_rank, n.nproc)} {n.host.host}" for n in plan.nodes}
     width = max(len(f"[{label}]") for label in labels.values())
     for node in plan.nodes:

@@ -39,6 +39,7 @@ class _QuietScreen:
     stdout_bytes: BinaryIO
     color: bool = False
     ranks: Optional[frozenset[int]] = None
+    verbose: bool = False
 
     def out(self, text: str) -> None:
         self.screen.err(text)
