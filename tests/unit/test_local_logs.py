@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import sshddp
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model import spans
 from sshddp.remote.contract import SOURCE_NODE as NODE
@@ -153,3 +154,10 @@ def test_a_launch_takes_a_fresh_directory_and_leaves_none_when_nothing_started(
     with pytest.raises(UsageError, match="r2 exists already and is not empty"):
         reopened(old, fresh=True)
     assert (old / "node0-h1.log").read_bytes() == RAW
+
+
+@pytest.mark.parametrize("command", ["launch", "smoke"])
+def test_log_dir_has_help_text(command: str) -> None:
+    shown = sshddp([command, "--help"])
+    assert shown.code == 0
+    assert "Local copies of the nodes' logs go in DIR/RUN" in " ".join(shown.out.split())
