@@ -113,6 +113,8 @@ def _writer(fd: int) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError:  # no locks on this filesystem (some network ones): write, as before
+        return True
     return True
 
 
