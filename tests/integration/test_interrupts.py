@@ -52,8 +52,9 @@ def sshddp(cluster: SshdCluster, cwd: Path, *args: str | Path) -> subprocess.Com
 
 
 # Each moment: what to wait for (given the workdir and run id), then a delay in seconds.
-def _banner(err: Path, run: str, workdir: Path) -> bool:
-    return f"sshddp: run {run}:" in err.read_text()
+def _preflight(err: Path, run: str, workdir: Path) -> bool:
+    """The run's local log directory is made before the preflight (its banner, after)."""
+    return (err.parent / "sshddp-logs" / run).exists()
 
 
 def _staged(err: Path, run: str, workdir: Path) -> bool:
@@ -70,8 +71,8 @@ def _running(err: Path, run: str, workdir: Path) -> bool:
 
 
 MOMENTS = [
-    ("preflight", _banner, 0.0),
-    ("preflight", _banner, 0.15),
+    ("preflight", _preflight, 0.0),
+    ("preflight", _preflight, 0.15),
     ("staging", _staged, 0.0),
     ("started", _started, 0.0),
     ("started", _started, 0.003),

@@ -185,7 +185,9 @@ def test_the_banner_speaks_of_ctrl_c_only_once_the_preflight_passed(
             timeout=120,
         )
     assert failed.returncode == ExitCode.CHECK_FAILED, failed.stderr
-    assert "sshddp: run nocc:" in failed.stderr and "Ctrl-C" not in failed.stderr
+    # a run id the failed preflight dropped is never named, and leaves no empty log files
+    assert "sshddp: run nocc:" not in failed.stderr and "Ctrl-C" not in failed.stderr
+    assert not (tmp_path / "sshddp-logs" / "nocc").exists()
     ok = subprocess.run(
         [*SSHDDP, "launch", "--name", "yescc", str(inv), str(JOB), "ok"],
         cwd=tmp_path,

@@ -4,6 +4,7 @@ local log (exit 74), and the exact prefix a failed local write leaves."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_a_failed_local_write_names_the_file_and_leaves_what_was_written(tmp_pat
     logs.open(0, "h1")
     logs.write(0, b"kept\n")
     full = open("/dev/full", "wb")  # real ENOSPC on every write
-    logs._files[0] = full  # type: ignore[assignment]
+    os.dup2(full.fileno(), logs._copies[0]._fd)
     with pytest.raises(LogWriteFailed) as err:
         logs.write(0, b"lost\n")
     assert err.value.message == (

@@ -69,7 +69,13 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     metavar="B",
     help="Bytes each node sends node 0 and back.",
 )
-@click.option("--log-dir", default=defaults.LOG_DIR, show_default=True, metavar="DIR")
+@click.option(
+    "--log-dir",
+    default=defaults.LOG_DIR,
+    show_default=True,
+    metavar="DIR",
+    help="Local copies of the nodes' logs go in DIR/RUN (made owner-only).",
+)
 @click.option("--no-check", is_flag=True, help="Skip the preflight checks.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.pass_context

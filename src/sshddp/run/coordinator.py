@@ -135,17 +135,14 @@ class Launch:
     def _run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         plan = self.plan
         self.record = _reserve(plan, inventory.source, ssh)
-        logs, console = open_sinks(plan, Path(plan.log_dir).absolute(), self.screen)
+        logs, console = open_sinks(plan, Path(plan.log_dir).absolute(), self.screen, fresh=True)
         try:
-            auto = plan.rdzv_port == defaults.AUTO_PORT
-            if not auto:  # with --port auto, once node 0 picked it
-                self.screen.err(_banner(plan))
             with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
                 state = RunState(plan, pool, logs, console)
                 try:
                     unreachable = self._preflight(state, inventory, payload)
-                    if auto:
-                        self.screen.err(_banner(state.plan))
+                    # named once the preflight passed: a run id it drops is never shown
+                    self.screen.err(_banner(state.plan))
                     if not self.mode.detach:
                         self.screen.err(_ctrl_c_line(state.plan))
                     self.interrupts.defer()
@@ -153,6 +150,8 @@ class Launch:
                 finally:
                     state.close_sessions()  # those no follower took over
         finally:
+            if not self.started:  # nothing ran: no empty log files of a dropped run id
+                logs.discard_if_empty()
             logs.close()
             payload.close()
 
@@ -241,10 +240,10 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
     return _recorded(_with_gone(result, record, gone), screen)
 
 
-def watch(state: RunState) -> RunResult:
+def watch(state: RunState, interrupts: Optional[Interrupts] = None) -> RunResult:
     """Follow the nodes of ``state`` until they end, never stopping them (logs --follow):
-    Ctrl-C leaves."""
-    interrupts = Interrupts().deferred()
+    Ctrl-C leaves (``interrupts`` counts it)."""
+    interrupts = interrupts or Interrupts().deferred()
     return Followers(state, Teardown(state), watch_only=True, interrupts=interrupts).run()
 
 

@@ -63,8 +63,10 @@ def attributed(
 ) -> Iterator[tuple[bytes, int]]:
     """The log's bytes from ``start`` (to ``stop``, else its end) with who wrote them (the
     local rank, or ``SOURCE_NODE``), a bounded piece at a time; all ``SOURCE_NODE``
-    without an index. The sources in ``skip`` (``unfinished``) start at their next line:
-    what comes before it is dropped, and each is taken out of ``skip`` once it is there."""
+    without an index, and so are the bytes past the spans the index names (a copy made
+    without it, or cut inside a span): a local copy always prints whole. The sources in
+    ``skip`` (``unfinished``) start at their next line: what comes before it is dropped,
+    and each is taken out of ``skip`` once it is there."""
     for data, source in _attributed(path, index, start, stop):
         if skip and source in skip:
             cut = data.find(b"\n")
@@ -103,10 +105,21 @@ def unfinished(path: Path, index: Optional[Path], start: int, look: int = 4096) 
 def _attributed(
     path: Path, index: Optional[Path], start: int, stop: Optional[int]
 ) -> Iterator[tuple[bytes, int]]:
-    if index is None or not index.exists():
-        for data in chunks(path, start, end=stop):
-            yield data, SOURCE_NODE
-        return
+    covered = start  # where the spans the index names end: the node's own bytes follow
+    if index is not None and index.exists():
+        for data, source, end in _indexed(path, index, start, stop):
+            covered = end
+            if data:
+                yield data, source
+    for data in chunks(path, max(start, covered), end=stop):
+        yield data, SOURCE_NODE
+
+
+def _indexed(
+    path: Path, index: Path, start: int, stop: Optional[int]
+) -> Iterator[tuple[bytes, int, int]]:
+    """The spans the index names from ``start``, with who wrote each and where the bytes
+    given so far end (the last item's: where the index stops naming the log's bytes)."""
     with open(path, "rb") as log, open(index, "rb") as idx:
         idx.seek(_first_span(idx, start) * spans.WIDTH)
         while records := spans.parse(idx.read(4096 * spans.WIDTH)):
@@ -114,12 +127,15 @@ def _attributed(
                 at, end = max(offset, start), offset + length
                 if stop is not None:
                     if offset >= stop:
+                        yield b"", SOURCE_NODE, stop
                         return
                     end = min(end, stop)
                 log.seek(at)
                 while at < end and (data := log.read(min(CHUNK, end - at))):
                     at += len(data)
-                    yield data, source
+                    yield data, source, at
+                if at < end:  # a record past the log's end: nothing more to name
+                    return
 
 
 def _first_span(idx: BinaryIO, start: int) -> int:

@@ -13,7 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from sshddp.errors import LogWriteFailed, RunGone, RunNotFound, StateError, UsageError
+from sshddp.errors import (
+    Interrupted,
+    LogWriteFailed,
+    RunGone,
+    RunNotFound,
+    StateError,
+    UsageError,
+)
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
@@ -23,6 +30,7 @@ from sshddp.model.report import attempt_marks
 from sshddp.model.state import NodeState
 from sshddp.remote.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
+from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
@@ -128,7 +136,7 @@ def show_logs(
             _print_logs(screen, console, logs, nodes, tail, single=node is not None, marks=marks)
             live = tuple(n for n in reachable if n.node_rank not in gone)
             if follow and live:
-                coordinator.watch(RunState(replace(plan, nodes=live), pool, logs, console))
+                _watch(RunState(replace(plan, nodes=live), pool, logs, console))
             elif follow and gone and not record.end_known:
                 raise RunGone(
                     f"run {record.run_id}: nothing to follow: its run directories are gone "
@@ -136,6 +144,17 @@ def show_logs(
                 )
         finally:
             logs.close()
+
+
+def _watch(state: RunState) -> None:
+    """Follow the live nodes until they end; Ctrl-C leaves them running (exit 130)."""
+    interrupts = Interrupts().deferred()
+    coordinator.watch(state, interrupts)
+    if interrupts.count:
+        raise Interrupted(
+            f"stopped following run {state.plan.run_id}; it goes on (`sshddp logs -f "
+            f"{state.plan.run_id}` follows it again)"
+        )
 
 
 def _note(screen: Screen, warning: Optional[str]) -> None:
@@ -163,8 +182,11 @@ def _say_missing(
 
 
 def _fetch(pool: HostPool, node: NodePlan, logs: NodeLogs) -> ExitRecord:
-    """Append what the local copy lacks; the node's status."""
+    """Append what the local copy lacks; the node's status. A copy another sshddp is
+    writing is left to it: only the status is read."""
     rank = node.node_rank
+    if logs.shadow(rank):
+        return calls.read_node(pool.transport(node), node.rundir, 0, "status")
     feed = NodeFeed(logs, None, rank)
     size, index = logs.size(rank), logs.index_size(rank)
     return calls.read_node(pool.transport(node), node.rundir, size, "fetch", feed.feed, index)

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Optional, Protocol
 
 from sshddp import defaults
-from sshddp.errors import LogWriteFailed, UsageError
+from sshddp.errors import UsageError
 from sshddp.model import spans
 from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.plan import LaunchPlan
 from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
 from sshddp.remote.contract import SOURCE_NODE
+from sshddp.run.logfiles import LocalCopy, Say, open_run_dir
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")
 _RESET = b"\x1b[0m"
@@ -233,114 +234,80 @@ def terminal_size(*streams: IO[Any]) -> tuple[int, int]:
 
 
 class NodeLogs:
-    """The local log files of one run, opened for appending."""
+    """The local log files of one run (``logfiles``), opened for appending."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, fresh: bool = False, say: Say = lambda text: None) -> None:
+        """``fresh``: a launch's new run, whose directory holds nothing yet; ``say``: where
+        a note about a local copy goes."""
         self.directory = directory
         try:
-            _private_dirs(directory)
-            probe = directory / ".write-test"
-            probe.write_bytes(b"")
-            probe.unlink()
+            self._dir, self._made = open_run_dir(directory, fresh)
         except OSError as exc:
             raise UsageError(
                 f"log directory {directory}: cannot write there ({exc.strerror}); pass "
                 "--log-dir with a writable directory"
             ) from exc
-        self._files: dict[int, BinaryIO] = {}
+        self._say = say
+        self._copies: dict[int, LocalCopy] = {}
         self.paths: dict[int, Path] = {}
-        self._index: dict[int, BinaryIO] = {}
         self.index_paths: dict[int, Path] = {}  #: each node's index, where it has one
 
     def open(self, node_rank: int, host: str) -> int:
         """Open (or reopen) a node's file; returns its size, the offset to resume from."""
         path = self.directory / log_name(node_rank, host)
-        self.paths[node_rank] = path
-        self._files[node_rank] = _append_only(path)
         index = self.directory / log_name(node_rank, host, ".idx")
-        self.index_paths[node_rank] = index
-        # No index beside a log that has bytes: the copy was cut inside its first span
-        # (a full disk, say), before that span's record; that is an empty index.
-        if index.exists() or self.size(node_rank):
-            self._agree(node_rank, index)
-        return self.size(node_rank)
+        try:
+            copy = LocalCopy(self._dir, path, index, self._say)
+        except OSError as exc:
+            raise UsageError(f"local log {exc.filename or path}: {exc.strerror}") from exc
+        self._copies[node_rank] = copy
+        self.paths[node_rank], self.index_paths[node_rank] = path, index
+        if copy.shadow:
+            self._say(
+                f"{path} is being written by another sshddp following this run: shown as it "
+                "is, and not updated here"
+            )
+        return copy.size()
 
-    def _agree(self, node_rank: int, path: Path) -> None:
-        """Cut the log and its index to where they agree (a copy cut between the two)."""
-        self._index[node_rank] = index = _append_only(path)
-        size = os.fstat(index.fileno()).st_size
-        whole = size - size % spans.WIDTH
-        with open(path, "rb") as fh:
-            fh.seek(max(0, whole - spans.WIDTH))
-            last = fh.read(spans.WIDTH) if whole else b""
-        log, at = spans.resume_at(last, size, self.size(node_rank))
-        os.ftruncate(index.fileno(), at)
-        os.ftruncate(self._files[node_rank].fileno(), log)
+    def shadow(self, node_rank: int) -> bool:
+        """Whether another process writes the node's copy (this one shows, never writes)."""
+        return self._copies[node_rank].shadow
 
     def write_span(self, node_rank: int, piece: spans.Piece) -> None:
         """Append a piece of a span of the node's log; after its last, the span's index
-        record."""
-        size = self.size(node_rank)
-        if piece.offset != size:  # a gap or an overlap: never papered over (the stream retries)
-            raise ValueError(f"node {node_rank}: a span at {piece.offset}, the log ends at {size}")
-        self.write(node_rank, piece.data)
-        if not piece.record:
-            return
-        if node_rank not in self._index:
-            self._index[node_rank] = _append_only(self.index_paths[node_rank])
-        self._append(self._index[node_rank].fileno(), piece.record, self.index_paths[node_rank])
+        record. Bytes the copy holds already (it was cut inside the span) are skipped."""
+        self._copies[node_rank].write_span(piece.offset, piece.data, piece.record)
 
     def index_size(self, node_rank: int) -> int:
         """The local index's size: where its follower resumes (0: none yet)."""
-        index = self._index.get(node_rank)
-        return os.fstat(index.fileno()).st_size if index is not None else 0
+        return self._copies[node_rank].index_size()
 
     def write(self, node_rank: int, data: bytes) -> None:
         """Append ``data``; on failure the file holds an exact prefix of the node's log
         (unbuffered writes), so a later attach or ``logs`` resumes from its size."""
-        self._append(self._files[node_rank].fileno(), data, self.paths[node_rank])
-
-    def _append(self, fd: int, data: bytes, path: Path) -> None:
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-        except OSError as exc:
-            raise LogWriteFailed(f"cannot write the local log {path}: {exc.strerror}") from exc
+        self._copies[node_rank].write(data)
 
     def size(self, node_rank: int) -> int:
-        return os.fstat(self._files[node_rank].fileno()).st_size
+        return self._copies[node_rank].size()
+
+    def discard_if_empty(self) -> None:
+        """Remove the files and the directory this run made while they hold nothing (a
+        launch that started nothing leaves no empty logs behind)."""
+        for copy in self._copies.values():
+            copy.discard_if_empty()
+        if self._made:
+            try:
+                os.rmdir(self.directory)
+            except OSError:  # something is in it: it stays
+                pass
 
     def close(self) -> None:
-        for fh in [*self._files.values(), *self._index.values()]:
-            fh.close()
-        self._files.clear()
-        self._index.clear()
-
-
-def _append_only(path: Path) -> BinaryIO:
-    """A local file opened to append, owner-only (never through a symlink)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o600)
-    if os.fstat(fd).st_mode & 0o077:  # a copy an older sshddp left readable to others
-        os.fchmod(fd, 0o600)
-    return os.fdopen(fd, "ab")
-
-
-def _private_dirs(directory: Path) -> None:
-    """Make ``directory`` and the parents it lacks, owner-only; the run's own directory is
-    made owner-only even if it was there already (its files are the run's output)."""
-    missing = []
-    for parent in (directory, *directory.parents):
-        if parent.exists():
-            break
-        missing.append(parent)
-    for path in reversed(missing):
-        path.mkdir(mode=0o700, exist_ok=True)
-    if not directory.is_dir():
-        raise NotADirectoryError(20, "Not a directory", str(directory))
-    info = directory.stat()
-    if info.st_mode & 0o077 and info.st_uid == os.getuid():
-        directory.chmod(0o700)
+        for copy in self._copies.values():
+            copy.close()
+        self._copies.clear()
+        if self._dir >= 0:
+            os.close(self._dir)
+            self._dir = -1
 
 
 def tail_lines(path: Optional[Path], lines: int) -> list[str]:
@@ -358,14 +325,18 @@ def tail_lines(path: Optional[Path], lines: int) -> list[str]:
 
 
 def open_sinks(
-    plan: LaunchPlan, log_dir: Path, screen: Screen, agent: bool = False
+    plan: LaunchPlan,
+    log_dir: Path,
+    screen: Screen,
+    agent: bool = False,
+    fresh: bool = False,
 ) -> tuple[NodeLogs, Console]:
-    """A run's local log files (opened to append, resuming) and its prefixed console, which
-    shows the ranks ``screen.ranks`` selects (every one when None), and torchrun's agent's
-    lines with ``agent`` or ``screen.verbose``."""
+    """A run's local log files (opened to append, resuming; ``fresh``: made new, for a
+    launch) and its prefixed console, which shows the ranks ``screen.ranks`` selects (every
+    one when None), and torchrun's agent's lines with ``agent`` or ``screen.verbose``."""
     if screen.ranks is not None:
         check_ranks(screen.ranks, plan.world_size, plan.run_id)
-    logs = NodeLogs(log_dir)
+    logs = NodeLogs(log_dir, fresh, lambda text: screen.err(f"sshddp: note: {text}"))
     stream = screen.stdout_bytes
     shown = agent or screen.verbose
     console = Console(stream, screen.color, live=_isatty(stream), agent=shown)
