@@ -81,8 +81,10 @@ def test_the_node_records_who_joined_which_world(tmp_path: Path) -> None:
     spec: contract.SpecRecord = {"node_rank": 1, "watch": {"nprocs": [2, 2]}}  # type: ignore[typeddict-item]
     assert node_world(str(tmp_path), spec) == world(4, 2, 2, 2, 4)
     assert node_world(str(tmp_path), {"node_rank": 1}) is None
-    facts = node_watch(str(tmp_path), since=0.0, now=0.0)  # p77 joined as rank 1
+    facts = node_watch(str(tmp_path), since=0.0, now=0.0, world=2)  # p77 joined as rank 1
     assert (facts["entered"], facts["joined"]) == ([1, 2, 3], [1, 2])
+    facts = node_watch(str(tmp_path), since=0.0, now=0.0, world=4)  # p77's world is not it
+    assert (facts["entered"], facts["joined"]) == ([2, 3], [2])
 
 
 def _record(node_rank: int, host: str, culprit: int, *ranks: int) -> HangRecord:

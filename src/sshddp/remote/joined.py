@@ -31,16 +31,21 @@ def records(rundir: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def node_watch(rundir: str, since: float, now: Optional[float] = None) -> NodeWatch:
+def node_watch(
+    rundir: str, since: float, now: Optional[float] = None, world: Optional[int] = None
+) -> NodeWatch:
     """This node's facts: its ranks in and through init_process_group, and how long its
     output has been quiet (since ``since``, its start, when it wrote none). A node
-    launcher's worker counts by the rank its group gave it, once it has one."""
+    launcher's worker counts by the rank its group gave it once it joined a group of size
+    ``world`` (the planned one): a group of another size numbers its ranks its own way."""
     now = time.time() if now is None else now
     entered, joined = set(), set()
     for name, record in records(rundir).items():
         rank = int(name) if name.isdigit() else record.get("rank")
+        if not name.isdigit() and (world is None or record.get("world") != world):
+            continue  # a worker still waiting, or in a world of its own
         if not isinstance(rank, int) or isinstance(rank, bool):
-            continue  # a worker still waiting: its rank is not known yet
+            continue
         entered.add(rank)
         if record.get("joined") is not None:
             joined.add(rank)

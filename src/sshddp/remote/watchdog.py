@@ -167,7 +167,8 @@ class Watchdog:
         self.formed_at: Optional[float] = None  #: when node 0 saw the world formed
 
     def mine(self) -> NodeWatch:
-        return node_watch(self.rundir, self.since)
+        nprocs = self.watch["nprocs"] if self.watch else None
+        return node_watch(self.rundir, self.since, world=sum(nprocs) if nprocs else None)
 
     def start(self) -> None:
         """Node 0: decide, every TICK, in a background thread."""
