@@ -72,6 +72,7 @@ def launch_expecting_success(
         again = tmp / "again"
         again.mkdir()
         run = sshddp_launch(cluster, again, free_port(), args, opts)
+    assert "not distributed" not in run.stderr, run.stderr  # every way formed one world
     return run
 
 
@@ -135,6 +136,11 @@ def test_spawn_trainer_computes_its_rank_from_node_rank(
     assert_every_rank_trained(run, "spawn")
     for node, r in records(run, "spawn"):
         assert r["node_rank"] == node and r["rank"] == 2 * node + r["local_rank"], r
+    # the workers have no RANK, yet each node's exit record says both joined the world
+    for node in range(len(HOSTS)):
+        path = run.workdir / "runs" / run.run_id / f"n{node}" / "exit.json"
+        world = json.loads(path.read_text())["world"]
+        assert (world["joined"], world["sizes"]) == (2, [2 * len(HOSTS)] * 2), world
 
 
 @pytest.mark.slow

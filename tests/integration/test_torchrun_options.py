@@ -50,6 +50,8 @@ def test_local_rank_arg_feeds_a_torch_distributed_launch_script(
     assert without.rc == 1 and "the following arguments are required: --local_rank" in (
         without.stderr
     ), without.stderr
+    assert "\nhint: the script wants --local_rank" in without.stderr, without.stderr
+    assert "launch with --local-rank-arg" in without.stderr, without.stderr
 
 
 def launch_legacy(

@@ -75,6 +75,13 @@ def test_stall_timeout_stops_the_run_and_names_the_sleeping_rank(
     assert "the stall watchdog fired" in done.stderr, done.stderr
     assert "no rank wrote output for" in done.stderr, done.stderr
     assert_sleeper_named(done.stderr)
+    cause = (
+        f"root cause: rank 3 on h2 (node 1) stands apart in forever (hang.py, line "
+        f"{line_of('FOREVER')}), called from sleep_before_allreduce (hang.py, line "
+        f"{line_of('SLEEPS HERE')}), while the other 5 ranks wait elsewhere"
+    )
+    assert cause in done.stderr, done.stderr  # not the last node to stall (node 2 on h3)
+    assert "lines of node 1's output ---" in done.stderr, done.stderr  # its node's tail
     for n in range(3):
         exit_record = json.loads((workdir / "runs" / "stl" / f"n{n}" / "exit.json").read_text())
         assert exit_record["state"] == "stalled", exit_record
@@ -176,3 +183,20 @@ def test_attached_init_timeout_exits_6_with_the_finding_and_the_stacks(
     assert f"line {line_of('BLOCKS BEFORE INIT')}, in block_before_init" in done.stderr
     assert "run ina hung: a watchdog stopped it" in done.stderr, done.stderr
     run_no_leak("ina")
+
+
+def test_a_slow_start_longer_than_the_stall_timeout_is_no_stall(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """2 hosts x 2 ranks sleep 20 s in silence before init_process_group (as a slow torch
+    import does), with --stall-timeout 6: the stall clock starts only once the world has
+    formed, so the run ends well, with no watchdog firing."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
+    args = ["--name", "slw", "--stall-timeout", "6", str(inv), str(HANG), "slowinit", "20"]
+    done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "watchdog" not in done.stderr and "stalled" not in done.stderr, done.stderr
+    assert "run slw succeeded" in done.stderr and "not distributed" not in done.stderr
+    log = (tmp_path / "sshddp-logs" / "slw" / "node1-h2.log").read_text()
+    assert "DONE 2" in log and "DONE 3" in log, log
+    run_no_leak("slw")

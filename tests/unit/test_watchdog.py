@@ -74,13 +74,24 @@ def test_a_node_that_never_reported_keeps_the_world_unformed_and_is_named() -> N
 
 def test_stall_fires_only_when_every_node_has_been_quiet_that_long() -> None:
     quiet = {r: fact(f["entered"], f["joined"], 12.0) for r, f in FORMED.items()}
-    found = verdict(watch(stall=10), NPROCS, quiet, 50, HOSTS)
+    found = verdict(watch(stall=10), NPROCS, quiet, 50, HOSTS, formed_for=40)
     assert found == (contract.HANG_STALL, "no rank wrote output for 12 s (--stall-timeout 10)")
     one_speaks = {**quiet, 1: fact([2, 3], [2, 3], 3.0)}
-    assert verdict(watch(stall=10), NPROCS, one_speaks, 50, HOSTS) is None
+    assert verdict(watch(stall=10), NPROCS, one_speaks, 50, HOSTS, formed_for=40) is None
     missing = {r: f for r, f in quiet.items() if r != 2}  # node 2 has not reported yet
-    assert verdict(watch(stall=10), NPROCS, missing, 50, HOSTS) is None
-    assert verdict(watch(stall=0), NPROCS, quiet, 50, HOSTS) is None
+    assert verdict(watch(stall=10), NPROCS, missing, 50, HOSTS, formed_for=40) is None
+    assert verdict(watch(stall=0), NPROCS, quiet, 50, HOSTS, formed_for=40) is None
+
+
+def test_the_stall_clock_starts_when_the_world_forms() -> None:
+    """Quiet while torch imports, or in a script that never forms a world: no stall. Once
+    the world formed, the quiet counts from then at most."""
+    importing = {r: fact([], [], 100.0) for r in range(3)}
+    assert verdict(watch(stall=10), NPROCS, importing, 100, HOSTS) is None
+    quiet = {r: fact(f["entered"], f["joined"], 100.0) for r, f in FORMED.items()}
+    assert verdict(watch(stall=10), NPROCS, quiet, 100, HOSTS, formed_for=9) is None
+    found = verdict(watch(stall=10), NPROCS, quiet, 100, HOSTS, formed_for=11)
+    assert found == (contract.HANG_STALL, "no rank wrote output for 11 s (--stall-timeout 10)")
 
 
 def test_world_text_counts_partial_joins() -> None:
@@ -239,7 +250,9 @@ print("joined", flush=True)
 
 def test_a_rank_records_init_process_group_with_real_torch(tmp_path: Path) -> None:
     """A rank's sitecustomize wraps torch's init_process_group (torch imported by the
-    script, not by it): joined/<RANK> says when the call started and when it returned."""
+    script, not by it): joined/<RANK> says when the call started and when it returned, and
+    the world size; a process without RANK (a node launcher's worker) writes joined/p<pid>
+    with the rank its group gave it."""
     rundir = tmp_path / "n0"
     (rundir / "site").mkdir(parents=True)
     (rundir / "spec.json").write_text("{}")
@@ -261,6 +274,17 @@ def test_a_rank_records_init_process_group_with_real_torch(tmp_path: Path) -> No
     record = json.loads((rundir / contract.JOINED / "5").read_text())
     assert record["rank"] == 5 and record["schema"] == contract.SCHEMA
     assert before <= record["entered"] <= record["joined"] <= time.time()
+    assert record["world"] == 1  # the world size the group formed with
+    worker = {k: v for k, v in env.items() if k != "RANK"}  # a node launcher's worker
+    worker["MASTER_PORT"] = str(_free_port())
+    done = subprocess.run(
+        [sys.executable, "-c", INIT], env=worker, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    pids = [p for p in os.listdir(rundir / contract.JOINED) if p.startswith("p")]
+    assert len(pids) == 1, pids
+    record = json.loads((rundir / contract.JOINED / pids[0]).read_text())
+    assert (record["rank"], record["world"]) == (0, 1) and record["joined"] is not None
     untouched = "import sys, sitecustomize; print('torch' in sys.modules)"
     plain = subprocess.run(
         [sys.executable, "-c", untouched], env=env, capture_output=True, text=True, timeout=60

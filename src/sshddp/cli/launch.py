@@ -166,7 +166,7 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
         terminal.show(doctor_table(failed.reports), to_stderr=True)
         raise
     if result is not None and result.hung:
-        hang_report(terminal, result.run_id, ssh, kw["fanout"])
+        result = hang_report(terminal, result, ssh, kw["fanout"])
     raise Exit(ExitCode.OK if result is None else report_result(terminal, result))
 
 

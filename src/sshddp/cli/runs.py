@@ -55,7 +55,7 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     ssh = _ssh_for(record, kw)
     result = coordinator.attach(record, ssh, kw["fanout"], terminal)
     if result.hung:
-        hang_report(terminal, record.run_id, ssh, kw["fanout"])
+        result = hang_report(terminal, result, ssh, kw["fanout"])
     raise Exit(report_result(terminal, result))
 
 

@@ -3,6 +3,7 @@ run may stay silent (``remote/watchdog.py`` runs them on the hosts)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
 import click
@@ -11,7 +12,8 @@ from sshddp import defaults
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import SshddpError
 from sshddp.hosts.transport import SshOptions
-from sshddp.model.hang import render
+from sshddp.model.hang import culprits, render
+from sshddp.model.state import RunResult
 from sshddp.run import registry
 from sshddp.run.hang import collect
 
@@ -34,7 +36,8 @@ def watchdog_options(fn: F) -> F:
         default=0.0,
         show_default=True,
         metavar="SECONDS",
-        help="A run none of whose ranks wrote output for this long has stalled; 0: off.",
+        help="A run none of whose ranks wrote output for this long, counted from when every "
+        "rank got through init_process_group, has stalled; 0: off.",
     )(fn)
     return click.option(
         "--init-timeout",
@@ -47,11 +50,18 @@ def watchdog_options(fn: F) -> F:
     )(fn)
 
 
-def hang_report(terminal: Terminal, run_id: str, ssh: SshOptions, fanout: int) -> None:
-    """After a run a watchdog stopped: the stacks it took, read back from the hosts."""
+def hang_report(terminal: Terminal, result: RunResult, ssh: SshOptions, fanout: int) -> RunResult:
+    """After a run a watchdog stopped: the stacks it took, read back from the hosts; the
+    result with its root cause as they say it (the odd ones out, their node)."""
     try:
-        text = render(run_id, collect(registry.resolve(run_id), ssh, fanout))
+        hangs = collect(registry.resolve(result.run_id), ssh, fanout)
     except SshddpError as exc:
-        text = f"sshddp: the stacks the watchdog took could not be read: {exc.message}"
+        terminal.err(f"sshddp: the stacks the watchdog took could not be read: {exc.message}")
+        return result
+    text = render(result.run_id, hangs)
     if text:
         terminal.err(text.rstrip("\n"))
+    node, cause = culprits(hangs)
+    if not cause:
+        return result
+    return replace(result, hang_cause=cause, root_cause=node)

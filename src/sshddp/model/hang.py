@@ -4,6 +4,8 @@ the odd ones out first), and the NCCL flight recorder's dumps."""
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from sshddp.model.escape import visible
 from sshddp.model.flight import RankFlight, findings
 from sshddp.model.stacks import HostStacks
 from sshddp.remote import contract
-from sshddp.remote.contract import HangRecord
+from sshddp.remote.contract import HangRecord, ThreadRecord
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,55 @@ def finding(hangs: Sequence[NodeHang]) -> Optional[HangRecord]:
     """The record that says what the watchdog found: node 0's (it decides), else any."""
     found = [h.record for h in sorted(hangs, key=lambda h: h.node_rank) if h.record]
     return found[0] if found else None
+
+
+#: Where library code lives: a frame there says little of why a rank stands where it does.
+_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python3[.\d]*[/\\]|^<")
+
+
+def where(threads: Sequence[ThreadRecord]) -> str:
+    """Where a process stands: its first thread's innermost frame of the user's own code
+    (not torch's, not the standard library's) and the frame that called it, innermost
+    first; its innermost Python frame when it has no code of the user's."""
+    frames = [f for f in (threads[0]["frames"] if threads else []) if f["file"] and not f["native"]]
+    own = [k for k, f in enumerate(frames) if not _LIBRARY.search(f["file"])]
+    if not frames:
+        return "no Python frame"
+    at = own[-1] if own else len(frames) - 1
+    shown = [frames[at]] + ([frames[at - 1]] if at > 0 and at - 1 in own else [])
+    said = [f"{f['func']} ({os.path.basename(f['file'])}, line {f['line']})" for f in shown]
+    return "in " + ", called from ".join(said)
+
+
+def culprits(hangs: Sequence[NodeHang]) -> tuple[Optional[int], str]:
+    """A hung run's root cause as its stacks say: the odd ones out among the ranks (their
+    ranks, hosts, nodes and where they stand), and the node of the first; (None, "") when no
+    rank stands apart."""
+    ranks = [g for g in stacks.group(as_stacks(hangs)) if g.role == contract.RANK]
+    odd = [g for g in ranks if g.odd]
+    if not odd:
+        return None, ""
+    said = [
+        f"{_who(g)} {_plural(len(g.members), 'stands', 'stand')} apart {where(g.threads)}"
+        for g in odd
+    ]
+    rest = sum(len(g.members) for g in ranks if not g.odd)
+    others = f"the other {rest} {_plural(rest, 'rank waits', 'ranks wait')} elsewhere"
+    text = "; ".join(said) + f", while {others} (stacks above)"
+    return odd[0].members[0].node_rank, text
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _who(g: stacks.Group) -> str:
+    """``rank 3 on h2 (node 1)``, ``ranks 2-3 on h2 (node 1)``."""
+    ranks = [m.process["rank"] for m in g.members if m.process["rank"] is not None]
+    hosts = ",".join(dict.fromkeys(m.host for m in g.members))
+    nodes = stacks.ranges(m.node_rank for m in g.members)
+    many = len(ranks) > 1
+    return f"rank{'s' if many else ''} {stacks.ranges(ranks)} on {hosts} (node {nodes})"
 
 
 def flight_lines(hangs: Sequence[NodeHang]) -> list[str]:

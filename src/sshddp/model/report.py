@@ -15,7 +15,7 @@ from sshddp import defaults
 from sshddp.model import envvars
 from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
 from sshddp.model.escape import visible, visible_line
-from sshddp.model.state import NodeState, RunResult, peer_cause, stop_reason
+from sshddp.model.state import NodeResult, NodeState, RunResult, peer_cause, stop_reason
 
 if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
     from rich.console import RenderableType
@@ -206,7 +206,8 @@ TAIL_PREFIX = "  | "  #: before each line of a rank's output in the report: no r
 
 
 def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
-    """Every node's state, then the root cause with the failing node's last lines.
+    """Every node's state, then the root cause with the failing node's last lines (a
+    successful run that never formed its world: a warning that says so).
 
     Whatever came from the hosts (reasons, the ranks' lines) is shown with its control
     characters escaped (``escape.visible``): it cannot move the cursor or forge a line."""
@@ -217,15 +218,26 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
             detail = f"exit code {n.returncode}"
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
     out.extend(attempts_lines(result))
+    out.extend(world_warning(result))
     if result.cause and not result.ok:
         out.append(f"root cause: {result.cause}")
         return "\n".join(out)
     node = result.root
-    if node is None:
+    if result.hung and result.hang_cause:
+        out.append(f"root cause: {visible(result.hang_cause)}")
+    elif node is None:
         cause = peer_cause(result)
         if cause:
             out.append(f"root cause (as the supervisors saw it): {visible(cause)}")
+    if node is None:
         return "\n".join(out)
+    rank = None if result.hung and result.hang_cause else _root_line(out, node, full_tail)
+    out.extend(_tail_lines(node, full_tail, rank))
+    return "\n".join(out)
+
+
+def _root_line(out: list[str], node: NodeResult, full_tail: Sequence[str]) -> Optional[int]:
+    """Add the root-cause line of a failed node; the global rank whose lines to show."""
     info = torchrun_failure(full_tail)
     where = f"node {node.node_rank} on {node.host}"
     if "rank" in info:
@@ -238,14 +250,119 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
         if "rank" in said:  # the tail shows that rank's own lines
             info["rank"] = said["rank"]
     out.append(f"root cause: {where}: {visible(_how(info, node.reason or node.state.value))}")
-    tail = user_tail(full_tail, rank=info.get("rank"))
+    return info.get("rank")
+
+
+def _tail_lines(node: NodeResult, full_tail: Sequence[str], rank: Optional[int]) -> list[str]:
+    """The node's last lines, what they hint at, and where its full log is."""
+    out = []
+    tail = user_tail(full_tail, rank=rank)
     if tail:
         out.append(f"--- last {len(tail)} lines of node {node.node_rank}'s output ---")
         out.extend(TAIL_PREFIX + visible_line(line) for line in tail)
         out.append("---")
+    out.extend(f"hint: {hint}" for hint in failure_hints(tail))
     if node.log_path:
         out.append(f"full log: {visible(str(node.log_path))}")
-    return "\n".join(out)
+    return out
+
+
+_LOCAL_RANK_REQUIRED = re.compile(r"error: the following arguments are required: .*--local_rank")
+_UNRECOGNIZED = re.compile(r"error: unrecognized arguments: .*(--local[-_]rank)")
+_PLACEHOLDER = re.compile(r"\{(node_rank|nnodes|master_addr|master_port|nproc|world_size)\}")
+
+
+def failure_hints(lines: Sequence[str]) -> list[str]:
+    """What a failed node's last lines say of a well-known mistake, and its fix: a script
+    written for torch.distributed.launch (``--local_rank``), a placeholder given to torchrun
+    literally."""
+    hints: list[str] = []
+    for line in lines:
+        if _LOCAL_RANK_REQUIRED.search(line):
+            hints.append(
+                "the script wants --local_rank (written for torch.distributed.launch), which "
+                "torchrun does not pass (it sets LOCAL_RANK): launch with --local-rank-arg, or "
+                "read os.environ['LOCAL_RANK'] in the script"
+            )
+        elif m := _UNRECOGNIZED.search(line):
+            hints.append(_unrecognized_hint(m.group(1)))
+        elif m := _PLACEHOLDER.search(line):
+            hints.append(
+                f"{m.group(0)} reached the script as it is: placeholders are expanded only in "
+                "a command after `--` with --launcher node (`sshddp launch --launcher node "
+                "INVENTORY -- COMMAND {node_rank} ...`); torchrun's ranks read RANK, "
+                "LOCAL_RANK, WORLD_SIZE and GROUP_RANK from their environment"
+            )
+    return list(dict.fromkeys(hints))
+
+
+def _unrecognized_hint(option: str) -> str:
+    if option == "--local-rank":
+        return (
+            "the script's parser does not take --local-rank (what torch.distributed.launch "
+            "passes since torch 2.0): accept both spellings, "
+            "`parser.add_argument('--local-rank', '--local_rank', type=int)`, or read "
+            "os.environ['LOCAL_RANK']"
+        )
+    return (
+        "the script does not take --local_rank: launch it without --local-rank-arg "
+        "(torchrun's ranks read LOCAL_RANK from their environment)"
+    )
+
+
+def world_warning(result: RunResult) -> list[str]:
+    """A run that succeeded without forming its planned world: the warning, with every
+    node's numbers, the likely cause and the fix (nothing for a distributed run)."""
+    if not result.undistributed:
+        return []
+    worlds = [(n, n.world) for n in result.nodes if n.world is not None]
+    planned = worlds[0][1].planned
+    sizes = sorted({s for _, w in worlds for s in w.sizes})
+    out = [
+        f"sshddp: WARNING: run {result.run_id} was not distributed: " + _world_said(planned, sizes)
+    ]
+    for n, w in worlds:
+        seen = f" (world size {_sizes(w.sizes)})" if w.sizes else ""
+        out.append(
+            f"  node {n.node_rank:<3} {n.host:<20} {w.joined} of {w.ranks} process(es) "
+            f"joined a process group{seen}"
+        )
+    out.extend(_world_fix(bool(sizes)))
+    out.append("  (the exit code stays 0: the processes themselves succeeded)")
+    return out
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    return ", ".join(str(s) for s in sorted(set(sizes)))
+
+
+def _world_said(planned: int, sizes: Sequence[int]) -> str:
+    if not sizes:
+        return (
+            f"none of its processes called torch.distributed.init_process_group, so they "
+            f"never formed the planned world of {planned}: each ran on its own"
+        )
+    return (
+        f"its processes formed process groups of size {_sizes(sizes)}, never one of the "
+        f"planned world size {planned}"
+    )
+
+
+def _world_fix(joined: bool) -> list[str]:
+    if joined:
+        return [
+            "  likely cause: each node (or each launcher) formed a world of its own: a "
+            "command after `--` must pass the run's figures ({nnodes}, {node_rank}, "
+            "{world_size}, {master_addr}, {master_port}), and init_process_group must not "
+            "be given a world_size of its own"
+        ]
+    return [
+        "  likely cause: the script never calls init_process_group, or a framework chose "
+        "to run each process alone: accelerate (and a transformers Trainer, built on it) "
+        "does so on hosts without a GPU unless told to use the CPU",
+        "  fix: call torch.distributed.init_process_group; for accelerate on CPU hosts, "
+        "`--env ACCELERATE_USE_CPU=1` or `Accelerator(cpu=True)`",
+    ]
 
 
 def attempts_lines(result: RunResult) -> list[str]:

@@ -6,7 +6,7 @@ the first failure (torch elastic's ``WorkerState`` / ``RunResult`` do the same).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -70,6 +70,42 @@ class NodeState(str, Enum):
             return cls.UNKNOWN
 
 
+@dataclass(frozen=True)
+class NodeWorld:
+    """What a node's processes did with ``init_process_group`` (exit.json's ``world``)."""
+
+    planned: int  #: the run's planned world size
+    ranks: int  #: the node's planned ranks
+    joined: int  #: its processes that returned from init_process_group
+    sizes: tuple[int, ...]  #: the world size each of them saw
+
+    @classmethod
+    def of(cls, value: object) -> Optional[NodeWorld]:
+        """From a host's record; None when absent (an older host) or malformed."""
+        if not isinstance(value, Mapping):
+            return None
+        numbers = [value.get(k) for k in ("planned", "ranks", "joined")]
+        sizes = value.get("sizes")
+        if not isinstance(sizes, list) or not all(map(_is_int, [*numbers, *sizes])):
+            return None
+        planned, ranks, joined = (int(n) for n in numbers)  # type: ignore[arg-type]
+        return cls(planned, ranks, joined, tuple(sizes))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def not_distributed(nodes: Sequence[NodeResult]) -> bool:
+    """The run's processes never formed one process group of the planned world size: none
+    joined one, or they formed groups of another size. False when some node cannot say
+    (a host of an older sshddp) or nothing was planned."""
+    worlds = [n.world for n in nodes]
+    if not worlds or any(w is None or w.planned < 1 for w in worlds):
+        return False
+    return not any(w.planned in w.sizes for w in worlds if w is not None)
+
+
 @dataclass
 class NodeResult:
     """What became of one node."""
@@ -85,6 +121,7 @@ class NodeResult:
     attempt: int = 1  #: the attempt of the run it ended in, or runs (``--max-restarts``)
     attempts: int = 1  #: how many attempts the run may make: 1 + its restarts
     earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
+    world: Optional[NodeWorld] = None  #: the worlds its processes joined, once it ended
 
     def apply(self, record: Mapping[str, Any]) -> None:
         """Take a node's exit record (exit.json, or follow's status) as its state."""
@@ -97,6 +134,7 @@ class NodeResult:
         self.attempts = max(self.attempt, _count(record.get("attempts")))
         earlier = record.get("earlier")
         self.earlier = tuple(str(e) for e in earlier) if isinstance(earlier, list) else ()
+        self.world = NodeWorld.of(record.get("world"))
 
 
 @dataclass
@@ -111,10 +149,17 @@ class RunResult:
     log_dir: Optional[Path] = None
     log_error: Optional[str] = None  #: why we detached: a local log stopped taking bytes
     cause: Optional[str] = None  #: what ended the run from outside its nodes (its Slurm job)
+    hang_cause: Optional[str] = None  #: a hung run's culprits, as its stacks single them out
 
     @property
     def ok(self) -> bool:
         return all(n.state is NodeState.SUCCEEDED for n in self.nodes)
+
+    @property
+    def undistributed(self) -> bool:
+        """It succeeded without ever forming its planned world (exit code 0 all the same:
+        its processes did succeed; the report warns)."""
+        return self.ok and not_distributed(self.nodes)
 
     @property
     def hung(self) -> bool:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 4  #: 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
+SCHEMA = 5  #: 5: joined/p<pid> and JoinedRecord `world`; exit.json `world`
+# (remote/ranksite.py, which stands alone, repeats the number)
+# 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
 # `earlier`, `offsets`; node.idx and out/ (each line's rank) (remote/ranksite.py, which
 # stands alone, repeats the number)
 # 3: spec.json `tty_size` and `watch`; joined/, hang.json, nccl/; the state STALLED
@@ -43,7 +45,9 @@ CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
 CODE_SHA256 = "code.sha256"  #: the SHA-256 of the shipped bytes, checked as they arrived
 WORKSPACES = "work"  #: ``<workdir>/work/<name>``: shipped code's cwd, kept across runs
 STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, appended
-JOINED = "joined"  #: <global rank>: a JoinedRecord per rank that called init_process_group
+#: <global rank> (a rank torchrun started) or p<pid> (any other process of the node): a
+#: JoinedRecord per process that called init_process_group
+JOINED = "joined"
 HANG = "hang.json"  #: what the node's watchdog saw when the run hung (HangRecord)
 FLIGHT_WAIT = 12.0  #: seconds the ranks have to dump their flight recorder once asked (flight)
 NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA hosts
@@ -132,15 +136,26 @@ class SpecRecord(TypedDict, total=False):
 
 
 class JoinedRecord(TypedDict):
-    """joined/<rank>: a rank's call of ``torch.distributed.init_process_group``, written
-    by the node's sitecustomize (``ranksite``) when the call starts and again when it
-    returns: the rank is then part of the world."""
+    """joined/<rank> or joined/p<pid>: a process's call of
+    ``torch.distributed.init_process_group``, written by the node's sitecustomize
+    (``ranksite``) when the call starts and again when it returns: the process is then part
+    of a world."""
 
     schema: int
-    rank: int
+    rank: Optional[int]  #: RANK (torchrun's ranks), else the group's rank once joined
     pid: int
     entered: float  #: when the call started (epoch seconds)
     joined: Optional[float]  #: when it returned; None while it waits
+    world: Optional[int]  #: the world size of the group it joined (schema 5); None: waits
+
+
+class WorldRecord(TypedDict):
+    """exit.json's ``world``: whether the node's processes formed the planned world."""
+
+    planned: int  #: the run's planned world size (every node's ranks)
+    ranks: int  #: this node's planned ranks
+    joined: int  #: this node's processes that returned from init_process_group
+    sizes: list[int]  #: the world size each of them saw, smallest first
 
 
 class NodeWatch(TypedDict):
@@ -258,6 +273,7 @@ class ExitRecord(TypedDict, total=False):
     attempts: int  #: how many attempts the run may make: 1 + its restarts (schema 4)
     earlier: list[str]  #: why each earlier attempt ended, oldest first (schema 4)
     offsets: list[int]  #: where each attempt starts in node.log, by attempt (schema 4)
+    world: WorldRecord  #: the worlds the node's processes joined (schema 5)
 
 
 class StopAnswer(ExitRecord, total=False):

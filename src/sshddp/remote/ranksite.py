@@ -19,11 +19,12 @@ there before, the default one, which ends a process on a real-time signal, and i
 SA_RESTART, so a C call blocked in the receiving thread would fail with EINTR. A forked
 child (a DataLoader worker) opens its own file.
 
-And it tells the watchdogs which ranks joined the world: in a rank (RANK set), the first
-import of ``torch.distributed.distributed_c10d`` gets its ``init_process_group`` wrapped,
-through an import hook, so torch is never imported here. The wrapper writes
-RUNDIR/joined/<rank> (``contract.JoinedRecord``) as the call starts and again once it
-returns.
+And it tells the watchdogs and the report who joined a world: in every process of the
+node, the first import of ``torch.distributed.distributed_c10d`` gets its
+``init_process_group`` wrapped, through an import hook, so torch is never imported here. The
+wrapper writes RUNDIR/joined/<rank> (a rank torchrun started: RANK set) or
+RUNDIR/joined/p<pid> (a node launcher's worker) (``contract.JoinedRecord``) as the call
+starts and again once it returns, with the rank and the world size the group then has.
 
 And it gives a rank its own output: in a rank torchrun started (LOCAL_RANK set) whose stdout
 is the node's pipe (SSHDDP_OUTPUT names it), stdout and stderr move onto the FIFO the
@@ -41,7 +42,7 @@ import sys
 
 TYPE_CHECKING = False  # every process of the node starts here: it never imports typing
 if TYPE_CHECKING:
-    from typing import IO, Optional
+    from typing import IO, Any, Optional
 
 
 def _line_buffered() -> None:
@@ -117,7 +118,7 @@ C10D = "torch.distributed.distributed_c10d"
 class _JoinHook:
     """A meta path finder that wraps ``init_process_group`` once its module is loaded."""
 
-    def __init__(self, rundir: str, rank: int) -> None:
+    def __init__(self, rundir: str, rank: Optional[int]) -> None:
         self.rundir = rundir
         self.rank = rank
 
@@ -141,7 +142,7 @@ class _JoinHook:
         return spec
 
 
-def _wrap_init(module: object, rundir: str, rank: int) -> None:
+def _wrap_init(module: object, rundir: str, rank: Optional[int]) -> None:
     import functools
 
     init = getattr(module, "init_process_group", None)
@@ -150,12 +151,25 @@ def _wrap_init(module: object, rundir: str, rank: int) -> None:
 
     @functools.wraps(init)
     def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
-        entered = _write_joined(rundir, rank, None, None)
+        entered = _write_joined(rundir, rank, {"entered": _now(), "joined": None})
         result = init(*args, **kwargs)
-        _write_joined(rundir, rank, entered, _now())
+        group = _group_of(module)
+        joined = {"entered": entered, "joined": _now(), "world": group[1]}
+        _write_joined(rundir, rank, joined, group[0])
         return result
 
     module.init_process_group = init_process_group  # type: ignore[attr-defined]
+
+
+def _group_of(module: object) -> tuple[Optional[int], Optional[int]]:
+    """(rank, world size) of the default group just formed; None for what torch won't say."""
+    found: list[Optional[int]] = []
+    for name in ("get_rank", "get_world_size"):
+        try:
+            found.append(int(getattr(module, name)()))
+        except Exception:  # a torch without it, or a group it cannot describe
+            found.append(None)
+    return found[0], found[1]
 
 
 def _now() -> float:
@@ -164,33 +178,40 @@ def _now() -> float:
     return time.time()
 
 
+JOINED_SCHEMA = 5  #: the records' schema (sshddp.remote.contract.SCHEMA)
+
+
 def _write_joined(
-    rundir: str, rank: int, entered: Optional[float], joined: Optional[float]
+    rundir: str, rank: Optional[int], times: dict[str, Any], group_rank: Optional[int] = None
 ) -> float:
-    """RUNDIR/joined/<rank>, replaced atomically; when the call started."""
+    """RUNDIR/joined/<rank> (p<pid> without RANK), replaced atomically; when the call
+    started."""
     import json
 
-    entered = entered if entered is not None else _now()
-    record = {"schema": 4, "rank": rank, "pid": os.getpid(), "entered": entered, "joined": joined}
+    pid = os.getpid()
+    name = str(rank) if rank is not None else f"p{pid}"
+    known = rank if rank is not None else group_rank
+    record: dict[str, Any] = {"schema": JOINED_SCHEMA, "rank": known, "pid": pid, "world": None}
+    record.update(times)
     directory = os.path.join(rundir, "joined")
     try:
         os.makedirs(directory, 0o700, exist_ok=True)
-        tmp = os.path.join(directory, f".{rank}.{os.getpid()}")
+        tmp = os.path.join(directory, f".{name}.{pid}")
         with open(tmp, "w") as fh:
             json.dump(record, fh)
-        os.replace(tmp, os.path.join(directory, str(rank)))
+        os.replace(tmp, os.path.join(directory, name))
     except OSError:  # no room: the watchdog sees this rank as not joined
         pass
-    return entered
+    return float(record["entered"])
 
 
 def _hook_init() -> None:
     rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rank = os.environ.get("RANK", "")
-    if not rank.isdigit() or not os.path.isfile(os.path.join(rundir, "spec.json")):
+    if not os.path.isfile(os.path.join(rundir, "spec.json")):
         return
+    rank = os.environ.get("RANK", "")
     if C10D not in sys.modules:
-        sys.meta_path.insert(0, _JoinHook(rundir, int(rank)))
+        sys.meta_path.insert(0, _JoinHook(rundir, int(rank) if rank.isdigit() else None))
 
 
 OUTPUT_VAR = "SSHDDP_OUTPUT"  #: the node pipe's DEV:INO (sshddp.remote.contract.OUTPUT_VAR)

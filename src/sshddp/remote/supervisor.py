@@ -38,6 +38,7 @@ from sshddp.remote.common import (
     unlink,
 )
 from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
+from sshddp.remote.joined import node_world
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.restarts import Restarts, stop_reason
@@ -229,8 +230,18 @@ class Supervisor:
         if self.output is not None:
             self.output.unreserve()
         reason = with_escaped(reason, self.escaped)
-        node, attempts = self.spec["node_rank"], self.restarts.summary()
-        write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, attempts)
+        node, facts = self.spec["node_rank"], exit_facts(self.rundir, self.spec, self.restarts)
+        write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, facts)
+
+
+def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
+    """What exit.json adds to the node's end: its attempts, and the world its processes
+    joined (the report warns of a run that succeeded without forming one)."""
+    facts = restarts.summary()
+    world = node_world(rundir, spec)
+    if world is not None:
+        facts["world"] = world
+    return facts
 
 
 def runs_torchrun(spec: SpecRecord) -> bool:
@@ -388,10 +399,11 @@ def write_exit(
     rc: Optional[int],
     reason: str,
     escaped: Optional[list[Escaped]] = None,
-    attempts: Optional[ExitRecord] = None,
+    facts: Optional[ExitRecord] = None,
 ) -> None:
-    """exit.json: how the node ended (the supervisor's last act); ``attempts``: which
-    attempt it ended in, of how many, and why the earlier ones ended."""
+    """exit.json: how the node ended (the supervisor's last act); ``facts``: which attempt
+    it ended in, of how many, and why the earlier ones ended; the world its processes
+    joined."""
     result: ExitRecord = {
         "schema": contract.SCHEMA,
         "state": state,
@@ -403,7 +415,7 @@ def write_exit(
     }
     if escaped:
         result["escaped"] = escaped
-    result.update(attempts or {})
+    result.update(facts or {})
     if rc is not None and rc < 0:
         result["signal"] = _signame(-rc)
     try:

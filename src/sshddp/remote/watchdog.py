@@ -9,7 +9,10 @@ theirs to node 0 with every heartbeat (``peers``). Node 0's supervisor decides
 
 - init: the world has not formed (some rank has not returned from init_process_group, or
   some node has not reported at all) ``init_timeout`` seconds after node 0 started;
-- stall: no node of the run wrote output for ``stall_timeout`` seconds.
+- stall: the world formed (every rank returned from init_process_group), and since then no
+  node of the run wrote output for ``stall_timeout`` seconds. Its clock starts when the
+  world forms: before, the init watchdog is in charge (importing torch can take minutes),
+  and a run that never forms a world never stalls.
 
 Then every node, told over the peers' wire, collects the stacks of its processes
 (``stacks.collect``) and the NCCL flight recorder's dumps into RUNDIR/hang.json
@@ -124,9 +127,11 @@ def verdict(
     facts: dict[int, NodeWatch],
     elapsed: float,
     hosts: Sequence[str],
+    formed_for: Optional[float] = None,
 ) -> Optional[Verdict]:
     """Whether the run hung, and how, from every node's facts ``elapsed`` seconds after
-    node 0 started (a node missing from ``facts`` has not reported yet)."""
+    node 0 started (a node missing from ``facts`` has not reported yet), the world formed
+    ``formed_for`` seconds ago (None: not yet)."""
     init = float(watch.get("init_timeout") or 0)
     expected = any(f["entered"] for f in facts.values())  # a run without torch.distributed
     if init > 0 and expected and elapsed >= init and not formed(nprocs, facts):
@@ -135,8 +140,8 @@ def verdict(
             + world_text(nprocs, facts, hosts)
         )
     stall = float(watch.get("stall_timeout") or 0)
-    if stall > 0 and len(facts) == len(nprocs):
-        quiet = min(f["quiet"] for f in facts.values())
+    if stall > 0 and formed_for is not None and len(facts) == len(nprocs):
+        quiet = min(formed_for, *(f["quiet"] for f in facts.values()))
         if quiet >= stall:
             return contract.HANG_STALL, (
                 f"no rank wrote output for {quiet:.0f} s (--stall-timeout {stall:g})"
@@ -159,9 +164,11 @@ class Watchdog:
         self.facts: Callable[[], dict[int, NodeWatch]] = dict  #: the other nodes' facts
         self.tell: Callable[[str, str, str], None] = lambda kind, reason, action: None
         self.thread: Optional[threading.Thread] = None  #: node 0's deciding thread
+        self.formed_at: Optional[float] = None  #: when node 0 saw the world formed
 
     def mine(self) -> NodeWatch:
-        return node_watch(self.rundir, self.since)
+        nprocs = self.watch["nprocs"] if self.watch else None
+        return node_watch(self.rundir, self.since, world=sum(nprocs) if nprocs else None)
 
     def start(self) -> None:
         """Node 0: decide, every TICK, in a background thread."""
@@ -175,6 +182,7 @@ class Watchdog:
     def restart(self) -> None:
         """The run starts again (``restarts``): the world forms anew, watched from now."""
         self.since = time.time()
+        self.formed_at = None
         if self.thread is None or not self.thread.is_alive():
             self.start()
 
@@ -188,9 +196,13 @@ class Watchdog:
             time.sleep(TICK)
             facts = dict(self.facts())
             facts[0] = self.mine()
-            if not self._stall() and formed(nprocs, facts):
+            if formed(nprocs, facts) and self.formed_at is None:
+                self.formed_at = time.time()  # the stall clock starts
+            if not self._stall() and self.formed_at is not None:
                 return  # the world formed and nothing else is watched
-            found = verdict(self.watch, nprocs, facts, time.time() - self.since, hosts)
+            now = time.time()
+            since = None if self.formed_at is None else now - self.formed_at
+            found = verdict(self.watch, nprocs, facts, now - self.since, hosts, since)
             if found is None or time.time() - reported_at < self._stall():
                 continue
             kind, reason = found

@@ -13,6 +13,8 @@ blocked     no collective; every rank installs its own SIGUSR1 and SIGUSR2 handl
             3: sleeps in plain_sleep
 initblock N the ranks of node N (GROUP_RANK) sleep forever before init_process_group (in
             block_before_init); the others wait in it
+slowinit S  no hang: every rank sleeps S seconds in silence before init_process_group (a slow
+            import), then all-reduces, prints "DONE <rank>" and ends
 Every rank prints "READY <rank>" once it stands where it will hang.
 """
 
@@ -28,7 +30,7 @@ import time
 
 def forever() -> None:
     while True:
-        time.sleep(3600)
+        time.sleep(3600)  # FOREVER
 
 
 def sleep_before_allreduce() -> None:
@@ -135,8 +137,21 @@ def blocked() -> None:
     (recv_in_c, wait_on_lock, with_workers, plain_sleep)[rank % 4](rank)
 
 
+def slowinit(seconds: float) -> None:
+    time.sleep(seconds)  # as a slow import would, before any output
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    print(f"DONE {dist.get_rank()}", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "sleeper":
+    if sys.argv[1] == "slowinit":
+        slowinit(float(sys.argv[2]))
+    elif sys.argv[1] == "sleeper":
         sleeper(int(sys.argv[2]))
     elif sys.argv[1] == "initblock":
         initblock(int(sys.argv[2]))
