@@ -20,6 +20,13 @@ ON_STALL = "stop"  #: what a stall (--stall-timeout) does: stop the run, or only
 KEEP_RUNS = 50  #: run directories a host keeps, counting the one being launched
 MAX_CODE_BYTES = 512 * 1024 * 1024  #: the most a --workdir may ship
 
+# The most a number given by the user may be (command line, inventory): past these a value
+# is a typo, and some (an overflowing timeout) would break the run rather than the launch.
+MAX_SECONDS = 7 * 24 * 3600.0  #: any option in seconds (timeouts, --grace)
+MAX_PROCS_PER_NODE = 1024  #: --nproc-per-node, an inventory's gpus / nproc / slots, -H HOST:N
+MAX_RESTARTS = 1000  #: --max-restarts
+MAX_FANOUT = 1024  #: --fanout
+
 # Reaching hosts
 FANOUT = 32  #: hosts contacted at once
 CONNECT_TIMEOUT = 10.0  #: seconds to connect, get the SSH banner and authenticate

@@ -65,6 +65,11 @@ def test_smoke_reports_every_host_with_figures(
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 5 / 6)
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["time_us"] / 1e3)
     assert [(link["node"], link["host"]) for link in found["links"]] == [(1, "h2"), (2, "h3")]
+    assert [(n["node"], n["host"], n["joined"]) for n in found["nodes"]] == [
+        (0, "h1", 2),
+        (1, "h2", 2),
+        (2, "h3", 2),
+    ]
     assert all(link["gbps"] > 0 for link in found["links"])
 
 
@@ -78,6 +83,7 @@ def test_smoke_table_on_the_terminal(
     assert "all-reduce sum: 10 (expected 10): exact" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "256 KiB" in proc.stdout
     assert "  node 1   h2 " in proc.stdout
+    assert "  node 0   h1                   2/2" in proc.stdout  # node 0 is named too
     assert "ok: every rank joined, the sum is exact" in proc.stdout
 
 

@@ -221,7 +221,7 @@ def test_unknown_command() -> None:
 @pytest.mark.parametrize(
     ("options", "needle"),
     [
-        (["--nproc-per-node", "0"], "--nproc-per-node 0"),
+        (["--nproc-per-node", "0"], "'--nproc-per-node': 0 is not in the range"),
         (["--nproc-per-node", "two"], "two"),
         (["--port", "70000"], "--port 70000"),
         (["--name", "no spaces"], "--name 'no spaces'"),

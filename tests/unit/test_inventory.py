@@ -272,7 +272,7 @@ def test_huge_file(tmp_path: Path) -> None:
 # --- rejections, each pointing at file, line, key path and column -------------------------
 
 HOST_FORM = "expected a host name, ssh alias or IP address"
-COUNT = "expected a non-negative integer"
+COUNT = "expected a non-negative integer up to 1024"
 PORT = "expected an integer port from 1 to 65535"
 
 # (inventory text, line, key path, token under the caret, words the message must have)

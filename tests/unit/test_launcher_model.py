@@ -146,11 +146,11 @@ def test_host_list_gives_hosts_with_counts_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("a:2,b:x", "hosts[1] (entry 2, 'b:x'): expected a positive integer, got 'x'"),
+        ("a:2,b:x", "hosts[1] (entry 2, 'b:x'): expected a positive integer up to 1024, got 'x'"),
         ("a:2,a:3", "host 'a' is listed twice, as entries 1 and 2"),
         ("a,,b", "hosts[1] (entry 2, ''): an empty entry"),
         ("a;id:2", "hosts[0] (entry 1, 'a;id:2'): expected a host name"),
-        ("a:0", "expected a positive integer, got 0"),
+        ("a:0", "expected a positive integer up to 1024, got 0"),
         ("", "no hosts"),
     ],
 )

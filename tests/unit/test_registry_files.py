@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import sshddp
 from sshddp.errors import ExitCode, RunNotFound, StateError, UsageError
 from sshddp.model.inventory import Host
 from sshddp.model.plan import CodeSpec, LaunchPlan, NodePlan
@@ -143,6 +144,20 @@ def test_problems_name_the_path_and_never_hide_the_other_records(
     with pytest.raises(StateError) as under:
         registry.create(record())
     assert under.value.exit_code == ExitCode.BAD_INPUT and str(afile) in under.value.message
+
+
+def test_a_record_nested_too_deep_is_named_and_hides_no_other(state: Path) -> None:
+    registry.create(record("good"))
+    deep = state / "runs" / "deep.json"
+    deep.write_text("[" * 200_000)
+    runs, problems = registry.all_runs()
+    assert [r.run_id for r in runs] == ["good"]
+    assert len(problems) == 1 and problems[0].startswith(f"the run record {deep} is malformed")
+    registry.forget("good")  # ps would ask its (made-up) hosts how it is
+    result = sshddp(["ps", "--all"])
+    assert result.code == ExitCode.OK, result.explain()  # the problem is a note, as for others
+    assert f"the run record {deep} is malformed" in result.err, result.explain()
+    assert "internal error" not in result.text, result.explain()
 
 
 def test_bounded_map_never_waits_past_its_deadline() -> None:

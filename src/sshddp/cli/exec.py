@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from sshddp.cli.hostlist import DashDashCommand, host_list_options, split_hosts
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import CONTEXT, Exit, Seconds, make_ssh, ssh_options, terminal_of
 from sshddp.model import exec as model
 from sshddp.model.inventory import Host
 from sshddp.run.exec import run_everywhere
@@ -22,7 +22,7 @@ from sshddp.run.exec import run_everywhere
 @host_list_options
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=Seconds(min=0.1),
     metavar="SECONDS",
     help="Give up on a host whose command runs longer (it is reported, not killed).",
 )

@@ -15,6 +15,8 @@ from sshddp.cli.options import (
     PORT_HELP,
     PORT_OR_AUTO,
     Exit,
+    Seconds,
+    count,
     make_ssh,
     ranks_option,
     select_ranks,
@@ -58,7 +60,10 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     "workers (Lightning, mp.spawn, or `-- COMMAND` such as `accelerate launch`).",
 )
 @click.option(
-    "--nproc-per-node", type=int, metavar="N", help="Processes per node (default: gpus, or nproc)."
+    "--nproc-per-node",
+    type=count(1, defaults.MAX_PROCS_PER_NODE),
+    metavar="N",
+    help="Processes per node (default: gpus, or nproc).",
 )
 @click.option("--port", type=PORT_OR_AUTO, metavar="N|auto", help=PORT_HELP)
 @click.option(
@@ -82,7 +87,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @click.option("--detach", is_flag=True, help="Return once every node has started.")
 @click.option(
     "--max-restarts",
-    type=click.IntRange(min=0),
+    type=count(0, defaults.MAX_RESTARTS),
     default=0,
     show_default=True,
     metavar="N",
@@ -90,7 +95,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     default=defaults.GRACE,
     show_default=True,
     metavar="SECONDS",
@@ -98,7 +103,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 )
 @click.option(
     "--heartbeat-timeout",
-    type=click.FloatRange(min=0.5),
+    type=Seconds(min=0.5),
     default=defaults.HEARTBEAT_TIMEOUT,
     show_default=True,
     metavar="SECONDS",

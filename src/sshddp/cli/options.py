@@ -5,6 +5,7 @@ Only the CLI imports click.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Optional, TypeVar
 
@@ -28,6 +29,27 @@ class Exit(Exception):
         self.code = code
 
 
+class Seconds(click.FloatRange):
+    """A number of seconds from ``min`` to ``defaults.MAX_SECONDS``: never nan or inf, which
+    pass a range check (every comparison with nan is false) and then break what uses them."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 0.0) -> None:
+        super().__init__(min=min, max=defaults.MAX_SECONDS)
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Any) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def count(min: int, max: int) -> click.IntRange:
+    """A whole number from ``min`` to ``max`` (click refuses nan, inf and 1e3 as integers)."""
+    return click.IntRange(min=min, max=max)
+
+
 def ssh_options(fn: F) -> F:
     """The connection options every command that reaches hosts takes."""
     decorators = [
@@ -45,7 +67,7 @@ def ssh_options(fn: F) -> F:
         ),
         click.option(
             "--connect-timeout",
-            type=click.FloatRange(min=0.1),
+            type=Seconds(min=0.1),
             metavar="SECONDS",
             default=defaults.CONNECT_TIMEOUT,
             show_default=True,
@@ -53,7 +75,7 @@ def ssh_options(fn: F) -> F:
         ),
         click.option(
             "--fanout",
-            type=click.IntRange(min=1),
+            type=count(1, defaults.MAX_FANOUT),
             default=defaults.FANOUT,
             show_default=True,
             help="Hosts contacted at once.",
@@ -74,9 +96,12 @@ class PortOrAuto(click.ParamType):
         if value == "auto" or value == defaults.AUTO_PORT:
             return defaults.AUTO_PORT
         try:
-            return int(value)
+            port = int(value)
         except (TypeError, ValueError):
+            port = 0
+        if port < 1:  # -1 would pass for AUTO_PORT
             self.fail(f"{value!r}: expected a port number (1-65534) or auto", param, ctx)
+        return port
 
 
 PORT_OR_AUTO = PortOrAuto()

@@ -26,7 +26,6 @@ from sshddp.cli.watchdog import hang_report
 from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import visible
-from sshddp.model.state import NodeState
 from sshddp.run import coordinator, registry, runs
 from sshddp.run import ps as run_ps
 from sshddp.run.registry import RunRecord
@@ -158,13 +157,8 @@ def stop(ctx: click.Context, run: str, **kw: Any) -> None:
             terminal.err(f"{name}: NOT stopped: {visible(done.error, multiline=True)}")
             code = ExitCode.UNREACHABLE
             continue
-        state = NodeState.of(done.answer.get("state")).value
         note = done.answer.get("note")  # what stop left alone on the host, and why
-        terminal.out(
-            f"{name}: "
-            + (f"was already {state}" if done.answer.get("already") else "stopped")
-            + (f"; {visible(note)}" if note else "")
-        )
+        terminal.out(f"{name}: {done.outcome()}" + (f"; {visible(note)}" if note else ""))
     warning = runs.record_if_ended(record, [d.answer for d in stops])
     if warning:
         terminal.err(f"sshddp: warning: {warning}")

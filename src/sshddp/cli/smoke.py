@@ -9,7 +9,7 @@ import click
 from sshddp import defaults
 from sshddp.cli.hostlist import host_list_options, split_hosts
 from sshddp.cli.launch import report_result
-from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import CONTEXT, Exit, count, make_ssh, ssh_options, terminal_of
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model import smoke as model
 from sshddp.model.envvars import parse_env_pairs
@@ -21,17 +21,23 @@ from sshddp.run.smoke import JOB, job_args
 from sshddp.run.smoke import smoke as run_smoke
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+MAX_SIZE = 16 << 30  # an all-reduce or a send of more is a typo, not a measurement
+MAX_ITERS = 100_000
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
+def parse_sizes(text: str, option: str = "--sizes") -> tuple[int, ...]:
     """``1K,64K,16M``: byte counts (K, M, G are powers of 1024)."""
     sizes = []
     for word in (w.strip() for w in text.split(",") if w.strip()):
         unit = word[-1].upper() if word[-1].isalpha() else ""
         number = word[:-1] if unit else word
-        if unit not in _UNITS or not number.isdigit() or int(number) == 0:
-            raise UsageError(f"--sizes {text!r}: {word!r} is not a size such as 4096, 64K or 16M")
-        sizes.append(int(number) * _UNITS[unit])
+        size = int(number) * _UNITS[unit] if unit in _UNITS and number.isdigit() else 0
+        if not 0 < size <= MAX_SIZE:
+            raise UsageError(
+                f"{option} {text!r}: {word!r} is not a size such as 4096, 64K or 16M, from 1 "
+                "byte to 16G"
+            )
+        sizes.append(size)
     return tuple(sizes)
 
 
@@ -39,9 +45,12 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 @click.argument("inventory", required=False, metavar="[INVENTORY]")
 @ssh_options
 @host_list_options
-@click.option("--port", type=int, metavar="N", help="Rendezvous port.")
+@click.option("--port", type=count(1, 65534), metavar="N", help="Rendezvous port.")
 @click.option(
-    "--nproc-per-node", type=int, metavar="N", help="Ranks per node (default: gpus, or nproc)."
+    "--nproc-per-node",
+    type=count(1, defaults.MAX_PROCS_PER_NODE),
+    metavar="N",
+    help="Ranks per node (default: gpus, or nproc).",
 )
 @click.option(
     "--env",
@@ -57,7 +66,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 )
 @click.option(
     "--iters",
-    type=click.IntRange(min=1),
+    type=count(1, MAX_ITERS),
     default=20,
     show_default=True,
     help="Timed all-reduces per size.",
@@ -89,7 +98,7 @@ def smoke(ctx: click.Context, inventory: str | None, **kw: Any) -> None:
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     inv, _, _ = split_hosts(ctx, [inventory] if inventory else [], kw, "the options")
-    p2p = parse_sizes(kw["p2p_size"])
+    p2p = parse_sizes(kw["p2p_size"], "--p2p-size")
     pairs, secrets = parse_env_pairs(tuple(kw["env_items"]), terminal.environ.get)
     options = LaunchOptions(
         script=str(JOB),

@@ -9,6 +9,7 @@ from typing import Any, Callable, TypeVar
 import click
 
 from sshddp import defaults
+from sshddp.cli.options import Seconds
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import SshddpError
 from sshddp.hosts.transport import SshOptions
@@ -32,7 +33,7 @@ def watchdog_options(fn: F) -> F:
     )(fn)
     fn = click.option(
         "--stall-timeout",
-        type=click.FloatRange(min=0),
+        type=Seconds(min=0),
         default=0.0,
         show_default=True,
         metavar="SECONDS",
@@ -41,7 +42,7 @@ def watchdog_options(fn: F) -> F:
     )(fn)
     return click.option(
         "--init-timeout",
-        type=click.FloatRange(min=0),
+        type=Seconds(min=0),
         default=defaults.INIT_TIMEOUT,
         show_default=True,
         metavar="SECONDS",

@@ -255,7 +255,11 @@ def _matches(pattern: str) -> Callable[[Any], bool]:
 
 # bool is an int subclass, and YAML reads `yes` as True: neither is a count or a port.
 def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and 0 <= value <= defaults.MAX_PROCS_PER_NODE
+    )
 
 
 def _is_port(value: object) -> bool:
@@ -277,7 +281,9 @@ _HOST_RULE = _Rule(
     _matches(r"(?!-)[A-Za-z0-9_.:%\[\]-]{1,253}(?<!:)"),
     text=True,
 )
-_COUNT_RULE = _Rule("a non-negative integer", _is_count, text=False)
+_COUNT_RULE = _Rule(
+    f"a non-negative integer up to {defaults.MAX_PROCS_PER_NODE}", _is_count, text=False
+)
 _RULES: dict[str, _Rule] = {
     "host": _HOST_RULE,
     "user": _Rule(
@@ -754,7 +760,9 @@ def parse_host_list(
 
 
 _POSITIVE_RULE = _Rule(
-    "a positive integer", lambda value: _is_count(value) and value > 0, text=False
+    f"a positive integer up to {defaults.MAX_PROCS_PER_NODE}",
+    lambda value: _is_count(value) and value > 0,
+    text=False,
 )
 
 

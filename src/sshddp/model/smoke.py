@@ -25,13 +25,25 @@ class SmokeReport:
     procs: tuple[int, ...]  #: processes planned on each node
 
     @property
-    def missing(self) -> list[int]:
-        """Nodes with fewer ranks joined than planned."""
+    def joined(self) -> list[int]:
+        """Ranks joined on each node, by node rank."""
         counts = [0] * len(self.hosts)
         for j in self.record.get("joined", []):
             if 0 <= j["node"] < len(counts):
                 counts[j["node"]] += 1
-        return [k for k, c in enumerate(counts) if c < self.procs[k]]
+        return counts
+
+    @property
+    def missing(self) -> list[int]:
+        """Nodes with fewer ranks joined than planned."""
+        return [k for k, c in enumerate(self.joined) if c < self.procs[k]]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node that took part, node 0 included: its host and its ranks."""
+        return [
+            {"node": k, "host": host, "ranks": self.procs[k], "joined": self.joined[k]}
+            for k, host in enumerate(self.hosts)
+        ]
 
     @property
     def sum_ok(self) -> bool:
@@ -86,6 +98,12 @@ def render(report: SmokeReport) -> str:
         f"all-reduce sum: {r['sum']} (expected {r['expected_sum']}): "
         + ("exact" if report.sum_ok else "WRONG"),
         "",
+        "nodes (ranks joined of planned):",
+        *(
+            f"  node {n['node']:<3} {n['host']:<20} {n['joined']}/{n['ranks']}"
+            for n in report.nodes()
+        ),
+        "",
         f"{'size':>10} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
     ]
     for row in r["allreduce"]:
@@ -133,6 +151,7 @@ def to_json(report: SmokeReport) -> str:
         "device": r["device"],
         "sum": r["sum"],
         "expected_sum": r["expected_sum"],
+        "nodes": report.nodes(),
         "missing_nodes": report.missing,
         "allreduce": r["allreduce"],
         "p2p_bytes": r["p2p_bytes"],

@@ -97,6 +97,8 @@ def launch(
             "--port auto (or `rendezvous: {port: auto}`) needs the preflight: node 0's probe "
             "picks the port; drop --no-check, or give a port with --port N"
         )
+    if mode.check:  # before any record or host: code that is not Python starts nothing
+        preflight.compile_code(plan.code, options.module is not None)
     payload = build_payload(plan.code)
     return Launch(plan, options, mode, screen).run(inventory, ssh, payload)
 

@@ -10,12 +10,18 @@ Each session also answers a few clock questions, timed here, for the clock check
 coordinator adds what the connection says of the machine (host key, address and port).
 Doctor then ends every session. A launch keeps them: the same session boots its node
 once the checks pass.
+
+Before any of that, a launch compiles the code it ships (``compile_code``): a script that
+is not Python fails here, before a run id exists, rather than on every rank.
 """
 
 from __future__ import annotations
 
+import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from sshddp import defaults
@@ -25,8 +31,11 @@ from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import identity
 from sshddp.model import rankenv
 from sshddp.model.checks import Context, HostFacts, HostReport, evaluate, reports_ok
+from sshddp.model.imports import ImportRef, compile_problem, imports_run, modules_wanted
 from sshddp.model.inventory import Host
+from sshddp.model.plan import CodeSpec
 from sshddp.model.report import launch_warnings
+from sshddp.run.payload import shipped_files
 
 #: Opens a host's session given the probe's arguments (None: no probe, for --no-check).
 SessionOpener = Callable[[Host, Optional[dict[str, Any]]], HostSession]
@@ -41,6 +50,78 @@ class PreflightFailed(CheckFailed):
             "--no-check to launch anyway"
         )
         self.reports = reports
+
+
+class CodeDoesNotCompile(CheckFailed):
+    """The script, or a module it always imports from the shipped --workdir, is not Python
+    that this machine compiles; nothing was started."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            f"{problem}\nNothing was started. Fix the code; if the hosts' Python is newer and "
+            "accepts it, pass --no-check to launch anyway"
+        )
+
+
+def compile_code(code: CodeSpec, module: bool) -> None:
+    """Compile the code a launch ships, as every rank would start it: the script, and from
+    a --workdir tree the modules that it (or ``-m``'s module) imports for sure, and theirs.
+    ``CodeDoesNotCompile`` names the first file that does not compile."""
+    if code.local_path is None or code.kind not in ("file", "tar"):
+        return
+    if code.kind == "file":
+        _compile(Path(code.local_path), code.local_path)
+        return
+    tree = _Tree(code.local_path, "" if module else posixpath.dirname(code.target))
+    if module:
+        for name in modules_wanted(ImportRef(code.target), "", False):
+            tree.walk(name)
+        tree.walk(code.target + ".__main__")  # what `-m PACKAGE` runs
+    else:
+        tree.compile(code.target, "", False)
+
+
+class _Tree:
+    """A shipped --workdir tree, its modules found as the ranks' ``sys.path[0]`` (``base``,
+    relative to the root) finds them; each compiled at most once."""
+
+    def __init__(self, root: str, base: str) -> None:
+        self.root, self.base = root, base
+        self.files = set(shipped_files(Path(root)))
+        self.done: set[str] = set()
+
+    def walk(self, dotted: str) -> None:
+        """Compile module ``dotted`` if the tree holds it, and what it imports from there."""
+        stem = posixpath.join(self.base, *dotted.split("."))
+        for rel, is_package in ((stem + ".py", False), (stem + "/__init__.py", True)):
+            if rel in self.files:
+                self.compile(rel, dotted, is_package)
+                return
+
+    def compile(self, rel: str, dotted: str, is_package: bool) -> None:
+        if rel in self.done:
+            return
+        self.done.add(rel)
+        source = _compile(Path(self.root, rel), os.path.join(self.root, rel))
+        try:
+            refs = imports_run(source)
+        except (SyntaxError, ValueError):
+            return  # compiled, yet not parsed: nothing more to follow
+        for ref in refs:
+            for name in modules_wanted(ref, dotted, is_package):
+                self.walk(name)
+
+
+def _compile(path: Path, label: str) -> bytes:
+    """The file's bytes, once they compile; unreadable here: the imports check says so."""
+    try:
+        source = path.read_bytes()
+    except OSError:
+        return b""
+    problem = compile_problem(source, label)
+    if problem is not None:
+        raise CodeDoesNotCompile(problem)
+    return source
 
 
 @dataclass

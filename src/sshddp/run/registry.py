@@ -509,7 +509,8 @@ def load(run_id: str) -> RunRecord:
         raise RunNotFound(f"no run {run_id!r} in {runs_dir()}") from None
     except OSError as exc:
         raise _state_error(exc, path, "read the run record") from exc
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+    # RecursionError: JSON nested deeper than the parser goes
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
         raise StateError(
             f"the run record {path} is malformed ({type(exc).__name__}: {exc}); move it "
             "away or delete it"

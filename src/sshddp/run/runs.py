@@ -61,6 +61,17 @@ class NodeStop:
     answer: Optional[StopAnswer] = None
     error: str = ""  #: the node was NOT stopped, and why
 
+    def outcome(self) -> str:
+        """How the node ended, as its exit record says: a node that ended by itself while
+        the stop was on its way is not said to be stopped."""
+        assert self.answer is not None
+        state = NodeState.of(self.answer.get("state")).value
+        if self.answer.get("already"):
+            return f"was already {state}"
+        if state == NodeState.STOPPED.value:
+            return "stopped"
+        return f"{state} (it ended by itself before the stop reached it)"
+
 
 def stop(record: RunRecord, ssh: SshOptions, fanout: int, force: bool) -> list[NodeStop]:
     """Stop every node of the run (SIGTERM, grace, SIGKILL; at once with ``force``)."""
