@@ -11,7 +11,7 @@ Pure. Two policies, for two kinds of output:
   terminal. Colours and progress bars keep working: SGR sequences (colour and style),
   ``ESC[K`` (erase to the end of the line), ``\\r`` and tabs pass; every other escape
   sequence (OSC, DCS, APC, PM, SOS, cursor movement, screen and mode changes, device
-  queries) and every other control character is dropped, C1 (``\x9b`` is CSI) as UTF-8 or
+  queries) and every other control character is dropped, C1 (``\\x9b`` is CSI) as UTF-8 or
   as a raw byte. The log files keep every byte.
 """
 
