@@ -18,7 +18,7 @@ from sshddp.hosts.calls import FetchStream
 from sshddp.hosts.local import LocalTransport
 from sshddp.model.inventory import Host
 from sshddp.model.plan import NodePlan
-from sshddp.run.fetch import TMP_PREFIX, NodeCopy, NoProgress, _receive, summary
+from sshddp.run.fetch import TMP_PREFIX, NodeCopy, NoProgress, _receive, check_dest, summary
 
 
 def node_on(python: str) -> NodePlan:
@@ -28,6 +28,7 @@ def node_on(python: str) -> NodePlan:
 
 def fetch(python: str, cwd: Path | str, path: str, dest: Path, rundir: str = "") -> NodeCopy:
     node = node_on(python)
+    check_dest(dest)
     stream = calls.fetch_path(LocalTransport(node.host), rundir, str(cwd), path)
     try:
         return _receive(node, stream, dest / "node0-localhost", NoProgress())
@@ -113,6 +114,7 @@ def test_a_copy_that_does_not_match_never_takes_its_place(
     node = node_on(sys.executable)
     inner = calls.fetch_path(LocalTransport(node.host), "", str(space), what)
     into = tmp_path / "dest" / "node0-localhost"
+    check_dest(into.parent)
     try:
         with pytest.raises(RemoteError, match="does not match what the host sent") as caught:
             _receive(node, Corrupting(inner, cut), into, NoProgress())
