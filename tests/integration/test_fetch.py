@@ -261,3 +261,21 @@ def test_fetch_never_replaces_a_file_through_a_link(
     assert f"{dest / 'node0-h1' / 'out' / 'sub'}: is a link or a file" in tree_.err
     assert sorted(os.listdir(elsewhere)) == ["big.bin"]
     assert not any(p.name.startswith(".sshddp-fetch-") for p in dest.rglob("*"))
+
+
+def test_a_path_only_some_nodes_have_is_fetched_from_those_and_the_rest_named(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    run_id, cwds = launch_outputs(ssh_env, tmp_path, free_port(), mb=1)
+    (cwds[0] / "snapshot.pt").write_bytes(b"weights")
+    result = sshddp(["fetch", run_id, "snapshot.pt", tmp_path / "d"])
+    assert result.code == ExitCode.OK, result.explain()
+    assert (tmp_path / "d" / "node0-h1" / "snapshot.pt").read_bytes() == b"weights"
+    for node in (1, 2):
+        host = f"h{node + 1}"
+        line = f"node {node} ({host}): nothing to copy: {host}: {cwds[node]}/snapshot.pt: not found"
+        assert line in result.out, result.explain()
+        assert not (tmp_path / "d" / f"node{node}-{host}").exists()
+    alone = sshddp(["fetch", "--node", "1", run_id, "snapshot.pt", tmp_path / "d"])
+    assert_clean_failure(alone, ExitCode.BAD_INPUT)
+    assert f"node 1 (h2): NOT fetched: h2: {cwds[1]}/snapshot.pt: not found" in alone.err
