@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
+
+from launch_helpers import SSHDDP, cli_env
 
 from cli_helpers import Result, assert_clean_failure, sshddp
 from hostile_values import NASTY, has_surrogate
@@ -82,3 +86,46 @@ def test_bad_command_line_is_refused_before_connecting(ssh_env: SshdCluster) -> 
     assert_clean_failure(exec_(ssh_env, "-H", "h1", "--"), ExitCode.BAD_INPUT)
     assert_clean_failure(exec_(ssh_env, "-H", "h1:x", "--", "true"), ExitCode.BAD_INPUT)
     assert_clean_failure(exec_(ssh_env, "-H", "h1", "--", "-rf"), ExitCode.BAD_INPUT)
+
+
+#: What a hostile host writes: a colour (kept), then a clipboard write (OSC 52), a retitle,
+#: a screen clear, 8-bit C1 controls raw and as UTF-8, and a \r to overprint the prefix.
+HOSTILE = (
+    b"ok \x1b[31mred\x1b[0m \x1b]52;c;cm0gLXJmIH4K\x07 \x1b]0;title\x07 \x1b[2J \x9b2J "
+    b"\xc2\x9d0;t\x07\nbar 10%\rh9: forged\n"
+)
+WRITE_HOSTILE = [sys.executable, "-c", f"import sys; sys.stdout.buffer.write({HOSTILE!r})"]
+ATTACKS = (b"\x1b]52", b"\x1b]0;", b"\x1b[2J", b"\x9b", b"\xc2\x9d", b"\x07")
+
+
+def on_a_terminal(cluster: SshdCluster, *args: str) -> bytes:
+    """``sshddp exec ARGS`` with a real pseudo-terminal as its stdout: what it shows."""
+    command = shlex.join([*SSHDDP, "exec", *args])
+    shown = subprocess.run(
+        ["script", "-qec", command, "/dev/null"],
+        env={**cli_env(cluster), "TERM": "xterm"},
+        capture_output=True,
+        timeout=180,
+    )
+    assert shown.returncode == 0, shown.stdout.decode("utf-8", "replace")
+    return shown.stdout
+
+
+def test_a_terminal_gets_the_hosts_colours_but_no_other_escape(ssh_env: SshdCluster) -> None:
+    grouped = on_a_terminal(ssh_env, "-H", "h1,h2", "--", *WRITE_HOSTILE)
+    streamed = on_a_terminal(ssh_env, "--stream", "-H", "h1,h2", "--", *WRITE_HOSTILE)
+    for shown in (grouped, streamed):
+        assert b"ok \x1b[31mred\x1b[0m" in shown, shown
+        assert not [a for a in ATTACKS if a in shown], shown
+    # a streamed line shows where its \r leaves it, after its own host's prefix
+    assert b"h1: h9: forged" in streamed and b"\rh9" not in streamed, streamed
+    # --json stays exact on a terminal, and so does every byte when piped
+    as_json = on_a_terminal(ssh_env, "--json", "-H", "h1", "--", *WRITE_HOSTILE)
+    doc, _ = json.JSONDecoder().raw_decode(as_json.decode())  # then stderr's summary line
+    host = doc["hosts"][0]
+    assert host["output"] == HOSTILE.decode("utf-8", "replace"), as_json
+    piped = exec_(ssh_env, "-H", "h1,h2", "--", *WRITE_HOSTILE)
+    assert piped.code == 0 and HOSTILE in piped.raw, piped.explain()
+    streamed_piped = exec_(ssh_env, "--stream", "-H", "h1", "--", *WRITE_HOSTILE)
+    lines = HOSTILE.splitlines(keepends=True)
+    assert streamed_piped.raw == b"".join(b"h1: " + line for line in lines), streamed_piped.raw

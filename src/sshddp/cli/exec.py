@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
@@ -43,10 +43,12 @@ def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     model.remote_command(command)  # a bad COMMAND is refused before anything connects
     lock = threading.Lock()
     width = max(len(h.host) for h in inventory.hosts)
+    tty = _isatty(terminal.stdout_bytes)  # the hosts' bytes are filtered for a terminal only
 
     def line(host: Host, data: bytes) -> None:
         with lock:
-            terminal.stdout_bytes.write(f"{host.host:<{width}}: ".encode() + data)
+            prefix = f"{host.host:<{width}}: ".encode()
+            terminal.stdout_bytes.write(model.stream_line(prefix, data, tty))
             terminal.stdout_bytes.flush()
 
     sink = line if kw["stream"] and not kw["as_json"] else None
@@ -54,7 +56,14 @@ def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     if kw["as_json"]:
         terminal.out(model.to_json(results))
     elif not kw["stream"]:
-        terminal.stdout_bytes.write(model.render(results))
+        terminal.stdout_bytes.write(model.render(results, tty))
         terminal.stdout_bytes.flush()
     terminal.err(model.summary(results))
     raise Exit(model.exit_code(results))
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

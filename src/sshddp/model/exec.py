@@ -4,6 +4,8 @@ A command reaches every host as the argv the user typed: each word is quoted for
 host's POSIX login shell, which only unquotes them (no expansion, no second command), and
 stderr joins stdout in the order the command wrote them, as pdsh shows them. Hosts whose
 output and status are identical print once under one header listing them (``dshbak -c``).
+On a terminal what the hosts wrote passes the console's filter (``escape.for_terminal``):
+colours, not clipboard writes, retitles or screen clears; elsewhere it is printed exact.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from enum import Enum
 from typing import Any, Optional
 
 from sshddp.errors import ExitCode, UsageError
+from sshddp.model.escape import for_terminal
 
 RULE = "-" * 16
 
@@ -77,14 +80,26 @@ def groups(results: Sequence[HostExec]) -> list[tuple[list[HostExec], bytes]]:
     return [(members, key[0]) for key, members in found.items()]
 
 
-def render(results: Sequence[HostExec]) -> bytes:
-    """The grouped output: a header naming the hosts and their status, then the output."""
+def render(results: Sequence[HostExec], terminal: bool = False) -> bytes:
+    """The grouped output: a header naming the hosts and their status, then the output
+    (filtered for a ``terminal``)."""
     out = []
     for members, body in groups(results):
         names = ",".join(r.host for r in members)
         header = f"{RULE}\n{names} ({members[0].label()})\n{RULE}\n"
-        out.append(header.encode() + body + (b"" if not body or body.endswith(b"\n") else b"\n"))
+        shown = for_terminal(body) if terminal else body
+        out.append(header.encode() + shown + (b"" if not shown or shown.endswith(b"\n") else b"\n"))
     return b"".join(out)
+
+
+def stream_line(prefix: bytes, line: bytes, terminal: bool = False) -> bytes:
+    """One line of ``--stream``, after its host's prefix. On a ``terminal`` it is filtered,
+    and only what follows its last ``\\r`` is shown (where a progress bar ends): a ``\\r``
+    never overprints the prefix to pass the line off as another host's."""
+    if terminal:
+        body = line[:-1] if line.endswith(b"\n") else line
+        line = for_terminal(body.rstrip(b"\r").rsplit(b"\r", 1)[-1]) + b"\n"
+    return prefix + line
 
 
 def summary(results: Sequence[HostExec]) -> str:
