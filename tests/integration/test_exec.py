@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import yaml
 from launch_helpers import SSHDDP, cli_env
 
 from cli_helpers import Result, assert_clean_failure, sshddp
@@ -129,3 +130,33 @@ def test_a_terminal_gets_the_hosts_colours_but_no_other_escape(ssh_env: SshdClus
     streamed_piped = exec_(ssh_env, "--stream", "-H", "h1", "--", *WRITE_HOSTILE)
     lines = HOSTILE.split(b"\n")[:-1]
     assert streamed_piped.raw == b"".join(b"h1: " + line + b"\n" for line in lines)
+
+
+def test_a_command_runs_as_under_a_node_launcher_venv_first_with_the_inventory_env(
+    ssh_env: SshdCluster, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    tool = venv / "bin" / "venv-tool"  # like accelerate: a console script of the venv
+    tool.write_text("#!/bin/sh\necho tool of the venv\n")
+    tool.chmod(0o755)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "defaults": {"python": str(venv / "bin" / "python"), "env": {"FROM_INV": "x 1"}},
+                "hosts": [{"host": "h1"}, {"host": "h2", "env": {"FROM_INV": "h2's"}}],
+            }
+        )
+    )
+    script = "import os, sys; print(sys.prefix, os.environ.get('FROM_INV'))"
+    result = exec_(ssh_env, "--json", str(inv), "--", "python3", "-c", script)
+    assert result.code == 0, result.explain()
+    outputs = [host["output"] for host in json.loads(result.out)["hosts"]]
+    assert outputs == [f"{venv} x 1\n", f"{venv} h2's\n"], outputs
+    tool_run = exec_(ssh_env, str(inv), "--", "venv-tool")
+    assert tool_run.code == 0 and "tool of the venv" in tool_run.raw.decode(), tool_run.explain()
+    missing = exec_(ssh_env, str(inv), "--", "no-such-command-here")
+    assert missing.code == ExitCode.RUN_FAILED
+    assert "sshddp exec: no-such-command-here: No such file or directory" in missing.raw.decode()
+    assert "h1,h2 (exit 127)" in missing.raw.decode()

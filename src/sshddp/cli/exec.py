@@ -34,13 +34,14 @@ def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     `dshbak -c`: hosts whose output is identical are printed once, under one header.
 
     COMMAND and its ARGS reach each host verbatim as argv, with no shell of ours in
-    between (write `sh -c '...'` for one). Exit 0 when it exited 0 everywhere, 1 when it
-    failed or timed out on a host, 4 when a host could not be reached.
+    between (write `sh -c '...'` for one), with the inventory's env and the host's python
+    directory first on PATH, as under `--launcher node`. Exit 0 when it exited 0
+    everywhere, 1 when it failed or timed out on a host, 4 when a host could not be reached.
     """
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     inventory, command, _ = split_hosts(ctx, args, kw, "COMMAND")
-    model.remote_command(command)  # a bad COMMAND is refused before anything connects
+    model.check_command(command)  # a bad COMMAND is refused before anything connects
     lock = threading.Lock()
     width = max(len(h.host) for h in inventory.hosts)
     tty = _isatty(terminal.stdout_bytes)  # the hosts' bytes are filtered for a terminal only
