@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
+
+import yaml
+from launch_helpers import SSHDDP, cli_env
 
 from cli_helpers import Result, assert_clean_failure, sshddp
 from hostile_values import NASTY, has_surrogate
@@ -82,3 +87,76 @@ def test_bad_command_line_is_refused_before_connecting(ssh_env: SshdCluster) -> 
     assert_clean_failure(exec_(ssh_env, "-H", "h1", "--"), ExitCode.BAD_INPUT)
     assert_clean_failure(exec_(ssh_env, "-H", "h1:x", "--", "true"), ExitCode.BAD_INPUT)
     assert_clean_failure(exec_(ssh_env, "-H", "h1", "--", "-rf"), ExitCode.BAD_INPUT)
+
+
+#: What a hostile host writes: a colour (kept), then a clipboard write (OSC 52), a retitle,
+#: a screen clear, 8-bit C1 controls raw and as UTF-8, and a \r to overprint the prefix.
+HOSTILE = (
+    b"ok \x1b[31mred\x1b[0m \x1b]52;c;cm0gLXJmIH4K\x07 \x1b]0;title\x07 \x1b[2J \x9b2J "
+    b"\xc2\x9d0;t\x07\nbar 10%\rh9: forged\n"
+)
+WRITE_HOSTILE = [sys.executable, "-c", f"import sys; sys.stdout.buffer.write({HOSTILE!r})"]
+ATTACKS = (b"\x1b]52", b"\x1b]0;", b"\x1b[2J", b"\x9b", b"\xc2\x9d", b"\x07")
+
+
+def on_a_terminal(cluster: SshdCluster, *args: str) -> bytes:
+    """``sshddp exec ARGS`` with a real pseudo-terminal as its stdout: what it shows."""
+    command = shlex.join([*SSHDDP, "exec", *args])
+    shown = subprocess.run(
+        ["script", "-qec", command, "/dev/null"],
+        env={**cli_env(cluster), "TERM": "xterm"},
+        capture_output=True,
+        timeout=180,
+    )
+    assert shown.returncode == 0, shown.stdout.decode("utf-8", "replace")
+    return shown.stdout
+
+
+def test_a_terminal_gets_the_hosts_colours_but_no_other_escape(ssh_env: SshdCluster) -> None:
+    grouped = on_a_terminal(ssh_env, "-H", "h1,h2", "--", *WRITE_HOSTILE)
+    streamed = on_a_terminal(ssh_env, "--stream", "-H", "h1,h2", "--", *WRITE_HOSTILE)
+    for shown in (grouped, streamed):
+        assert b"ok \x1b[31mred\x1b[0m" in shown, shown
+        assert not [a for a in ATTACKS if a in shown], shown
+    # a streamed line shows where its \r leaves it, after its own host's prefix
+    assert b"h1: h9: forged" in streamed and b"\rh9" not in streamed, streamed
+    # --json stays exact on a terminal, and so does every byte when piped
+    as_json = on_a_terminal(ssh_env, "--json", "-H", "h1", "--", *WRITE_HOSTILE)
+    doc, _ = json.JSONDecoder().raw_decode(as_json.decode())  # then stderr's summary line
+    host = doc["hosts"][0]
+    assert host["output"] == HOSTILE.decode("utf-8", "replace"), as_json
+    piped = exec_(ssh_env, "-H", "h1,h2", "--", *WRITE_HOSTILE)
+    assert piped.code == 0 and HOSTILE in piped.raw, piped.explain()
+    streamed_piped = exec_(ssh_env, "--stream", "-H", "h1", "--", *WRITE_HOSTILE)
+    lines = HOSTILE.split(b"\n")[:-1]
+    assert streamed_piped.raw == b"".join(b"h1: " + line + b"\n" for line in lines)
+
+
+def test_a_command_runs_as_under_a_node_launcher_venv_first_with_the_inventory_env(
+    ssh_env: SshdCluster, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    tool = venv / "bin" / "venv-tool"  # like accelerate: a console script of the venv
+    tool.write_text("#!/bin/sh\necho tool of the venv\n")
+    tool.chmod(0o755)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "defaults": {"python": str(venv / "bin" / "python"), "env": {"FROM_INV": "x 1"}},
+                "hosts": [{"host": "h1"}, {"host": "h2", "env": {"FROM_INV": "h2's"}}],
+            }
+        )
+    )
+    script = "import os, sys; print(sys.prefix, os.environ.get('FROM_INV'))"
+    result = exec_(ssh_env, "--json", str(inv), "--", "python3", "-c", script)
+    assert result.code == 0, result.explain()
+    outputs = [host["output"] for host in json.loads(result.out)["hosts"]]
+    assert outputs == [f"{venv} x 1\n", f"{venv} h2's\n"], outputs
+    tool_run = exec_(ssh_env, str(inv), "--", "venv-tool")
+    assert tool_run.code == 0 and "tool of the venv" in tool_run.raw.decode(), tool_run.explain()
+    missing = exec_(ssh_env, str(inv), "--", "no-such-command-here")
+    assert missing.code == ExitCode.RUN_FAILED
+    assert "sshddp exec: no-such-command-here: No such file or directory" in missing.raw.decode()
+    assert "h1,h2 (exit 127)" in missing.raw.decode()

@@ -7,11 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
+import pytest
 import yaml
 from launch_helpers import SSHDDP, cli_env
 
@@ -36,7 +40,9 @@ def tree(root: Path) -> dict[str, bytes]:
     }
 
 
-def launch_outputs(cluster: SshdCluster, tmp: Path, port: int) -> tuple[str, list[Path]]:
+def launch_outputs(
+    cluster: SshdCluster, tmp: Path, port: int, mb: int = MB
+) -> tuple[str, list[Path]]:
     """outputs.py on h1..h3, each host with its own workdir (as on separate machines); the
     run id and each node's working directory."""
     workdirs = [tmp / "remote" / f"h{i + 1}" for i in range(HOSTS)]
@@ -47,7 +53,7 @@ def launch_outputs(cluster: SshdCluster, tmp: Path, port: int) -> tuple[str, lis
     }
     inv = tmp / "inv.yaml"
     inv.write_text(yaml.safe_dump(doc))
-    result = sshddp(["launch", "--ssh-config", cluster.ssh_config, inv, OUTPUTS, str(MB)])
+    result = sshddp(["launch", "--ssh-config", cluster.ssh_config, inv, OUTPUTS, str(mb)])
     assert result.code == 0, result.explain()
     run_id = result.err.split("sshddp: run ", 1)[1].split(":", 1)[0]
     record = json.loads(
@@ -160,3 +166,116 @@ def test_an_unreachable_host_fails_only_its_own_copy(
     assert f"node 0 ({first}): file" in result.out
     assert f"sshddp: node 1 ({second}): NOT fetched: " in result.err
     assert not (tmp_path / "d" / f"node1-{second}").exists()
+
+
+# ----------------------------------------------------------------- a DEST others can write in
+
+
+@pytest.fixture
+def mallory() -> Iterator[tuple[int, int]]:
+    """A real second local user (uid, gid), removed afterwards."""
+    name = f"sshddp-m{os.getpid()}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/false", name], check=True)
+    try:
+        ids = subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True)
+        gid = subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True)
+        yield int(ids.stdout), int(gid.stdout)
+    finally:
+        subprocess.run(["userdel", name], check=True)
+
+
+def as_user(user: tuple[int, int], *argv: str) -> None:
+    subprocess.run(argv, user=user[0], group=user[1], extra_groups=[], check=True)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="sshddp-shared-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_fetch_into_a_shared_dest_never_writes_where_another_user_points_it(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    mallory: tuple[int, int],
+    shared: Path,
+) -> None:
+    run_id, _ = launch_outputs(ssh_env, tmp_path, free_port(), mb=1)
+    secret = tmp_path / "secret"  # root's own file, 0600
+    secret.write_bytes(b"root only")
+    secret.chmod(0o600)
+    private = tmp_path / "private"  # root's own directory
+    private.mkdir(mode=0o700)
+
+    # Sticky and ours: others may add names, so every name they can plant is refused.
+    sticky = shared / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    node0 = sticky / "node0-h1"
+    as_user(mallory, "mkdir", "-m", "777", str(node0))
+    tmp_name = f".sshddp-fetch-{os.getpid()}-big.bin"  # the name fetch used to open
+    for name in (tmp_name, "big.bin"):
+        as_user(mallory, "ln", "-s", str(secret), str(node0 / name))
+    as_user(mallory, "ln", "-s", str(private), str(sticky / "node1-h2"))
+    result = sshddp(["fetch", run_id, "out/big.bin", sticky])
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"{node0}: belongs to uid {mallory[0]}, not to you" in result.err, result.explain()
+    assert f"{sticky / 'node1-h2'}: is a link; fetch writes through no link" in result.err
+    assert "node 2 (h3): file" in result.out  # its own directory was made, and is ours
+    assert secret.read_bytes() == b"root only" and list(private.iterdir()) == []
+
+    # A directory others can write in that is not sticky, or is not ours: refused whole.
+    (shared / "open").mkdir()
+    (shared / "open").chmod(0o777)
+    as_user(mallory, "mkdir", "-m", "1777", str(sticky / "hers"))
+    for dest in (shared / "open", sticky / "hers"):
+        refused = sshddp(["fetch", run_id, "out/big.bin", dest])
+        assert_clean_failure(refused, ExitCode.BAD_INPUT)
+        assert f"DEST {dest}: other users can write in it" in refused.err, refused.explain()
+        assert list(dest.iterdir()) == []
+
+
+def test_fetch_never_replaces_a_file_through_a_link(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    run_id, cwds = launch_outputs(ssh_env, tmp_path, free_port(), mb=1)
+    elsewhere, dest = tmp_path / "elsewhere", tmp_path / "dest"
+    elsewhere.mkdir()
+    (elsewhere / "big.bin").write_bytes(b"mine")
+    (dest / "node0-h1").mkdir(parents=True)
+    (dest / "node0-h1" / "big.bin").symlink_to(elsewhere / "big.bin")
+    file = sshddp(["fetch", "--node", "0", run_id, "out/big.bin", dest])
+    assert file.code == ExitCode.OK, file.explain()
+    assert not (dest / "node0-h1" / "big.bin").is_symlink()  # the link itself was replaced
+    assert (elsewhere / "big.bin").read_bytes() == b"mine"
+    (dest / "node0-h1" / "out").mkdir()
+    (dest / "node0-h1" / "out" / "sub").symlink_to(elsewhere)
+    tree_ = sshddp(["fetch", "--node", "0", run_id, "out", dest])
+    assert_clean_failure(tree_, ExitCode.BAD_INPUT)
+    assert f"{dest / 'node0-h1' / 'out' / 'sub'}: is a link or a file" in tree_.err
+    assert sorted(os.listdir(elsewhere)) == ["big.bin"]
+    assert not any(p.name.startswith(".sshddp-fetch-") for p in dest.rglob("*"))
+
+
+def test_a_path_only_some_nodes_have_is_fetched_from_those_and_the_rest_named(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    run_id, cwds = launch_outputs(ssh_env, tmp_path, free_port(), mb=1)
+    (cwds[0] / "snapshot.pt").write_bytes(b"weights")
+    result = sshddp(["fetch", run_id, "snapshot.pt", tmp_path / "d"])
+    assert result.code == ExitCode.OK, result.explain()
+    assert (tmp_path / "d" / "node0-h1" / "snapshot.pt").read_bytes() == b"weights"
+    for node in (1, 2):
+        host = f"h{node + 1}"
+        line = f"node {node} ({host}): nothing to copy: {host}: {cwds[node]}/snapshot.pt: not found"
+        assert line in result.out, result.explain()
+        assert not (tmp_path / "d" / f"node{node}-{host}").exists()
+    alone = sshddp(["fetch", "--node", "1", run_id, "snapshot.pt", tmp_path / "d"])
+    assert_clean_failure(alone, ExitCode.BAD_INPUT)
+    assert f"node 1 (h2): NOT fetched: h2: {cwds[1]}/snapshot.pt: not found" in alone.err

@@ -78,9 +78,23 @@ def test_needs_filter_is_false_for_ordinary_output() -> None:
 
 def test_needs_filter_flags_every_control_byte_but_tab_and_newline_wherever_it_is() -> None:
     for byte in range(0x100):
-        flagged = byte < 0x20 and byte not in (0x09, 0x0A) or byte == 0x7F
+        flagged = byte < 0x20 and byte not in (0x09, 0x0A) or 0x7F <= byte <= 0x9F
         for data in (bytes([byte]), b"a" * 5000 + bytes([byte]) + b"b" * 7):
             assert needs_filter(data) is flagged, hex(byte)
+
+
+@pytest.mark.parametrize("c1", [b"\x9b2J", b"\x9d52;c;cm0K\x07", b"\x9d0;title\x9c", b"\x90q\x9c"])
+def test_for_terminal_drops_raw_8_bit_c1_controls(c1: bytes) -> None:
+    for before in (b"a ", "é ".encode(), "日".encode()):
+        out = for_terminal(before + c1 + b" b\n")
+        assert not {c for c in out if 0x80 <= c <= 0x9F} - set(before), out
+        assert out.startswith(before) and needs_filter(before + c1)
+
+
+@given(st.text())
+def test_for_terminal_keeps_every_byte_of_utf_8_text(text: str) -> None:
+    data = "".join(c for c in text if c.isprintable() and not 0x80 <= ord(c) <= 0x9F).encode()
+    assert for_terminal(data) == data
 
 
 def test_a_carriage_return_never_overprints_the_prefix() -> None:

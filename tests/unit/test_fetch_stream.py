@@ -18,7 +18,7 @@ from sshddp.hosts.calls import FetchStream
 from sshddp.hosts.local import LocalTransport
 from sshddp.model.inventory import Host
 from sshddp.model.plan import NodePlan
-from sshddp.run.fetch import TMP_PREFIX, NodeCopy, NoProgress, _receive, summary
+from sshddp.run.fetch import TMP_PREFIX, NodeCopy, NoProgress, _receive, check_dest, summary
 
 
 def node_on(python: str) -> NodePlan:
@@ -28,6 +28,7 @@ def node_on(python: str) -> NodePlan:
 
 def fetch(python: str, cwd: Path | str, path: str, dest: Path, rundir: str = "") -> NodeCopy:
     node = node_on(python)
+    check_dest(dest)
     stream = calls.fetch_path(LocalTransport(node.host), rundir, str(cwd), path)
     try:
         return _receive(node, stream, dest / "node0-localhost", NoProgress())
@@ -113,6 +114,7 @@ def test_a_copy_that_does_not_match_never_takes_its_place(
     node = node_on(sys.executable)
     inner = calls.fetch_path(LocalTransport(node.host), "", str(space), what)
     into = tmp_path / "dest" / "node0-localhost"
+    check_dest(into.parent)
     try:
         with pytest.raises(RemoteError, match="does not match what the host sent") as caught:
             _receive(node, Corrupting(inner, cut), into, NoProgress())
@@ -162,3 +164,32 @@ def test_a_name_that_would_leave_dest_is_refused(tmp_path: Path, name: str) -> N
     finally:
         stream.close()
     assert not (tmp_path / "dest").exists() and not (tmp_path / "escape").exists()
+
+
+def test_a_name_too_long_for_the_local_file_system_is_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "space").mkdir()
+    name = "n" * 250
+    (tmp_path / "space" / name).write_bytes(b"x")
+    dest = tmp_path
+    while len(str(dest)) < os.pathconf("/", "PC_PATH_MAX") - 300:
+        dest /= "d" * 200
+    with pytest.raises(UsageError, match="a name in it is too long for the local file system"):
+        fetch(sys.executable, tmp_path / "space", name, dest)
+    assert os.listdir(dest / "node0-localhost") == []
+
+
+def test_what_a_host_named_is_shown_escaped(tmp_path: Path) -> None:
+    node = node_on(sys.executable)
+    copy = NodeCopy(
+        node,
+        tmp_path / "out\x1b]0;x\x07",
+        "dir",
+        5,
+        "0" * 64,
+        skipped=("out/\x1b]52;c;cm0K\x07", "out/\x9b2J"),
+        skipped_count=3,
+    )
+    shown = "\n".join(summary([copy]))
+    assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown, shown
+    assert "skipped (links, devices, unreadable): out/\\x1b]52;c;cm0K\\x07, out/\\x9b2J" in shown
+    assert "and 1 more" in shown

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
@@ -34,19 +34,22 @@ def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     `dshbak -c`: hosts whose output is identical are printed once, under one header.
 
     COMMAND and its ARGS reach each host verbatim as argv, with no shell of ours in
-    between (write `sh -c '...'` for one). Exit 0 when it exited 0 everywhere, 1 when it
-    failed or timed out on a host, 4 when a host could not be reached.
+    between (write `sh -c '...'` for one), with the inventory's env and the host's python
+    directory first on PATH, as under `--launcher node`. Exit 0 when it exited 0
+    everywhere, 1 when it failed or timed out on a host, 4 when a host could not be reached.
     """
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     inventory, command, _ = split_hosts(ctx, args, kw, "COMMAND")
-    model.remote_command(command)  # a bad COMMAND is refused before anything connects
+    model.check_command(command)  # a bad COMMAND is refused before anything connects
     lock = threading.Lock()
     width = max(len(h.host) for h in inventory.hosts)
+    tty = _isatty(terminal.stdout_bytes)  # the hosts' bytes are filtered for a terminal only
 
     def line(host: Host, data: bytes) -> None:
         with lock:
-            terminal.stdout_bytes.write(f"{host.host:<{width}}: ".encode() + data)
+            prefix = f"{host.host:<{width}}: ".encode()
+            terminal.stdout_bytes.write(model.stream_line(prefix, data, tty))
             terminal.stdout_bytes.flush()
 
     sink = line if kw["stream"] and not kw["as_json"] else None
@@ -54,7 +57,14 @@ def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     if kw["as_json"]:
         terminal.out(model.to_json(results))
     elif not kw["stream"]:
-        terminal.stdout_bytes.write(model.render(results))
+        terminal.stdout_bytes.write(model.render(results, tty))
         terminal.stdout_bytes.flush()
     terminal.err(model.summary(results))
     raise Exit(model.exit_code(results))
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

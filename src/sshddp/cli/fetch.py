@@ -14,6 +14,7 @@ from sshddp.cli.complete import complete_run_ids
 from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode
+from sshddp.model.escape import visible
 from sshddp.run import fetch as fetching
 from sshddp.run import registry
 
@@ -81,7 +82,9 @@ def fetch(ctx: click.Context, run: str, path: str, dest: str, **kw: Any) -> None
     """Copy PATH, a file or directory RUN wrote on each node, into DEST/node<K>-<host>/.
 
     A relative PATH is taken from the run's working directory on each host. Every copy is
-    checked against the size and SHA-256 the host sent before it takes its place.
+    checked against the size and SHA-256 the host sent before it takes its place. Nodes
+    without PATH are named, and are no failure when another node had it (and no --node).
+    DEST must be a directory that no one else can write in, or a sticky one of yours.
     """
     terminal = terminal_of(ctx)
     record = registry.resolve(run)
@@ -90,16 +93,17 @@ def fetch(ctx: click.Context, run: str, path: str, dest: str, **kw: Any) -> None
     ssh = make_ssh(kw, fallback_config=record.ssh_config)
     with progress_for(terminal) as progress:
         copies = fetching.fetch(record, ssh, kw["fanout"], path, Path(dest), node, progress)
-    for line in fetching.summary(copies):
+    for line in fetching.summary(copies, node):
         terminal.out(line)
     code = ExitCode.OK
+    absent = fetching.absent(copies, node)
     for copy in copies:
-        if copy.error is None:
+        if copy.error is None or copy in absent:
             continue
         hint = getattr(copy.error, "hint", "")
         name = f"node {copy.node.node_rank} ({copy.node.host.host})"
-        terminal.err(f"sshddp: {name}: NOT fetched: {copy.error.message}")
+        terminal.err(f"sshddp: {name}: NOT fetched: {visible(copy.error.message)}")
         if hint:
-            terminal.err(f"  fix: {hint}")
+            terminal.err(f"  fix: {visible(hint)}")
         code = code or copy.error.exit_code
     raise Exit(code)

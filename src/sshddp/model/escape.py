@@ -11,11 +11,13 @@ Pure. Two policies, for two kinds of output:
   terminal. Colours and progress bars keep working: SGR sequences (colour and style),
   ``ESC[K`` (erase to the end of the line), ``\\r`` and tabs pass; every other escape
   sequence (OSC, DCS, APC, PM, SOS, cursor movement, screen and mode changes, device
-  queries) and every other control character is dropped. The log files keep every byte.
+  queries) and every other control character is dropped, C1 (``\\x9b`` is CSI) as UTF-8 or
+  as a raw byte. The log files keep every byte.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 
 # Control characters (C0, DEL, C1), bidirectional-text controls (they reorder what follows
@@ -30,6 +32,12 @@ _SGR_RE = re.compile("\x1b\\[[0-9;:]*m")
 # Bytes that can start something a terminal acts on: C0 but tab and newline, and DEL.
 _TRIGGERS = tuple(bytes([c]) for c in (*range(0x20), 0x7F) if c not in (0x09, 0x0A))
 _C1_UTF8 = re.compile(rb"\xc2[\x80-\x9f]")  # C1 controls (U+0080-U+009F) as UTF-8
+# A raw C1 byte (0x80-0x9f) that is no part of a UTF-8 character: an 8-bit terminal acts on
+# it (0x9b is CSI, 0x9d OSC). One that may continue a lead byte before it is kept, so no
+# UTF-8 text loses a byte. Valid UTF-8 holds none: only text that does not decode is searched.
+_STRAY_C1_RE = re.compile(
+    rb"(?<![\xc2-\xf4])(?<![\xe0-\xf4][\x80-\xbf])(?<![\xf0-\xf4][\x80-\xbf]{2})[\x80-\x9f]"
+)
 # What a terminal must not get; whatever is left is kept. SGR (``ESC[...m``) and erase to
 # the end of the line (``ESC[K``) are the only escape sequences that survive. One pattern
 # with no callback: the substitution runs in C, ~40x faster than choosing per match.
@@ -74,7 +82,21 @@ def needs_filter(data: bytes) -> bool:
     copied it, and a flood's fresh buffers cost more in page faults than the scan)."""
     if any(byte in data for byte in _TRIGGERS):
         return True
-    return b"\xc2" in data and _C1_UTF8.search(data) is not None
+    if data.isascii():
+        return False
+    return (b"\xc2" in data and _C1_UTF8.search(data) is not None) or _has_stray_c1(data)
+
+
+def _has_stray_c1(data: bytes) -> bool:
+    """Whether ``data`` holds a raw C1 byte outside UTF-8: a decode in C first (it may end
+    inside a character), the slower search only when that fails."""
+    if data.isascii():
+        return False
+    try:
+        codecs.utf_8_decode(data, "strict", False)
+    except UnicodeDecodeError:
+        return _STRAY_C1_RE.search(data) is not None
+    return False
 
 
 def for_terminal(data: bytes) -> bytes:
@@ -83,5 +105,7 @@ def for_terminal(data: bytes) -> bytes:
     survives, the text ends with a reset, so it never carries over into sshddp's lines."""
     if not needs_filter(data):
         return data
+    if _has_stray_c1(data):  # first: what removing them joins up, the pattern below takes
+        data = _STRAY_C1_RE.sub(b"", data)
     out = _TERMINAL_RE.sub(b"", data)
     return out + RESET if b"\x1b" in out else out

@@ -1,21 +1,25 @@
 """Pure: ``sshddp exec``'s remote command line, its per-host outcomes, and how they print.
 
-A command reaches every host as the argv the user typed: each word is quoted for the
-host's POSIX login shell, which only unquotes them (no expansion, no second command), and
-stderr joins stdout in the order the command wrote them, as pdsh shows them. Hosts whose
+A command reaches every host as the argv the user typed, over stdin (no shell in between:
+no expansion, no second command), and runs as a node launcher's does: the inventory's
+``env`` added and the host's ``python`` directory first on ``PATH``. stderr joins stdout
+in the order the command wrote them, as pdsh shows them. Hosts whose
 output and status are identical print once under one header listing them (``dshbak -c``).
+On a terminal what the hosts wrote passes the console's filter (``escape.for_terminal``):
+colours, not clipboard writes, retitles or screen clears; elsewhere it is printed exact.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
 
 from sshddp.errors import ExitCode, UsageError
+from sshddp.model.commands import python_command
+from sshddp.model.escape import for_terminal
 
 RULE = "-" * 16
 
@@ -49,8 +53,8 @@ class HostExec:
         return f"exit {self.exit}"
 
 
-def remote_command(argv: Sequence[str]) -> str:
-    """The shell line that runs ``argv`` exactly, stderr joined to stdout."""
+def check_command(argv: Sequence[str]) -> tuple[str, ...]:
+    """``argv`` as it is, or ``UsageError`` for one no host could run."""
     if not argv:
         raise UsageError("missing COMMAND: `sshddp exec INVENTORY -- COMMAND [ARGS...]`")
     if argv[0].startswith("-") or not argv[0]:
@@ -65,7 +69,14 @@ def remote_command(argv: Sequence[str]) -> str:
             raise UsageError(
                 f"COMMAND argument {i + 1} ({arg!r}) is not UTF-8 text; an SSH command line is"
             ) from None
-    return "exec 2>&1; exec " + shlex.join(argv)
+    return tuple(argv)
+
+
+def remote_command(python: str) -> str:
+    """The shell line that starts the host's ``python`` for ``remote/execute.py`` (which
+    gets the argv and the environment on stdin), its stderr joined to stdout from the
+    start: a missing interpreter says so in the output."""
+    return "exec 2>&1; " + python_command(python)
 
 
 def groups(results: Sequence[HostExec]) -> list[tuple[list[HostExec], bytes]]:
@@ -77,14 +88,26 @@ def groups(results: Sequence[HostExec]) -> list[tuple[list[HostExec], bytes]]:
     return [(members, key[0]) for key, members in found.items()]
 
 
-def render(results: Sequence[HostExec]) -> bytes:
-    """The grouped output: a header naming the hosts and their status, then the output."""
+def render(results: Sequence[HostExec], terminal: bool = False) -> bytes:
+    """The grouped output: a header naming the hosts and their status, then the output
+    (filtered for a ``terminal``)."""
     out = []
     for members, body in groups(results):
         names = ",".join(r.host for r in members)
         header = f"{RULE}\n{names} ({members[0].label()})\n{RULE}\n"
-        out.append(header.encode() + body + (b"" if not body or body.endswith(b"\n") else b"\n"))
+        shown = for_terminal(body) if terminal else body
+        out.append(header.encode() + shown + (b"" if not shown or shown.endswith(b"\n") else b"\n"))
     return b"".join(out)
+
+
+def stream_line(prefix: bytes, line: bytes, terminal: bool = False) -> bytes:
+    """One line of ``--stream``, after its host's prefix. On a ``terminal`` it is filtered,
+    and only what follows its last ``\\r`` is shown (where a progress bar ends): a ``\\r``
+    never overprints the prefix to pass the line off as another host's."""
+    if terminal:
+        body = line[:-1] if line.endswith(b"\n") else line
+        line = for_terminal(body.rstrip(b"\r").rsplit(b"\r", 1)[-1]) + b"\n"
+    return prefix + line
 
 
 def summary(results: Sequence[HostExec]) -> str:

@@ -126,6 +126,12 @@ def which(name: str) -> Optional[str]:
     return None
 
 
+def python_first(path: Optional[str]) -> str:
+    """``path`` (a PATH) with this interpreter's directory first, as in its venv activated:
+    a command resolves to the venv's (``accelerate``, ``deepspeed``, ``python3``)."""
+    return os.pathsep.join([os.path.dirname(sys.executable), path or os.defpath])
+
+
 def listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)

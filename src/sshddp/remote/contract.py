@@ -288,6 +288,7 @@ class FetchHeader(TypedDict, total=False):
 
     ok: bool
     error: str  #: nothing follows, and why
+    missing: bool  #: nothing follows because nothing is at the path
     kind: str  #: "file" (its bytes follow) or "dir" (an uncompressed tar stream follows)
     path: str  #: the absolute path on the host
     name: str  #: its last component: the name it gets locally

@@ -137,8 +137,9 @@ def main(args: dict[str, Any]) -> None:
         return
     try:
         if not os.path.isfile(path) and not os.path.isdir(path):
-            what = "is neither a file nor a directory" if os.path.lexists(path) else "not found"
-            emit({"ok": False, "path": path, "error": f"{path}: {what}"})
+            found = os.path.lexists(path)
+            what = "is neither a file nor a directory" if found else "not found"
+            emit({"ok": False, "path": path, "error": f"{path}: {what}", "missing": not found})
             return
         header, entries = _header(path)
     except OSError as exc:

@@ -33,6 +33,7 @@ from sshddp.remote.common import (
     atomic_write_json,
     boot_id,
     kill_run,
+    python_first,
     read_json,
     start_time,
     unlink,
@@ -343,8 +344,7 @@ def node_env(rundir: str, spec: SpecRecord, extra: dict[str, str]) -> dict[str, 
     env[contract.MARK_VAR] = spec["mark"]
     if spec.get("launcher") == contract.LAUNCH_COMMAND:
         # A command resolves as in the host python's activated venv (`accelerate`, ...).
-        bin_dir = os.path.dirname(sys.executable)
-        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH") or os.defpath])
+        env["PATH"] = python_first(env.get("PATH"))
     return env
 
 

@@ -1,5 +1,8 @@
 """``sshddp exec``: one command on every host in parallel, each host's output and status.
 
+The command starts through the host's ``python`` (``remote/execute.py``), which gives it the
+inventory's ``env`` and that interpreter's directory first on ``PATH``, as a node launcher.
+
 Each host's connection is opened and its command run in the pool's threads (at most
 ``fanout`` at once). A host that cannot be reached says why, in the words doctor uses. With
 ``on_line`` every whole line is handed over as it arrives (``--stream``); either way each
@@ -14,9 +17,10 @@ from collections.abc import Sequence
 from typing import Callable, Optional
 
 from sshddp.errors import SshddpError
+from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
-from sshddp.model.exec import ExecStatus, HostExec, remote_command
+from sshddp.model.exec import ExecStatus, HostExec, check_command, remote_command
 from sshddp.model.inventory import Host, Inventory
 
 #: (host, one line of its output, newline included) as it arrives
@@ -32,7 +36,7 @@ def run_everywhere(
     on_line: Optional[LineSink] = None,
 ) -> list[HostExec]:
     """Run ``argv`` on every host of ``inventory``; every host's outcome, in host order."""
-    command = remote_command(argv)
+    command = check_command(argv)
     with HostPool(inventory.hosts, ssh, fanout) as pool:
 
         def one(host: Host) -> HostExec:
@@ -60,12 +64,13 @@ def run_everywhere(
 def _run(
     pool: HostPool,
     host: Host,
-    command: str,
+    command: Sequence[str],
     timeout: Optional[float],
     on_line: Optional[LineSink],
     start: float,
 ) -> HostExec:
-    proc = pool.transport(host).start(command)
+    proc = pool.transport(host).start(remote_command(host.python))
+    proc.write(shipped.header("execute", {"argv": list(command), "env": dict(host.env)}))
     expired = threading.Event()
 
     def expire() -> None:
