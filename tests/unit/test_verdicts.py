@@ -19,8 +19,16 @@ from sshddp.remote.contract import HangRecord
 from sshddp.remote.joined import node_watch, node_world
 
 
-def world(planned: int, ranks: int, joined: int, *sizes: int) -> dict[str, Any]:
-    return {"planned": planned, "ranks": ranks, "joined": joined, "sizes": list(sizes)}
+def world(
+    planned: int, ranks: int, joined: int, *sizes: int, ran: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    return {
+        "planned": planned,
+        "ranks": ranks,
+        "joined": joined,
+        "sizes": list(sizes),
+        "collectives": list(ran),
+    }
 
 
 def ended(*worlds: Optional[dict[str, Any]]) -> RunResult:
@@ -63,8 +71,32 @@ def test_a_distributed_run_or_one_a_node_cannot_tell_gets_no_warning() -> None:
     assert not failed.undistributed  # a failure has its own report
 
 
+def test_a_world_formed_in_which_no_collective_ran_is_not_distributed() -> None:
+    """accelerate and a Trainer on CPU hosts: every process joins the planned world, then
+    trains alone; each said as it left that no collective ran on its groups."""
+    result = ended(world(4, 2, 2, 4, 4, ran=(0, 0)), world(4, 2, 2, 4, 4, ran=(0, 0)))
+    assert result.ok and result.undistributed and result.exit_code is ExitCode.OK
+    text = run_report(result, [])
+    assert "was not distributed: its processes formed the planned world of 4, but none" in text
+    assert "2 of 2 process(es) joined a process group (world size 4)" in text
+    assert "`--env ACCELERATE_USE_CPU=1`" in text and "TrainingArguments(use_cpu=True)" in text
+
+
+def test_one_collective_or_one_process_that_did_not_say_means_no_warning() -> None:
+    """Say less rather than something wrong: a process killed or ended by ``os._exit`` (a
+    multiprocessing worker) never says, and one collective anywhere is cooperation."""
+    talked = ended(world(4, 2, 2, 4, 4, ran=(0, 0)), world(4, 2, 2, 4, 4, ran=(0, 7)))
+    assert not talked.undistributed
+    unsaid = ended(world(4, 2, 2, 4, 4, ran=(0, 0)), world(4, 2, 2, 4, 4, ran=(0,)))
+    assert not unsaid.undistributed
+    older = ended(world(4, 2, 2, 4, 4), world(4, 2, 2, 4, 4))  # no collectives recorded
+    assert not older.undistributed
+
+
 def test_node_world_reads_only_well_formed_records() -> None:
     assert NodeWorld.of(world(4, 2, 1, 4)) == NodeWorld(4, 2, 1, (4,))
+    assert NodeWorld.of(world(4, 2, 1, 4, ran=(3,))) == NodeWorld(4, 2, 1, (4,), (3,))
+    assert NodeWorld.of({**world(4, 2, 1, 4), "collectives": ["3"]}) == NodeWorld(4, 2, 1, (4,))
     for bad in (None, [], {"planned": 4}, {**world(4, 2, 1), "sizes": ["4"]}, world(-1, 2, 0)):
         assert NodeWorld.of(bad) is None, bad
     assert NodeWorld.of({**world(4, 2, 1), "joined": True}) is None
@@ -73,13 +105,14 @@ def test_node_world_reads_only_well_formed_records() -> None:
 def test_the_node_records_who_joined_which_world(tmp_path: Path) -> None:
     joined = tmp_path / contract.JOINED
     joined.mkdir()
-    (joined / "2").write_text(json.dumps({"rank": 2, "entered": 1.0, "joined": 2.0, "world": 4}))
+    two = {"rank": 2, "entered": 1.0, "joined": 2.0, "world": 4, "collectives": 5}
+    (joined / "2").write_text(json.dumps(two))
     (joined / "3").write_text(json.dumps({"rank": 3, "entered": 1.0, "joined": None}))
     (joined / "p77").write_text(json.dumps({"rank": 1, "joined": 2.0, "world": 2}))
     (joined / "p78").write_text(json.dumps({"rank": None, "joined": None, "world": None}))
     (joined / ".p79.79").write_text("partial")
     spec: contract.SpecRecord = {"node_rank": 1, "watch": {"nprocs": [2, 2]}}  # type: ignore[typeddict-item]
-    assert node_world(str(tmp_path), spec) == world(4, 2, 2, 2, 4)
+    assert node_world(str(tmp_path), spec) == world(4, 2, 2, 2, 4, ran=(5,))
     assert node_world(str(tmp_path), {"node_rank": 1}) is None
     facts = node_watch(str(tmp_path), since=0.0, now=0.0, world=2)  # p77 joined as rank 1
     assert (facts["entered"], facts["joined"]) == ([1, 2, 3], [1, 2])

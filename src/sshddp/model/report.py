@@ -15,7 +15,14 @@ from sshddp import defaults
 from sshddp.model import envvars
 from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
 from sshddp.model.escape import visible, visible_line
-from sshddp.model.state import NodeResult, NodeState, RunResult, peer_cause, stop_reason
+from sshddp.model.state import (
+    NodeResult,
+    NodeState,
+    RunResult,
+    never_talked,
+    peer_cause,
+    stop_reason,
+)
 
 if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
     from rich.console import RenderableType
@@ -318,16 +325,16 @@ def world_warning(result: RunResult) -> list[str]:
     worlds = [(n, n.world) for n in result.nodes if n.world is not None]
     planned = worlds[0][1].planned
     sizes = sorted({s for _, w in worlds for s in w.sizes})
-    out = [
-        f"sshddp: WARNING: run {result.run_id} was not distributed: " + _world_said(planned, sizes)
-    ]
+    silent = never_talked(result.nodes)
+    said = _silent_said(planned) if silent else _world_said(planned, sizes)
+    out = [f"sshddp: WARNING: run {result.run_id} was not distributed: " + said]
     for n, w in worlds:
         seen = f" (world size {_sizes(w.sizes)})" if w.sizes else ""
         out.append(
             f"  node {n.node_rank:<3} {n.host:<20} {w.joined} of {w.ranks} process(es) "
             f"joined a process group{seen}"
         )
-    out.extend(_world_fix(bool(sizes)))
+    out.extend(_silent_fix() if silent else _world_fix(bool(sizes)))
     out.append("  (the exit code stays 0: the processes themselves succeeded)")
     return out
 
@@ -346,6 +353,23 @@ def _world_said(planned: int, sizes: Sequence[int]) -> str:
         f"its processes formed process groups of size {_sizes(sizes)}, never one of the "
         f"planned world size {planned}"
     )
+
+
+def _silent_said(planned: int) -> str:
+    return (
+        f"its processes formed the planned world of {planned}, but none of them ran a "
+        "collective on it (no all-reduce, broadcast or barrier): each trained on its own"
+    )
+
+
+def _silent_fix() -> list[str]:
+    return [
+        "  likely cause: a framework chose to run each process alone: accelerate (and a "
+        "transformers Trainer, built on it) does so on hosts without a GPU unless told to "
+        "use the CPU",
+        "  fix: on CPU hosts, `--env ACCELERATE_USE_CPU=1` (accelerate and a Trainer "
+        "alike), or in the code `Accelerator(cpu=True)` / `TrainingArguments(use_cpu=True)`",
+    ]
 
 
 def _world_fix(joined: bool) -> list[str]:

@@ -78,6 +78,8 @@ class NodeWorld:
     ranks: int  #: the node's planned ranks
     joined: int  #: its processes that returned from init_process_group
     sizes: tuple[int, ...]  #: the world size each of them saw
+    #: the collectives each of them ran, of those that said (all of them, or unknown)
+    collectives: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, value: object) -> Optional[NodeWorld]:
@@ -89,7 +91,9 @@ class NodeWorld:
         if not isinstance(sizes, list) or not all(map(_is_int, [*numbers, *sizes])):
             return None
         planned, ranks, joined = (int(n) for n in numbers)  # type: ignore[arg-type]
-        return cls(planned, ranks, joined, tuple(sizes))
+        ran = value.get("collectives")
+        ran = tuple(ran) if isinstance(ran, list) and all(map(_is_int, ran)) else ()
+        return cls(planned, ranks, joined, tuple(sizes), ran)
 
 
 def _is_int(value: object) -> bool:
@@ -103,7 +107,19 @@ def not_distributed(nodes: Sequence[NodeResult]) -> bool:
     worlds = [n.world for n in nodes]
     if not worlds or any(w is None or w.planned < 1 for w in worlds):
         return False
-    return not any(w.planned in w.sizes for w in worlds if w is not None)
+    return not any(w.planned in w.sizes for w in worlds if w is not None) or never_talked(nodes)
+
+
+def never_talked(nodes: Sequence[NodeResult]) -> bool:
+    """Every process of the run joined a group, and every one of them said, as it left, that
+    no collective ran on any of its groups: they formed a world and then each worked alone
+    (accelerate and a transformers Trainer on CPU hosts). False when any process did not say
+    (killed, ``os._exit``, a multiprocessing worker): say less rather than something wrong."""
+    worlds = [n.world for n in nodes]
+    if not worlds or any(w is None for w in worlds):
+        return False
+    known = [w for w in worlds if w is not None and w.joined and len(w.collectives) == w.joined]
+    return len(known) == len(worlds) and not any(sum(w.collectives) for w in known)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 5  #: 5: joined/p<pid> and JoinedRecord `world`; exit.json `world`
+SCHEMA = 5  #: 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`
 # (remote/ranksite.py, which stands alone, repeats the number)
 # 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
 # `earlier`, `offsets`; node.idx and out/ (each line's rank) (remote/ranksite.py, which
@@ -149,6 +149,13 @@ class JoinedRecord(TypedDict):
     world: Optional[int]  #: the world size of the group it joined (schema 5); None: waits
 
 
+class JoinedEnd(JoinedRecord, total=False):
+    """The record again as the process leaves its world (schema 5)."""
+
+    #: the most collectives any of its groups ran (c10d's sequence number); None: unknown
+    collectives: Optional[int]
+
+
 class WorldRecord(TypedDict):
     """exit.json's ``world``: whether the node's processes formed the planned world."""
 
@@ -156,6 +163,8 @@ class WorldRecord(TypedDict):
     ranks: int  #: this node's planned ranks
     joined: int  #: this node's processes that returned from init_process_group
     sizes: list[int]  #: the world size each of them saw, smallest first
+    #: the collectives each of them ran (``JoinedEnd``), of those that said, fewest first
+    collectives: list[int]
 
 
 class NodeWatch(TypedDict):

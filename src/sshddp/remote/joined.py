@@ -66,4 +66,11 @@ def node_world(rundir: str, spec: SpecRecord) -> Optional[WorldRecord]:
         return None
     joined = [r for r in records(rundir).values() if r.get("joined") is not None]
     sizes = sorted(r["world"] for r in joined if isinstance(r.get("world"), int))
-    return {"planned": sum(nprocs), "ranks": nprocs[node], "joined": len(joined), "sizes": sizes}
+    ran = sorted(r["collectives"] for r in joined if isinstance(r.get("collectives"), int))
+    return {
+        "planned": sum(nprocs),
+        "ranks": nprocs[node],
+        "joined": len(joined),
+        "sizes": sizes,
+        "collectives": ran,
+    }

@@ -148,6 +148,7 @@ def _wrap_init(module: object, rundir: str, rank: Optional[int]) -> None:
     init = getattr(module, "init_process_group", None)
     if init is None:
         return
+    count = _Collectives(module)
 
     @functools.wraps(init)
     def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -156,9 +157,59 @@ def _wrap_init(module: object, rundir: str, rank: Optional[int]) -> None:
         group = _group_of(module)
         joined = {"entered": entered, "joined": _now(), "world": group[1]}
         _write_joined(rundir, rank, joined, group[0])
+        count.start(lambda n: _write_joined(rundir, rank, {**joined, **n}, group[0]))
         return result
 
     module.init_process_group = init_process_group  # type: ignore[attr-defined]
+    destroy = getattr(module, "destroy_process_group", None)
+    if destroy is not None:
+
+        @functools.wraps(destroy)
+        def destroy_process_group(group=None):  # type: ignore[no-untyped-def]
+            if group is None:
+                count.record()
+            return destroy(group)
+
+        module.destroy_process_group = destroy_process_group  # type: ignore[attr-defined]
+
+
+class _Collectives:
+    """Records, once, how many collectives the process's groups ran (``collectives`` in its
+    joined record): when it destroys its default group, else as it exits. Joining a group
+    proves no cooperation: accelerate and a transformers Trainer on CPU hosts form one, then
+    each process trains on its own and never runs a collective on it. A process that never
+    gets there (killed, ``os._exit``, a multiprocessing worker) records nothing: unknown,
+    and the report says nothing of it. Both functions are wrapped as c10d loads, so the
+    names ``torch.distributed`` copies from it are the wrappers."""
+
+    def __init__(self, module: object) -> None:
+        self.module = module
+        self.write: Any = None
+        self.done = False
+
+    def start(self, write: Any) -> None:
+        import atexit
+
+        if self.write is None:
+            atexit.register(self.record)
+        self.write = write
+        self.done = False
+
+    def record(self) -> None:
+        if self.write is not None and not self.done:
+            self.done = True
+            self.write({"collectives": _collectives(self.module)})
+
+
+def _collectives(module: Any) -> Optional[int]:
+    """The most collectives any of the process's groups ran (c10d's sequence number, which
+    every collective of a group advances); None for what torch won't say, or when its groups
+    are gone already (destroyed through a name that is not the wrapper)."""
+    try:
+        groups = list(module._world.pg_map)
+        return max(int(g._get_sequence_number_for_group()) for g in groups) if groups else None
+    except Exception:  # a torch without them, or a group that cannot say
+        return None
 
 
 def _group_of(module: object) -> tuple[Optional[int], Optional[int]]:
