@@ -371,7 +371,7 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
     tmp_path: Path, python: str
 ) -> None:
     """Node 0's and node 1's real supervisors (``python -S supervisor.py RUNDIR``), each
-    holding the run's key only in the 0600 file staging leaves: node 1's torchrun stand-in
+    given the run's key on stdin, never in a file: node 1's torchrun stand-in
     fails, and node 0, which would wait an hour, is stopped by its hub's abort."""
     from sshddp.hosts import shipped
 
@@ -384,11 +384,14 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
         node = {**spec(rank, port), "argv": ["python", "-c", code], "mark": f"{tmp_path}/n{rank}"}
         node["peers"] = {**node["peers"], "nnodes": 2, "hosts": ["h1", "h2"]}
         (rundir / "spec.json").write_text(json.dumps(node))
-        common.write_new(str(rundir / "peers.key"), KEY.hex().encode())
         (rundir / "supervisor.py").write_text(source)
         with open(rundir / "supervisor.log", "wb") as log:
             argv = [python, "-S", str(rundir / "supervisor.py"), str(rundir)]
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=log))
+            sup = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log)
+            assert sup.stdin is not None
+            sup.stdin.write(json.dumps({"env": {}, "peer_key": KEY.hex()}).encode() + b"\n")
+            sup.stdin.close()
+            procs.append(sup)
     try:
         for proc in procs:
             assert proc.wait(60) == 0
@@ -399,5 +402,7 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
     assert ends[1]["state"] == "failed" and ends[1]["returncode"] == 3, ends
     assert ends[0]["state"] == "stopped", ends
     assert ends[0]["reason"] == "stopped: node 1 (h2) failed: torchrun exited with code 3", ends
-    assert not (tmp_path / "n0" / "peers.key").exists(), "the key outlived its reading"
+    assert not [
+        p for p in tmp_path.rglob("*") if p.is_file() and KEY.hex().encode() in p.read_bytes()
+    ]
     assert "ignored" not in (tmp_path / "n0" / "supervisor.log").read_text()

@@ -171,7 +171,7 @@ def _write_joined(
     import json
 
     entered = entered if entered is not None else _now()
-    record = {"schema": 4, "rank": rank, "pid": os.getpid(), "entered": entered, "joined": joined}
+    record = {"schema": 5, "rank": rank, "pid": os.getpid(), "entered": entered, "joined": joined}
     directory = os.path.join(rundir, "joined")
     try:
         os.makedirs(directory, 0o700, exist_ok=True)

@@ -95,15 +95,12 @@ def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> N
 
     boot_args = boot.unpack_files(boot_args, sys.stdin.buffer)
     staged = boot.stage(boot_args, sys.stdin.buffer, warm)
-    emit(staged)
     if not staged.get("ok"):
+        emit(staged)
         return
-    start = _order().get("start")
-    holds.release_all()  # the supervisor binds the reserved port as it starts
-    if not start:
-        boot.discard(staged["rundir"])
+    answer = _start(boot_args, staged["rundir"], holds, warm)
+    if answer is None:
         return
-    answer = boot.start(boot_args, warm)
     emit(answer)
     state = answer.get("state") or {}
     if answer.get("ok") and state.get("state") == contract.RUNNING:
@@ -112,3 +109,26 @@ def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> N
         follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
         if boot_args.get("bound"):
             bound.end_with_session(answer["rundir"], state)
+
+
+def _start(
+    boot_args: dict[str, Any], rundir: str, holds: Holds, warm: Optional[Prewarm]
+) -> Optional[dict[str, Any]]:
+    """Tell the coordinator the node staged and, on its start, start the supervisor: its
+    answer. Until then this session owns the node: whatever ends it first (no start, the
+    channel's EOF or a broken pipe as the coordinator dies, an error) removes what it
+    staged, and None."""
+    from sshddp.remote import boot
+
+    started = False
+    try:
+        emit({"ok": True, "rundir": rundir})
+        start = _order().get("start")
+        holds.release_all()  # the supervisor binds the reserved port as it starts
+        if not start:
+            return None
+        started = True
+        return boot.start(boot_args, rundir, warm)
+    finally:
+        if not started:
+            boot.discard(rundir)
