@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import uuid
@@ -18,7 +19,7 @@ from typing import Callable
 
 import pytest
 import yaml
-from launch_helpers import SSHDDP, cli_env, wait_until, write_inventory
+from launch_helpers import JOB, SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -156,3 +157,61 @@ def test_a_coordinator_killed_while_staging_leaves_no_secret_on_any_host(
         wait_until(lambda: not _node_dirs(workdir, run), BOUND, "every host to remove its node")
         assert _secret_files(workdir, secret.encode()) == []
     run_no_leak(run)
+
+
+# ------------------------------------------------ 2. another user's symlink as workdir
+
+
+@pytest.fixture
+def stranger() -> Iterator[pwd.struct_passwd]:
+    """A real second local user (made here as root, removed after)."""
+    name = f"sshddp-x{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(["useradd", "-M", "-s", "/bin/false", name], capture_output=True)
+    if made.returncode != 0:
+        pytest.fail(f"cannot add user {name} (needs root; CI runs as root): {made.stderr!r}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_another_users_symlink_as_the_workdir_is_refused_naming_it_and_its_owner(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    stranger: pwd.struct_passwd,
+    run_no_leak,
+) -> None:
+    """h2's `workdir:` lies in a world-writable sticky directory (as /tmp), where another
+    user made it a symlink to a directory of ours. Its owner can point it at their own
+    files at any moment (the check once followed it and the run went on using the link, so
+    a swap before a restart ran their rank.py as us). The preflight (exit 3) and, with
+    --no-check, staging (exit 1) refuse it, naming the link and its owner."""
+    inv, _ = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=1)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = shared / "work"
+    link.symlink_to(mine)
+    os.lchown(link, stranger.pw_uid, stranger.pw_gid)
+    with_workdir(inv, 1, link)
+    expected = (
+        f"workdir {link} is a symlink owned by uid {stranger.pw_uid} ({stranger.pw_name}), "
+        f"not by this user (uid {os.geteuid()}) or root"
+    )
+    checked = sshddp(ssh_env, tmp_path, "launch", "--name", "link1", str(inv), str(JOB), "ok")
+    out = checked.stdout + checked.stderr
+    assert checked.returncode == 3, out
+    assert f"FAIL h2 workdir: {expected}" in out, out
+    assert "point `workdir:` to a real directory of your own" in out, out
+    unchecked = sshddp(
+        ssh_env, tmp_path, "launch", "--no-check", "--name", "link2", str(inv), str(JOB), "ok"
+    )
+    assert unchecked.returncode == 1, unchecked.stderr
+    assert "Traceback" not in unchecked.stderr
+    assert f"root cause: node 1 on h2: {expected}" in unchecked.stderr, unchecked.stderr
+    assert list(mine.iterdir()) == [], "staging went through the link"
+    run_no_leak("link1")
+    run_no_leak("link2")
