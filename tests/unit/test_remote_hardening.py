@@ -121,6 +121,47 @@ def test_inspect_of_a_workdir_to_be_made_looks_at_its_parent(tmp_path: Path) -> 
     assert found == {"path": str(tmp_path), "readonly": False, "problem": None}
 
 
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda above: os.chown(above, 65534, 65534), "belongs to uid 65534"),
+        (lambda above: above.chmod(0o777), "is writable by other users (mode 0777, not sticky)"),
+    ],
+)
+def test_a_directory_above_the_workdir_that_others_control_is_refused(
+    tmp_path: Path, setup: Any, message: str
+) -> None:
+    """Whoever may rename what is in a directory above the workdir could swap the workdir
+    for their own after the check."""
+    above = tmp_path / "above"
+    (above / "w").mkdir(parents=True)
+    setup(above)
+    with pytest.raises(workdir.Unsafe, match=re.escape(f"{above}, above workdir")) as refused:
+        workdir.make_rundir(str(above / "w" / "runs" / "r1" / "n0"))
+    assert message in refused.value.what and refused.value.fix
+    assert message in workdir.inspect(str(above / "w"))["problem"]
+    assert not (above / "w" / "runs").exists()
+
+
+def test_a_workdir_through_links_of_ours_is_used_by_its_real_path_only(tmp_path: Path) -> None:
+    """A link of ours, in a sticky world-writable directory (as /tmp), is followed once:
+    the node directory, and the paths under the workdir, are the real ones from then on."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (shared / "hop").symlink_to("../real")
+    (shared / "work").symlink_to(shared / "hop")
+    given = str(shared / "work" / "runs" / "r1" / "n0")
+    made = workdir.make_rundir(given)
+    assert made == str(real / "runs" / "r1" / "n0") and os.path.isdir(made)
+    assert workdir.moved(str(shared / "work" / "work" / "p-1"), given, made) == str(
+        real / "work" / "p-1"
+    )
+    assert workdir.moved("/elsewhere/x", given, made) == "/elsewhere/x"
+
+
 # ------------------------------------------------------------------ processes
 
 
