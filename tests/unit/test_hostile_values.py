@@ -41,6 +41,7 @@ from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
 from sshddp.remote import contract
+from sshddp.remote.contract import Secrets
 from sshddp.remote.importer import unpack
 from sshddp.remote.supervisor import Supervisor
 from sshddp.run.boot import Boot
@@ -292,7 +293,7 @@ def boot_in_process(plan: LaunchPlan, script: Path, logs: Path) -> None:
     assert all(r.state.value == "running" for r in state.results.values())
 
 
-def supervisor_exec(rundir: str) -> tuple[list[str], dict[str, str]]:
+def supervisor_exec(rundir: str, secrets: Secrets) -> tuple[list[str], dict[str, str]]:
     """The argv and environment the real supervisor starts torchrun with."""
     started: dict[str, Any] = {}
 
@@ -300,7 +301,7 @@ def supervisor_exec(rundir: str) -> tuple[list[str], dict[str, str]]:
         started.update(argv=argv, env=kwargs["env"])
         return mock.Mock(pid=os.getpid())
 
-    supervisor = Supervisor(rundir)
+    supervisor = Supervisor(rundir, secrets=secrets)
     with saved_process_state(), mock.patch("subprocess.Popen", popen):
         assert supervisor.start()
     assert supervisor.output is not None
@@ -325,12 +326,9 @@ def test_values_reach_torchrun_workers_through_boot_and_supervisor(
         for node in plan.nodes:
             spec = json.loads(Path(node.rundir, "spec.json").read_text())
             assert spec["argv"] == list(node.argv)
-            assert json.loads(Path(node.rundir, "env.json").read_text()) == {
-                **expected_env,
-                "NODE_RANK": str(node.node_rank),
-            }
+            assert dict(node.env) == {**expected_env, "NODE_RANK": str(node.node_rank)}
             assert Path(node.rundir, "code", SCRIPT_NAME).read_bytes() == script.read_bytes()
-            argv, env = supervisor_exec(node.rundir)
+            argv, env = supervisor_exec(node.rundir, {"env": dict(node.env), "peer_key": None})
             shim = os.path.join(node.rundir, "rank.py")
             assert worker_argv(argv) == [sys.executable, shim, SCRIPT_NAME, *args]
             assert {k: env[k] for k in expected_env} == expected_env

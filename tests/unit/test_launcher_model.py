@@ -21,7 +21,7 @@ from sshddp.model.report import launcher_failure, run_report
 from sshddp.model.smoke import SmokeReport, find_record, render, verdict
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote import contract
-from sshddp.remote.supervisor import torchrun_argv, torchrun_env
+from sshddp.remote.supervisor import node_env, torchrun_argv
 
 INV = parse_inventory(
     "defaults: {python: /opt/py}\nhosts:\n  - {host: a, nproc: 2}\n  - {host: b, nproc: 3}\n",
@@ -122,7 +122,7 @@ def test_supervisor_starts_each_launcher_as_planned(tmp_path: Path) -> None:
     cmd = plan(LaunchOptions(launcher="node", command=("accelerate", "{nproc}")))
     spec = cmd.spec(cmd.nodes[1])
     assert torchrun_argv(str(tmp_path), spec) == ["accelerate", "3"]
-    env = torchrun_env(str(tmp_path), spec)  # a command finds the host python's venv first
+    env = node_env(str(tmp_path), spec, {})  # a command finds the host python's venv first
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     assert env[contract.MARK_VAR] == spec["mark"]
 

@@ -121,6 +121,47 @@ def test_inspect_of_a_workdir_to_be_made_looks_at_its_parent(tmp_path: Path) -> 
     assert found == {"path": str(tmp_path), "readonly": False, "problem": None}
 
 
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda above: os.chown(above, 65534, 65534), "belongs to uid 65534"),
+        (lambda above: above.chmod(0o777), "is writable by other users (mode 0777, not sticky)"),
+    ],
+)
+def test_a_directory_above_the_workdir_that_others_control_is_refused(
+    tmp_path: Path, setup: Any, message: str
+) -> None:
+    """Whoever may rename what is in a directory above the workdir could swap the workdir
+    for their own after the check."""
+    above = tmp_path / "above"
+    (above / "w").mkdir(parents=True)
+    setup(above)
+    with pytest.raises(workdir.Unsafe, match=re.escape(f"{above}, above workdir")) as refused:
+        workdir.make_rundir(str(above / "w" / "runs" / "r1" / "n0"))
+    assert message in refused.value.what and refused.value.fix
+    assert message in workdir.inspect(str(above / "w"))["problem"]
+    assert not (above / "w" / "runs").exists()
+
+
+def test_a_workdir_through_links_of_ours_is_used_by_its_real_path_only(tmp_path: Path) -> None:
+    """A link of ours, in a sticky world-writable directory (as /tmp), is followed once:
+    the node directory, and the paths under the workdir, are the real ones from then on."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (shared / "hop").symlink_to("../real")
+    (shared / "work").symlink_to(shared / "hop")
+    given = str(shared / "work" / "runs" / "r1" / "n0")
+    made = workdir.make_rundir(given)
+    assert made == str(real / "runs" / "r1" / "n0") and os.path.isdir(made)
+    assert workdir.moved(str(shared / "work" / "work" / "p-1"), given, made) == str(
+        real / "work" / "p-1"
+    )
+    assert workdir.moved("/elsewhere/x", given, made) == "/elsewhere/x"
+
+
 # ------------------------------------------------------------------ processes
 
 
@@ -371,7 +412,7 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
     tmp_path: Path, python: str
 ) -> None:
     """Node 0's and node 1's real supervisors (``python -S supervisor.py RUNDIR``), each
-    holding the run's key only in the 0600 file staging leaves: node 1's torchrun stand-in
+    given the run's key on stdin, never in a file: node 1's torchrun stand-in
     fails, and node 0, which would wait an hour, is stopped by its hub's abort."""
     from sshddp.hosts import shipped
 
@@ -384,11 +425,14 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
         node = {**spec(rank, port), "argv": ["python", "-c", code], "mark": f"{tmp_path}/n{rank}"}
         node["peers"] = {**node["peers"], "nnodes": 2, "hosts": ["h1", "h2"]}
         (rundir / "spec.json").write_text(json.dumps(node))
-        common.write_new(str(rundir / "peers.key"), KEY.hex().encode())
         (rundir / "supervisor.py").write_text(source)
         with open(rundir / "supervisor.log", "wb") as log:
             argv = [python, "-S", str(rundir / "supervisor.py"), str(rundir)]
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=log))
+            sup = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log)
+            assert sup.stdin is not None
+            sup.stdin.write(json.dumps({"env": {}, "peer_key": KEY.hex()}).encode() + b"\n")
+            sup.stdin.close()
+            procs.append(sup)
     try:
         for proc in procs:
             assert proc.wait(60) == 0
@@ -399,5 +443,7 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
     assert ends[1]["state"] == "failed" and ends[1]["returncode"] == 3, ends
     assert ends[0]["state"] == "stopped", ends
     assert ends[0]["reason"] == "stopped: node 1 (h2) failed: torchrun exited with code 3", ends
-    assert not (tmp_path / "n0" / "peers.key").exists(), "the key outlived its reading"
+    assert not [
+        p for p in tmp_path.rglob("*") if p.is_file() and KEY.hex().encode() in p.read_bytes()
+    ]
     assert "ignored" not in (tmp_path / "n0" / "supervisor.log").read_text()

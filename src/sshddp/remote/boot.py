@@ -35,7 +35,8 @@ from sshddp.remote.common import (
     read_json,
     write_new,
 )
-from sshddp.remote.workdir import Unsafe, make_rundir
+from sshddp.remote.contract import Secrets
+from sshddp.remote.workdir import Unsafe, make_rundir, moved, resolve_rundir
 from sshddp.remote.workspace import fill
 
 if TYPE_CHECKING:
@@ -56,8 +57,8 @@ class Waiter(Protocol):
 
     rundir: str  #: the run directory it made
 
-    def hand_over(self, parent: Optional[int]) -> bool:
-        """Become the node's supervisor; False if it is gone."""
+    def hand_over(self, parent: Optional[int], secrets: Secrets) -> bool:
+        """Become the node's supervisor, given ``secrets``; False if it is gone."""
 
 
 class _Code:
@@ -154,7 +155,11 @@ def _prune(runs_root: str, keep: int) -> None:
 
 
 def _start_supervisor(
-    rundir: str, standalone: str, bound: bool = False, warm: Optional[Waiter] = None
+    rundir: str,
+    standalone: str,
+    secrets: Secrets,
+    bound: bool = False,
+    warm: Optional[Waiter] = None,
 ) -> dict[str, Any]:
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
@@ -168,9 +173,9 @@ def _start_supervisor(
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid() if bound else None
-    handed = warm is not None and warm.hand_over(parent)
+    handed = warm is not None and warm.hand_over(parent, secrets)
     if not handed and os.fork() == 0:
-        supervise(rundir, log, parent)  # never returns
+        supervise(rundir, log, parent, secrets=secrets)  # never returns
     os.close(log)
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
@@ -201,7 +206,11 @@ def _detach(rundir: str, log: int, keep: tuple[int, ...] = ()) -> None:
 
 
 def supervise(
-    rundir: str, log: int, parent: Optional[int], standby: Optional[Standby] = None
+    rundir: str,
+    log: int,
+    parent: Optional[int],
+    standby: Optional[Standby] = None,
+    secrets: Optional[Secrets] = None,
 ) -> None:
     """The forked child: become the supervisor (bound to ``parent``, the session, over
     srun; the first attempt's torchrun ``standby``'s, if any), then exit without running
@@ -211,7 +220,7 @@ def supervise(
         _detach(rundir, log, () if standby is None else (standby.sock.fileno(),))
         from sshddp.remote.supervisor import run_supervisor
 
-        run_supervisor(rundir, parent, standby)
+        run_supervisor(rundir, parent, standby, secrets)
         status = 0
     except BaseException:  # it goes to supervisor.log, never to the session
         import traceback
@@ -240,25 +249,36 @@ def unpack_files(args: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
 
 def stage(args: dict[str, Any], stream: IO[bytes], warm: Optional[Waiter] = None) -> Answer:
     """Put the run directory in place: a new one (an existing one is refused, as are a
-    workdir or runs/ that others may write to), then the code from ``stream`` (its SHA-256
-    checked), the rank shim, the peers' key, env.json and spec.json, every file new and
-    owner-only. Nothing runs yet, and a failed stage leaves nothing. With a waiter
-    (``warm``), the run directory and the shims it needs are there already.
-    The answer: {"ok": true, "rundir"} or {"ok": false, "error", "rundir"}."""
+    workdir or runs/ that others may write to or move), then the code from ``stream`` (its
+    SHA-256 checked), the rank shim and spec.json, every file new and owner-only; no secret
+    (``start`` hands those to the supervisor in memory). Nothing runs yet, and a failed stage
+    leaves nothing. With a waiter (``warm``), the run directory and the shims it needs are
+    there already. The answer: {"ok": true, "rundir": its real path, the only one used
+    from here on} or {"ok": false, "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
-    made = warm is not None and warm.rundir == rundir
     try:
+        real = resolve_rundir(rundir)
+        made = warm is not None and warm.rundir == real
         if not made:
-            make_rundir(rundir)
+            real = make_rundir(rundir)
     except Unsafe as exc:  # nothing of ours is there to remove
         return {"ok": False, "rundir": rundir, "error": str(exc)}
     try:
-        _stage_files(rundir, args, stream, made)
-        return {"ok": True, "rundir": rundir}
+        _stage_files(real, _moved(args, rundir, real), stream, made)
+        return {"ok": True, "rundir": real}
     except (BootError, OSError) as exc:
-        discard(rundir)
-        return {"ok": False, "error": _said(exc), "rundir": rundir}
+        discard(real)
+        return {"ok": False, "error": _said(exc), "rundir": real}
+
+
+def _moved(args: dict[str, Any], rundir: str, real: str) -> dict[str, Any]:
+    """``args`` with the spec's cwd and the workspace under the workdir's real path."""
+    spec = dict(args["spec"])
+    if spec.get("cwd"):
+        spec["cwd"] = moved(spec["cwd"], rundir, real)
+    space = args.get("workspace")
+    return {**args, "spec": spec, "workspace": moved(space, rundir, real) if space else None}
 
 
 def _said(exc: BaseException) -> str:
@@ -273,19 +293,13 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: boo
     if payload["kind"] != "none":
         _receive_code(rundir, payload, stream)
         if args.get("workspace"):  # the ranks run in it: it keeps what earlier runs wrote
-            fill(os.path.join(rundir, contract.CODE), os.path.expanduser(args["workspace"]))
+            fill(os.path.join(rundir, contract.CODE), args["workspace"])
     remote = args.get("remote_script")
     if remote and not os.path.isfile(home_path(remote)):
         raise BootError(f"the script {remote} does not exist on this host")
-    if spec.get("cwd"):
-        spec["cwd"] = os.path.expanduser(spec["cwd"])
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
     if not made:  # (else the waiter's standby runs them already: prewarm.py)
         put_torchrun_shims(rundir, args)
-    key: Optional[str] = args.get("peer_key")
-    if key:  # the supervisors' shared secret: read and deleted by the supervisor
-        write_new(os.path.join(rundir, contract.PEER_KEY), key.encode())
-    atomic_write_json(os.path.join(rundir, contract.ENV), args["env"])
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
 
 
@@ -308,14 +322,16 @@ def discard(rundir: str) -> None:
         pass
 
 
-def start(args: dict[str, Any], warm: Optional[Waiter] = None) -> Answer:
-    """Start the staged node's supervisor. The answer: {"ok": true, "state", "rundir"} or
-    {"ok": false, "error", "rundir"}."""
-    rundir = os.path.expanduser(args["rundir"])
+def start(args: dict[str, Any], rundir: str, warm: Optional[Waiter] = None) -> Answer:
+    """Start the supervisor of the node staged in ``rundir`` (stage()'s answer), handing it
+    the node's environment and the peers' key in memory. The answer: {"ok": true, "state",
+    "rundir"} or {"ok": false, "error", "rundir"}."""
+    secrets: Secrets = {"env": dict(args["env"]), "peer_key": args.get("peer_key")}
     try:
         if read_json(os.path.join(rundir, contract.SPEC)) is None:
             raise BootError(f"run directory {rundir} is not staged")
-        state = _start_supervisor(rundir, args["supervisor"], bool(args.get("bound")), warm)
+        bound = bool(args.get("bound"))
+        state = _start_supervisor(rundir, args["supervisor"], secrets, bound, warm)
         # The retention count includes this run: once it ends the host holds keep_runs.
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args["keep_runs"]) - 1)
         return {"ok": True, "state": state, "rundir": rundir}

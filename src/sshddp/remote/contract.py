@@ -1,7 +1,8 @@
 """The host contract: the files of a node's run directory and the records they hold.
 
-Both sides use this module. The launch session writes ``spec.json``, ``env.json`` and
-``peers.key`` when it stages a node; the supervisor writes ``state.json`` once torchrun runs,
+Both sides use this module. The launch session writes ``spec.json`` when it stages a node
+(the node's environment and the peers' key, secrets, reach the supervisor in memory only:
+``Secrets``); the supervisor writes ``state.json`` once torchrun runs,
 ``node.log`` as the ranks write, and ``exit.json`` as its last act; the coordinator reads
 them back through the ``follow`` and ``stop`` calls. ``SCHEMA`` goes into every record: bump
 it whenever a record changes shape (as SkyPilot bumps ``SKYLET_VERSION``), so a coordinator
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 5  #: 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`
-# (remote/ranksite.py, which stands alone, repeats the number)
+SCHEMA = 5  #: 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
+# no env.json or peers.key (Secrets, in memory); spec.json's paths resolved
 # 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
 # `earlier`, `offsets`; node.idx and out/ (each line's rank) (remote/ranksite.py, which
 # stands alone, repeats the number)
@@ -26,8 +27,6 @@ SCHEMA = 5  #: 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.js
 
 # The files of a run directory.
 SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
-ENV = "env.json"  #: the ranks' extra environment; the supervisor deletes it once read
-PEER_KEY = "peers.key"  #: the supervisors' shared secret (hex); the supervisor deletes it once read
 STATE = "state.json"  #: the live supervisor (StateRecord), written once torchrun started
 EXIT = "exit.json"  #: how the node ended (ExitRecord), the supervisor's last act
 LOG = "node.log"  #: every byte the node's ranks wrote, in order
@@ -133,6 +132,15 @@ class SpecRecord(TypedDict, total=False):
     tty_size: list[int]  #: the pty's [columns, rows] with tty (schema 3)
     watch: WatchSpec  #: the watchdogs (schema 3); absent: none
     restarts: int  #: times the whole run may start again after a failure (schema 4); absent: 0
+
+
+class Secrets(TypedDict):
+    """What a launch session hands its node's supervisor in memory, never through a file:
+    a node's environment may hold secrets (``--env``), and the key proves a peer is the
+    run's."""
+
+    env: dict[str, str]  #: the node's planned variables (env: and --env among them)
+    peer_key: Optional[str]  #: the supervisors' shared secret (hex), or None
 
 
 class JoinedRecord(TypedDict):

@@ -38,7 +38,8 @@ from typing import Any, Optional
 from sshddp.remote import contract
 from sshddp.remote.agent import MODULE as TORCHRUN
 from sshddp.remote.common import temp_dir, try_lock
-from sshddp.remote.workdir import Unsafe, make_rundir
+from sshddp.remote.contract import Secrets
+from sshddp.remote.workdir import Unsafe, make_rundir, resolve_rundir
 
 SUPERVISOR_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
@@ -70,11 +71,11 @@ class Prewarm:
     @classmethod
     def _begin(cls, rundir: str, args: dict[str, Any], slot: int) -> Optional[Prewarm]:
         os.umask(0o077)
-        runs = os.path.dirname(os.path.dirname(rundir))
-        # what a launch that never starts removes again: the directories made here
-        made = [d for d in (os.path.dirname(runs), runs) if not os.path.lexists(d)]
         try:
-            make_rundir(rundir)
+            runs = os.path.dirname(os.path.dirname(resolve_rundir(rundir)))
+            # what a launch that never starts removes again: the directories made here
+            made = [d for d in (os.path.dirname(runs), runs) if not os.path.lexists(d)]
+            rundir = make_rundir(rundir)  # its real path, the only one used from here on
         except (Unsafe, OSError):
             return None
         from sshddp.remote.boot import put_torchrun_shims
@@ -94,14 +95,17 @@ class Prewarm:
         os.close(read)
         return cls(rundir, pid, write)
 
-    def hand_over(self, parent: Optional[int]) -> bool:
-        """Make the waiter the node's supervisor (bound to ``parent``, over srun); False if
-        it is gone (the caller forks one)."""
+    def hand_over(self, parent: Optional[int], secrets: Secrets) -> bool:
+        """Make the waiter the node's supervisor (bound to ``parent``, over srun), handing
+        it ``secrets`` down the pipe, never through a file; False if it is gone (the caller
+        forks one)."""
         pipe, self._pipe = self._pipe, None
         if pipe is None:
             return False
+        order = json.dumps({"parent": parent, "secrets": secrets}).encode() + b"\n"
         try:
-            os.write(pipe, json.dumps({"parent": parent}).encode() + b"\n")
+            while order:  # (more than a pipe's buffer of environment: the waiter reads on)
+                order = order[os.write(pipe, order) :]
             return True
         except OSError:
             return False
@@ -142,7 +146,8 @@ def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int, slot: i
             log = os.open(os.path.join(rundir, contract.SUPERVISOR_LOG), SUPERVISOR_LOG_FLAGS)
             from sshddp.remote.boot import supervise
 
-            supervise(rundir, log, order.get("parent"), standby)  # never returns
+            secrets = order.get("secrets")
+            supervise(rundir, log, order.get("parent"), standby, secrets)  # never returns
         if standby is not None:
             standby.discard()
         _remove(rundir, made)

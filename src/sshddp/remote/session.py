@@ -93,26 +93,16 @@ def _session(args: dict[str, Any], warm: Optional[Prewarm]) -> None:
 
 def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
-    from sshddp.remote import boot, bound, follow, share
+    from sshddp.remote import boot, bound, follow
 
     boot_args = boot.unpack_files(boot_args, sys.stdin.buffer)
     staged = boot.stage(boot_args, sys.stdin.buffer, warm)
-    if staged.get("ok") and boot_args.get("look"):
-        staged["look"] = share.look(boot_args["look"])
-    emit(staged)
     if not staged.get("ok"):
+        emit(staged)
         return
-    with share.Shares() as shares:  # --share: node 0's files to the others, before the start
-        order = _order()
-        while "ask" in order:
-            emit(shares.answer(order))
-            order = _order()
-    start = order.get("start")
-    holds.release_all()  # the supervisor binds the reserved port as it starts
-    if not start:
-        boot.discard(staged["rundir"])
+    answer = _start(boot_args, staged, holds, warm)
+    if answer is None:
         return
-    answer = boot.start(boot_args, warm)
     emit(answer)
     state = answer.get("state") or {}
     if answer.get("ok") and state.get("state") == contract.RUNNING:
@@ -121,3 +111,33 @@ def _boot(boot_args: dict[str, Any], holds: Holds, warm: Optional[Prewarm]) -> N
         follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
         if boot_args.get("bound"):
             bound.end_with_session(answer["rundir"], state)
+
+
+def _start(
+    boot_args: dict[str, Any], staged: dict[str, Any], holds: Holds, warm: Optional[Prewarm]
+) -> Optional[dict[str, Any]]:
+    """Tell the coordinator the node staged and, on its start, start the supervisor: its
+    answer. Until then this session owns the node: whatever ends it first (no start, the
+    channel's EOF or a broken pipe as the coordinator dies, an error) removes what it
+    staged, and None."""
+    from sshddp.remote import boot, share
+
+    rundir = staged["rundir"]
+    started = False
+    try:
+        if boot_args.get("look"):  # the files --share and its warning compare
+            staged["look"] = share.look(boot_args["look"])
+        emit(staged)
+        with share.Shares() as shares:  # --share: node 0's files to the others, before the start
+            order = _order()
+            while "ask" in order:
+                emit(shares.answer(order))
+                order = _order()
+        holds.release_all()  # the supervisor binds the reserved port as it starts
+        if not order.get("start"):
+            return None
+        started = True
+        return boot.start(boot_args, rundir, warm)
+    finally:
+        if not started:
+            boot.discard(rundir)

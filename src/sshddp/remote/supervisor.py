@@ -18,6 +18,7 @@ are gone, so teardown never signals a stranger's group.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -36,9 +37,8 @@ from sshddp.remote.common import (
     python_first,
     read_json,
     start_time,
-    unlink,
 )
-from sshddp.remote.contract import Escaped, ExitRecord, SpecRecord
+from sshddp.remote.contract import Escaped, ExitRecord, Secrets, SpecRecord
 from sshddp.remote.joined import node_world
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peers import Peers, peers_for
@@ -84,25 +84,28 @@ Warm = Optional[Standby]  #: the first attempt's torchrun, started by the launch
 
 
 class Supervisor:
-    def __init__(self, rundir: str, parent: Optional[int] = None, warm: Warm = None) -> None:
+    def __init__(
+        self,
+        rundir: str,
+        parent: Optional[int] = None,
+        warm: Warm = None,
+        secrets: Optional[Secrets] = None,
+    ) -> None:
         self.rundir = rundir
         self.parent = parent  #: the launch session it is bound to (over srun), if any
-        self.spec: SpecRecord = read_json(self.path(contract.SPEC))
+        self.spec: SpecRecord = read_json(os.path.join(rundir, contract.SPEC))
         self.stop_signal: Optional[int] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.output: Optional[NodeOutput] = None
         self.wake: Optional[Wakeup] = None
-        self.peers: Peers = peers_for(self.spec, take_key(rundir))
+        self.peers: Peers = peers_for(self.spec, peer_key(secrets))
         self.started = time.time()
         self.group: Optional[Group] = None  #: torchrun's process group, once it runs
         self.escaped: list[Escaped] = []
         self.watchdog = Watchdog(rundir, self.spec, self.started)
         self.restarts = Restarts(rundir, self.spec, self.peers)
-        self.env: dict[str, str] = {}  #: torchrun's environment (env.json is read once)
+        self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
         self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"), warm)
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.rundir, name)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.stop_signal != signal.SIGUSR1:
@@ -123,7 +126,7 @@ class Supervisor:
         except OSError as exc:  # a file planted in the run directory, say
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
-        self.env = torchrun_env(self.rundir, self.spec)
+        self.env = node_env(self.rundir, self.spec, self.env)
         failed = self.spawn()
         if failed:
             self.finish(contract.FAILED, None, failed)
@@ -145,7 +148,7 @@ class Supervisor:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
         self.group = (pid, started) if started is not None else self.group
         record = state_record(pid, started, self.started, self.spare.warm)
-        atomic_write_json(self.path(contract.STATE), record)
+        atomic_write_json(os.path.join(self.rundir, contract.STATE), record)
 
     def reap(self) -> None:
         """Called while teardown waits: keep the output flowing (torchrun is reaped after)."""
@@ -194,7 +197,8 @@ class Supervisor:
         assert self.proc is not None and self.output is not None
         grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
         agent = runs_torchrun(self.spec)
-        kill_run(self.group, self.spec["mark"], grace, self.reap, self.hurry, agent=agent)
+        hurry = lambda: self.stop_signal == signal.SIGUSR1  # noqa: E731 (a SIGUSR1 since)
+        kill_run(self.group, self.spec["mark"], grace, self.reap, hurry, agent=agent)
         self.proc.wait()
         self.escaped = self.output.drain()
         abort = self.peers.abort
@@ -219,12 +223,8 @@ class Supervisor:
             return contract.FAILED, self.output.full
         if rc == 0:
             return contract.SUCCEEDED, ""
-        return contract.FAILED, _describe(
-            rc, "torchrun" if runs_torchrun(self.spec) else "the launcher"
-        )
-
-    def hurry(self) -> bool:
-        return self.stop_signal == signal.SIGUSR1
+        what = "torchrun" if runs_torchrun(self.spec) else "the launcher"
+        return contract.FAILED, _describe(rc, what)
 
     def finish(self, state: str, rc: Optional[int], reason: str) -> None:
         self.spare.end()  # (a standby whose supervisor died leaves as its socket closes)
@@ -282,18 +282,10 @@ def exited(proc: subprocess.Popen[bytes]) -> bool:
         return proc.poll() is not None
 
 
-def take_key(rundir: str) -> Optional[bytes]:
-    """The supervisors' shared secret, from the file staging left; the file goes at once."""
-    path = os.path.join(rundir, contract.PEER_KEY)
+def peer_key(secrets: Optional[Secrets]) -> Optional[bytes]:
+    """The supervisors' shared secret, as bytes; None when there is none or it is not hex."""
     try:
-        with open(path) as fh:
-            text = fh.read().strip()
-    except OSError:
-        return None
-    finally:
-        unlink(path)
-    try:
-        return bytes.fromhex(text) or None
+        return bytes.fromhex((secrets["peer_key"] if secrets else None) or "") or None
     except ValueError:
         return None
 
@@ -316,18 +308,6 @@ def escaped_text(escaped: list[Escaped]) -> str:
         f"output open after it ended: {named}{more}; sshddp stopped reading their output "
         "and did not signal them (it cannot prove they are the run's): end them yourself"
     )
-
-
-def torchrun_env(rundir: str, spec: SpecRecord) -> dict[str, str]:
-    """The environment torchrun (and so every rank) gets, env.json's variables among them
-    (the file is read once, then removed)."""
-    env_file = os.path.join(rundir, contract.ENV)
-    extra = read_json(env_file) or {}
-    try:
-        os.unlink(env_file)  # secrets live on only in the processes that need them
-    except OSError:
-        pass
-    return node_env(rundir, spec, extra)
 
 
 def node_env(rundir: str, spec: SpecRecord, extra: dict[str, str]) -> dict[str, str]:
@@ -441,11 +421,27 @@ def _describe(rc: int, what: str = "torchrun") -> str:
     return f"{what} exited with code {rc}"
 
 
-def run_supervisor(rundir: str, parent: Optional[int] = None, warm: Warm = None) -> None:
+def run_supervisor(
+    rundir: str, parent: Optional[int] = None, warm: Warm = None, secrets: Optional[Secrets] = None
+) -> None:
     os.umask(0o077)
-    Supervisor(rundir, parent, warm).run()
+    Supervisor(rundir, parent, warm, secrets).run()
 
 
 def main(args: dict[str, Any]) -> None:
-    """``python -S supervisor.py RUNDIR`` (see ``sshddp.hosts.shipped.standalone``)."""
-    run_supervisor(args["rundir"])
+    """``python -S supervisor.py RUNDIR`` (see ``sshddp.hosts.shipped.standalone``): the
+    node's environment and the peers' key (``Secrets``) come as one JSON line on stdin, as
+    a launch session hands them over in memory; without it, the node runs without them."""
+    run_supervisor(args["rundir"], secrets=_secrets_from(sys.stdin))
+
+
+def _secrets_from(stream: Any) -> Optional[Secrets]:
+    if stream is None or stream.isatty():
+        return None
+    try:
+        given = json.loads(stream.readline() or "null")
+    except ValueError:
+        return None
+    if not isinstance(given, dict) or not isinstance(given.get("env", {}), dict):
+        return None
+    return {"env": dict(given.get("env") or {}), "peer_key": given.get("peer_key")}

@@ -6,9 +6,15 @@ and ``runs/`` must be directories owned by this user that no one else may write 
 OpenSSH's StrictModes asks of ``~/.ssh``; sshddp makes ``runs/``, the run's directory and the
 node's 0700. The node's directory must not exist: a run never reuses one.
 
+The workdir is resolved once (``resolve``) and only its real path is used from then on, so
+no one can change where a running node's files are by swapping a symlink. The path leads
+only through what no other user can change: every symlink on the way is this user's or
+root's, every directory above the workdir root's or this user's and, if others may write to
+it, sticky (as /tmp is: no one else may rename or remove what is ours in it).
+
 ``inspect`` tells the probe what a launch would find (doctor and the preflight report it);
-``make_rundir`` makes a node's directory, or raises ``Unsafe`` saying what is wrong and how
-to fix it.
+``make_rundir`` makes a node's directory and says where it is, or raises ``Unsafe`` saying
+what is wrong and how to fix it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import stat
 from typing import Any, Optional
 
 PRIVATE = 0o700
+MAX_LINKS = 40  #: symlinks followed while resolving a workdir, as Linux follows at most
 
 
 class Unsafe(Exception):
@@ -49,6 +56,87 @@ def _problem(path: str, st: os.stat_result, what: str) -> Optional[Unsafe]:
     return None
 
 
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _link_problem(workdir: str, link: str, st: os.stat_result) -> Optional[Unsafe]:
+    """Why symlink ``link`` (its lstat ``st``) on the way to ``workdir`` must not be
+    followed: its owner could point it elsewhere at any moment."""
+    if st.st_uid in (os.geteuid(), 0):
+        return None
+    where = "" if link == workdir else f" (on the way to workdir {workdir})"
+    return Unsafe(
+        f"workdir {link} is a symlink{where} owned by {_owner(st.st_uid)}, not by this user "
+        f"(uid {os.geteuid()}) or root: its owner could point it at their own files",
+        "point `workdir:` to a real directory of your own",
+    )
+
+
+def _above_problem(workdir: str, path: str, st: os.stat_result) -> Optional[Unsafe]:
+    """Why directory ``path`` above ``workdir`` lets someone else move the workdir."""
+    if st.st_uid not in (os.geteuid(), 0):
+        return Unsafe(
+            f"{path}, above workdir {workdir}, belongs to {_owner(st.st_uid)}, who could "
+            "replace what sshddp checked there",
+            "point `workdir:` to a directory whose parents are yours or root's",
+        )
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return Unsafe(
+            f"{path}, above workdir {workdir}, is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}, not sticky), who could replace what is in it",
+            f"run `chmod go-w {path}` on the host, or point `workdir:` elsewhere",
+        )
+    return None
+
+
+def resolve(workdir: str) -> str:
+    """The real path of ``workdir`` (``~`` expanded; a missing tail stays as it is, to be
+    made), followed only through what no other user can change (see the module's text);
+    ``Unsafe`` otherwise."""
+    given = os.path.abspath(os.path.expanduser(workdir))
+    todo = given.split("/")[1:]
+    done, links = "/", 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return os.path.join(here, *todo)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            problem = _link_problem(given, here, st) or _loop(given, links)
+            if problem:
+                raise problem
+            target = os.readlink(here)
+            done = "/" if target.startswith("/") else done
+            todo = target.split("/") + todo
+            continue
+        if stat.S_ISDIR(st.st_mode) and any(p not in ("", ".") for p in todo):
+            problem = _above_problem(given, here, st)
+            if problem:
+                raise problem
+        done = here
+    return done
+
+
+def _loop(workdir: str, links: int) -> Optional[Unsafe]:
+    if links <= MAX_LINKS:
+        return None
+    return Unsafe(f"workdir {workdir}: too many levels of symbolic links", "fix the links")
+
+
 def _check(path: str, what: str, follow: bool) -> None:
     st = os.stat(path) if follow else os.lstat(path)
     if not follow and stat.S_ISLNK(st.st_mode):
@@ -67,29 +155,53 @@ def _mkdir(path: str) -> bool:
         return False
 
 
-def make_rundir(rundir: str) -> None:
+def make_rundir(rundir: str) -> str:
     """Make node directory ``rundir`` (0700), its run's directory and ``runs/`` (0700) and the
-    workdir if missing, checking each directory that was there before; ``Unsafe`` if one
-    fails, or if ``rundir`` exists already."""
-    runs = os.path.dirname(os.path.dirname(rundir))
-    workdir = os.path.dirname(runs)
+    workdir if missing, checking each directory that was there before; the node directory's
+    real path (``resolve``), the only one to use from here on. ``Unsafe`` if a check fails,
+    or if the node directory exists already."""
+    workdir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.expanduser(rundir))))
     try:
+        rundir = resolve_rundir(rundir)
+        run = os.path.dirname(rundir)
+        runs = os.path.dirname(run)
+        workdir = os.path.dirname(runs)
         # exist_ok: the nodes of a run may share one file system (an NFS home) and create
         # it at the same moment; whoever made it, the checks below apply.
         os.makedirs(workdir, PRIVATE, exist_ok=True)
-        # The workdir may be a symlink the user made (to a bigger disk): follow it.
-        _check(workdir, "workdir", follow=True)
+        # Resolved: a symlink there now was put there since, and is not followed.
+        _check(workdir, "workdir", follow=False)
         _mkdir(runs)
         _check(runs, "the runs directory", follow=False)
-        if not _mkdir(os.path.dirname(rundir)):
-            _check(os.path.dirname(rundir), "the run's directory", follow=False)
+        if not _mkdir(run):
+            _check(run, "the run's directory", follow=False)
         if not _mkdir(rundir):
             raise Unsafe(
                 f"run directory {rundir} already exists on this host (a run never reuses one)",
                 "pick another --name, or remove it if it is an old run's",
             )
+        return rundir
     except OSError as exc:
         raise _cannot(exc, workdir) from exc
+
+
+def resolve_rundir(rundir: str) -> str:
+    """Node directory ``rundir`` under its workdir's real path (``resolve``), made or not."""
+    given = os.path.expanduser(rundir)
+    node, run = os.path.basename(given), os.path.basename(os.path.dirname(given))
+    workdir = resolve(os.path.dirname(os.path.dirname(os.path.dirname(given))))
+    return os.path.join(workdir, "runs", run, node)
+
+
+def moved(path: str, rundir: str, real: str) -> str:
+    """``path`` (``~`` expanded), under the workdir of node directory ``rundir`` as given,
+    moved under the workdir of ``real``, its resolved path; any other path as it is."""
+    path = os.path.expanduser(path)
+    given = os.path.dirname(os.path.dirname(os.path.dirname(os.path.expanduser(rundir))))
+    workdir = os.path.dirname(os.path.dirname(os.path.dirname(real)))
+    if path == given or path.startswith(given.rstrip("/") + "/"):
+        return workdir + path[len(given.rstrip("/")) :]
+    return path
 
 
 def _cannot(exc: OSError, workdir: str) -> Unsafe:
@@ -115,8 +227,14 @@ def inspect(workdir: str) -> dict[str, Any]:
         path = os.path.dirname(path)
     path = path or "/"
     found: dict[str, Any] = {"path": path, "readonly": _readonly(path), "problem": None}
+    try:
+        workdir = resolve(workdir)
+    except Unsafe as exc:
+        return {**found, "problem": exc.what, "fix": exc.fix}
+    except OSError as exc:
+        return {**found, "problem": f"cannot look at {workdir}: {exc.strerror}"}
     for what, candidate, follow in (
-        ("workdir", workdir, True),
+        ("workdir", workdir, False),
         ("the runs directory", os.path.join(workdir, "runs"), False),
     ):
         if os.path.lexists(candidate):
