@@ -183,7 +183,7 @@ class Supervisor:
         self.peers.start()
         state, reason = self.restarts.run(self)  # the attempts: one without restarts
         assert self.proc is not None
-        self.finish(state, self.proc.returncode, reason)
+        self.finish(state, self.proc.returncode, noted(reason, self.peers.settle()))
         self.peers.report(state, reason)
         self.peers.wait_others()
 
@@ -231,6 +231,11 @@ class Supervisor:
         reason = with_escaped(reason, self.escaped)
         node, attempts = self.spec["node_rank"], self.restarts.summary()
         write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, attempts)
+
+
+def noted(reason: str, note: str) -> str:
+    """``reason``, and ``note`` after it (what the node's record must also say)."""
+    return f"{reason}; {note}" if reason and note else reason or note
 
 
 def runs_torchrun(spec: SpecRecord) -> bool:
