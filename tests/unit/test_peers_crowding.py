@@ -94,7 +94,7 @@ def free_port() -> int:
 @pytest.fixture
 def hub() -> Iterator[peers.Hub]:
     port = free_port()
-    hub = peers.peers_for(spec(0, port, 2.0), KEY)
+    hub = peers.peers_for(spec(0, port, 10.0), KEY)
     assert isinstance(hub, peers.Hub)
     hub.start()
     deadline = time.monotonic() + 30
@@ -120,7 +120,7 @@ def test_strangers_holding_every_slot_never_keep_a_node_out(hub: peers.Hub) -> N
     trickle = Trickle(crowd, 0.2)
     trickle.thread.start()
     try:
-        spoke = peers.peers_for(spec(1, hub.port, 2.0), KEY)
+        spoke = peers.peers_for(spec(1, hub.port, 10.0), KEY)
         assert isinstance(spoke, peers.Spoke)
         spoke.start()
         assert spoke.connected.wait(30)

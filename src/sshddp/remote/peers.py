@@ -32,7 +32,7 @@ from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
 
 #: seconds a spoke's last try to connect may run past its deadline (connect and handshake)
 CONNECT_SLACK = 2 + wire.HANDSHAKE_TIMEOUT
-MAX_PENDING = 16  # connections awaiting authentication at the hub; a newer one evicts the oldest
+MAX_PENDING = 64  # connections awaiting authentication at the hub; a newer one evicts the oldest
 
 
 class Peers:
