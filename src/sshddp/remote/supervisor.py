@@ -33,6 +33,7 @@ from sshddp.remote.common import (
     atomic_write_json,
     boot_id,
     kill_run,
+    publish_json,
     read_json,
     start_time,
     unlink,
@@ -396,7 +397,8 @@ def write_exit(
     attempts: Optional[ExitRecord] = None,
 ) -> None:
     """exit.json: how the node ended (the supervisor's last act); ``attempts``: which
-    attempt it ended in, of how many, and why the earlier ones ended."""
+    attempt it ended in, of how many, and why the earlier ones ended. One there already
+    is final (``stop`` wrote it while this supervisor was frozen): it stays."""
     result: ExitRecord = {
         "schema": contract.SCHEMA,
         "state": state,
@@ -412,9 +414,11 @@ def write_exit(
     if rc is not None and rc < 0:
         result["signal"] = _signame(-rc)
     try:
-        atomic_write_json(os.path.join(rundir, contract.EXIT), result)
+        final = publish_json(os.path.join(rundir, contract.EXIT), result)
     except OSError:
-        pass  # a full disk even after the reserve went: the peers still hear the reason
+        return  # a full disk even after the reserve went: the peers still hear the reason
+    if not final:  # `sshddp stop` ended the node while this supervisor was frozen
+        print(f"sshddp supervisor: exit.json is final already; not {state}", file=sys.stderr)
 
 
 def _ignore(signum: int, frame: Optional[FrameType]) -> None:
