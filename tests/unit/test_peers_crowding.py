@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sshddp.remote import peers, wire
+from sshddp.remote import peers, supervisor, wire
 from sshddp.remote.contract import SpecRecord
 
 KEY = bytes(range(32))
@@ -143,3 +143,15 @@ def test_a_spoke_that_never_reached_the_hub_says_so() -> None:
     said = spoke.settle()
     assert said.startswith(f"never reached node 0's supervisor at 127.0.0.1:{port}"), said
     assert spoke.abort is not None
+
+
+def test_a_node_that_succeeded_unwatched_says_so_in_its_record() -> None:
+    """A run shorter than the spoke's deadline once "succeeded" silently with a node that
+    never joined the supervisors; a node that failed or was stopped is not held up."""
+    port = free_port()
+    spoke = peers.peers_for(spec(1, port, 0.2), KEY)
+    assert supervisor.unwatched(spoke, "failed") == ""
+    spoke.start()
+    said = supervisor.noted("", supervisor.unwatched(spoke, "succeeded"))
+    assert said.startswith("never reached node 0's supervisor"), said
+    assert supervisor.noted("torchrun exited with code 1", "x") == "torchrun exited with code 1; x"

@@ -184,7 +184,7 @@ class Supervisor:
         self.peers.start()
         state, reason = self.restarts.run(self)  # the attempts: one without restarts
         assert self.proc is not None
-        self.finish(state, self.proc.returncode, noted(reason, self.peers.settle()))
+        self.finish(state, self.proc.returncode, noted(reason, unwatched(self.peers, state)))
         self.peers.report(state, reason)
         self.peers.wait_others()
 
@@ -232,6 +232,13 @@ class Supervisor:
         reason = with_escaped(reason, self.escaped)
         node, attempts = self.spec["node_rank"], self.restarts.summary()
         write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, attempts)
+
+
+def unwatched(peers: Peers, state: str) -> str:
+    """What the record of a node that succeeded must say of its link to node 0's
+    supervisor (a node that ended otherwise was stopped, or stopped the others, already:
+    its record is not held up for it)."""
+    return peers.settle() if state == contract.SUCCEEDED else ""
 
 
 def noted(reason: str, note: str) -> str:
