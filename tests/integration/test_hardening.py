@@ -25,6 +25,7 @@ import pytest
 import yaml
 from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
+from sshddp.remote.peers import MAX_PENDING
 from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 PAYLOAD = Path(__file__).parent / "payloads" / "hardening.py"
@@ -352,7 +353,7 @@ def forge(addr: str, port: int, lines: list[bytes]) -> int:
                     sock.recv(4096)  # until the hub hangs up on it
         except OSError:
             return challenges
-    crowd = [socket.create_connection((addr, port), timeout=10) for _ in range(40)]
+    crowd = [socket.create_connection((addr, port), timeout=10) for _ in range(MAX_PENDING + 24)]
     time.sleep(1)  # silent: each holds a slot until the hub's handshake times out
     for sock in crowd:
         sock.close()
@@ -364,7 +365,8 @@ def test_forged_lines_on_the_supervisors_port_neither_stop_a_run_nor_hide_a_fail
 ) -> None:
     """A stranger connects to node 0's supervisor port and sends every message the
     supervisors know (a heartbeat for node 1, node 1 "succeeded", node 2 "failed" with
-    terminal escapes, an abort), a fake hello, an overlong line and 40 connections at once.
+    terminal escapes, an abort), a fake hello, an overlong line and MAX_PENDING + 24
+    connections at once.
     The run goes on; then node 1 really fails, and that failure stops the run. A forged
     line once stopped a 3-node run, and a forged "succeeded" hid a real failure."""
     port = free_port()
@@ -407,7 +409,7 @@ def test_forged_lines_on_the_supervisors_port_neither_stop_a_run_nor_hide_a_fail
     assert not [n for n in range(3) if (node_dir(workdir, run, n) / "peers.key").exists()]
     log = (node_dir(workdir, run, 0) / "supervisor.log").read_text()
     assert "sshddp peers: ignored " in log and "does not prove it holds this run's key" in log
-    assert "over 16 connections awaiting authentication" in log, log
+    assert f"over {MAX_PENDING} connections awaiting authentication" in log, log
     assert "\x1b" not in log, "noise reached the log unescaped"
     run_no_leak(run)
 

@@ -455,7 +455,7 @@ def _verdict(result: RunResult) -> str:
     stopped = stop_reason(result)
     if stopped:
         return f"was stopped: {visible(stopped)}"
-    if any(n.state is NodeState.UNREACHABLE for n in result.nodes):
+    if any(n.state.unanswered for n in result.nodes):
         if peer_cause(result):  # a cut-off supervisor stops its own node
             return "failed; lost contact with some hosts, whose supervisors stop on their own"
         return "lost contact with some hosts; the run may still be going"

@@ -32,8 +32,9 @@ class NodeState(str, Enum):
     killed); the others stop. STALLED: stopped by a watchdog (``--init-timeout``,
     ``--stall-timeout``): the run hung. The last five are final: the host keeps them in exit.json.
 
-    Two more say what the coordinator does not know: UNREACHABLE, its host could not be
-    reached (the node may still be running there), and UNKNOWN, a state this version cannot
+    More say what the coordinator does not know: UNREACHABLE, its host could not be
+    reached (the node may still be running there); NOT_ANSWERING, its host answered but
+    the node's supervisor is frozen (SIGSTOP); and UNKNOWN, a state this version cannot
     read. GONE: its host answered and holds no run directory for it (retention removed it
     once the run had ended, or it was never made): nothing of the node runs there, so it
     is final too.
@@ -48,6 +49,7 @@ class NodeState(str, Enum):
     LOST = contract.LOST
     STALLED = contract.STALLED
     UNREACHABLE = "unreachable"
+    NOT_ANSWERING = contract.NOT_ANSWERING
     UNKNOWN = contract.UNKNOWN
     GONE = "gone"
 
@@ -60,6 +62,11 @@ class NodeState(str, Enum):
     def bad(self) -> bool:
         """An end that stops the rest of the run."""
         return self in (NodeState.FAILED, NodeState.LOST, NodeState.STALLED)
+
+    @property
+    def unanswered(self) -> bool:
+        """The node may still be running: its host or its supervisor does not answer."""
+        return self in (NodeState.UNREACHABLE, NodeState.NOT_ANSWERING)
 
     @classmethod
     def of(cls, value: object) -> NodeState:
@@ -202,7 +209,7 @@ class RunResult:
             return ExitCode.RUN_FAILED
         if self.hung:
             return ExitCode.HUNG
-        unreachable = any(n.state is NodeState.UNREACHABLE for n in self.nodes)
+        unreachable = any(n.state.unanswered for n in self.nodes)
         if self.root_cause is None and unreachable and not peer_cause(self):
             return ExitCode.UNREACHABLE
         return ExitCode.RUN_FAILED

@@ -62,6 +62,36 @@ def write_new(path: str, data: bytes, mode: int = 0o600) -> None:
 def atomic_write_json(path: str, obj: Any) -> None:
     """Replace ``path`` with ``obj`` as JSON, whole or not at all: written to a new file of
     an unguessable name (``create``), synced, then renamed over ``path``."""
+    tmp = _write_temp(path, obj)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        unlink(tmp)
+        raise
+
+
+def publish_json(path: str, obj: Any) -> bool:
+    """Write ``obj`` as JSON to ``path``, whole, only where there is nothing yet: a final
+    record (exit.json) is never replaced, whoever comes later. False when one was there.
+    The whole file appears at once: a hard link of a synced temporary, which fails if
+    ``path`` exists (a file system without hard links: checked, then renamed)."""
+    tmp = _write_temp(path, obj)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        if os.path.lexists(path):
+            return False
+        os.replace(tmp, path)
+        return True
+    finally:
+        unlink(tmp)
+
+
+def _write_temp(path: str, obj: Any) -> str:
+    """``obj`` as JSON in a new, synced file of an unguessable name beside ``path``."""
     for _ in range(100):
         tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(6).hex()}"
         try:
@@ -76,10 +106,10 @@ def atomic_write_json(path: str, obj: Any) -> None:
             json.dump(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         unlink(tmp)
         raise
+    return tmp
 
 
 def unlink(path: str) -> None:
@@ -215,6 +245,12 @@ def _kill(pid: int, sig: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def frozen(pid: object) -> bool:
+    """The process is stopped (SIGSTOP, SIGTSTP): it does nothing until a SIGCONT."""
+    st = _stat(pid) if isinstance(pid, int) and pid > 0 else None
+    return st is not None and st[0] == "T"
 
 
 def pgid_of(pid: int) -> Optional[int]:

@@ -88,6 +88,9 @@ STOPPED = "stopped"
 LOST = "lost"
 UNKNOWN = "unknown"
 STALLED = "stalled"  #: stopped by a watchdog: the world never formed, or no output came
+#: a status only, never in exit.json: the node's supervisor is frozen (SIGSTOP); the node
+#: may go on once it is resumed
+NOT_ANSWERING = "not-answering"
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED, LOST, STALLED)
 
 # What the watchdogs decided (HangRecord.kind).

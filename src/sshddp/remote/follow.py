@@ -30,13 +30,14 @@ from typing import IO, Any, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.attempts import read_summary
-from sshddp.remote.common import emit, pid_alive, read_json, same_process
+from sshddp.remote.common import emit, frozen, pid_alive, read_json, same_process
 from sshddp.remote.contract import ExitRecord
 from sshddp.remote.joined import node_watch
 
 CHUNK = 1 << 20
 POLL_MIN, POLL_MAX = 0.01, 0.1  # seconds between looks at an idle log: short after output
 LIVENESS_EVERY = 0.5  # seconds between checks that the supervisor is still there
+FROZEN_WAIT = 10.0  # seconds a follower waits on a frozen supervisor before it gives up
 # inotify(7): a file in the directory written, closed after writing, created or renamed in
 IN_MODIFY, IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x2, 0x8, 0x80, 0x100
 IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, getattr(os, "O_CLOEXEC", 0o2000000)
@@ -92,6 +93,25 @@ def _supervisor_gone(rundir: str) -> bool:
     return not same_process(pid, started, state.get("boot_id"))
 
 
+def _supervisor_frozen(rundir: str) -> Optional[ExitRecord]:
+    """The node's status when its supervisor is frozen (SIGSTOP): it copies no output and
+    acts on no signal until resumed; None when it is not."""
+    state = read_json(os.path.join(rundir, contract.STATE)) or {}
+    pid, started = state.get("supervisor_pid"), state.get("supervisor_start")
+    if not same_process(pid, started, state.get("boot_id")) or not frozen(pid):
+        return None
+    if os.path.exists(os.path.join(rundir, contract.EXIT)):
+        return None
+    return {
+        "state": contract.NOT_ANSWERING,
+        "reason": (
+            f"its supervisor (pid {pid}) is frozen (SIGSTOP) and does not answer: the node "
+            "is not followed; `kill -CONT` resumes it, `sshddp stop` ends the node"
+        ),
+        "started": state.get("started"),
+    }
+
+
 def _open_log(path: str, offset: int) -> Optional[IO[bytes]]:
     while True:
         try:
@@ -119,6 +139,9 @@ def node_status(rundir: str) -> ExitRecord:
             "reason": "the node's supervisor died",
             "started": state.get("started"),
         }
+    stuck = _supervisor_frozen(rundir)
+    if stuck is not None:
+        return stuck
     started = state.get("started")
     watch = node_watch(rundir, float(started or 0))
     running: ExitRecord = {
@@ -219,6 +242,7 @@ def _stream(fh: Any, rundir: str, once: bool) -> None:
     # shared home directory) makes no event here.
     longest = POLL_MAX if changes is None or changes.fd is None else LIVENESS_EVERY
     wait = POLL_MIN
+    frozen_since: Optional[float] = None  # when the supervisor was first seen frozen
     while True:
         data = fh.read(CHUNK)
         if data:
@@ -236,13 +260,25 @@ def _stream(fh: Any, rundir: str, once: bool) -> None:
             return
         if time.time() - last_check > LIVENESS_EVERY:
             last_check = time.time()
-            if _supervisor_gone(rundir) and not os.path.exists(exit_path):
-                why = "the node's supervisor died (its host rebooted or its processes were killed)"
-                emit({"state": contract.LOST, "reason": why}, sys.stderr)
+            ended = _unanswered(rundir, frozen_since)
+            if ended is not None:
+                emit(ended, sys.stderr)
                 return
+            frozen_since = (frozen_since or time.time()) if _supervisor_frozen(rundir) else None
         if _coordinator_gone(wait, changes):
             return
         wait = min(longest, wait * 1.5)  # a quiet node costs its host ~2 wakeups a second
+
+
+def _unanswered(rundir: str, frozen_since: Optional[float]) -> Optional[ExitRecord]:
+    """Why following must end though the node has not: its supervisor died without an
+    exit record, or has been frozen for FROZEN_WAIT s (from ``frozen_since``); else None."""
+    if _supervisor_gone(rundir) and not os.path.exists(os.path.join(rundir, contract.EXIT)):
+        why = "the node's supervisor died (its host rebooted or its processes were killed)"
+        return {"state": contract.LOST, "reason": why}
+    if frozen_since is None or time.time() - frozen_since < FROZEN_WAIT:
+        return None
+    return _supervisor_frozen(rundir)
 
 
 def _drain(fh: Any, out: IO[bytes]) -> None:

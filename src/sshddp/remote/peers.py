@@ -13,7 +13,11 @@ fired: collect the stacks, then stop or go on), {"bye": 0}.
 Every connection is authenticated with the run's key and every message with a MAC
 (``wire``): a stranger's connection, or another run's supervisor that reached this port,
 is noise, logged and never obeyed. The hub serves at most one connection per node and
-MAX_PENDING connections that have yet to authenticate.
+MAX_PENDING connections that have yet to authenticate, each for one handshake deadline
+(``wire.HANDSHAKE_TIMEOUT``) in all. A new connection beyond those takes the slot of the
+oldest: a node's supervisor answers the challenge at once, so strangers that hold their
+connections open (to crowd the port) are the ones that go, never a node of the run.
+A spoke that never reached the hub says so in its exit record (``settle``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from typing import Any, Callable, Optional
 from sshddp.remote import wire
 from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
 
-MAX_PENDING = 16  # connections awaiting authentication at the hub; more are closed at once
+#: seconds a spoke's last try to connect may run past its deadline (connect and handshake)
+CONNECT_SLACK = 2 + wire.HANDSHAKE_TIMEOUT
+MAX_PENDING = 64  # connections awaiting authentication at the hub; a newer one evicts the oldest
 
 
 class Peers:
@@ -67,6 +73,11 @@ class Peers:
 
     def wait_others(self) -> None:
         """Stay up as long as the others need this node (the hub relays aborts)."""
+
+    def settle(self) -> str:
+        """What this node's exit record must say of its link to node 0's supervisor once
+        its own run has ended: "" when all was well."""
+        return ""
 
     def known(self) -> dict[int, NodeWatch]:
         """The other nodes' latest watchdog facts (the hub's)."""
@@ -117,12 +128,50 @@ class Peers:
             self.on_abort()
 
 
+class Pending:
+    """The hub's connections that have yet to authenticate, oldest first: at most
+    MAX_PENDING, a newer one evicting the oldest."""
+
+    def __init__(self) -> None:
+        self.socks: dict[socket.socket, str] = {}  #: and the peer's address
+        self.lock = threading.Lock()
+
+    def add(self, sock: socket.socket, peer: str) -> None:
+        with self.lock:
+            if len(self.socks) >= MAX_PENDING:
+                oldest = next(iter(self.socks))
+                why = f"over {MAX_PENDING} connections awaiting authentication: the oldest goes"
+                wire.noise(self.socks.pop(oldest), why)
+                try:  # its reader's next read ends, and the reader closes it (``close``)
+                    oldest.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.socks[sock] = peer
+
+    def claimer(self, sock: socket.socket) -> Callable[[], bool]:
+        """What ``wire.offer`` asks once ``sock`` proved the key: it leaves the connections
+        that may be evicted; False when it was evicted already."""
+
+        def claim() -> bool:
+            with self.lock:
+                return self.socks.pop(sock, None) is not None
+
+        return claim
+
+    def close(self, sock: socket.socket) -> None:
+        """Close a connection refused (under the lock: an eviction never shuts down a
+        descriptor that was closed and then reused)."""
+        with self.lock:
+            self.socks.pop(sock, None)
+            sock.close()
+
+
 class Hub(Peers):
     """Node 0: every other supervisor connects here; an abort goes out to all of them."""
 
     def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
         super().__init__(spec, key)
-        self.pending = 0  # connections not yet authenticated
+        self.pending = Pending()  #: connections not yet authenticated
 
     def start(self) -> None:
         threading.Thread(target=self._serve, daemon=True).start()
@@ -149,13 +198,7 @@ class Hub(Peers):
         while True:
             sock, addr = srv.accept()
             peer = f"{addr[0]}:{addr[1]}"
-            with self.lock:
-                full = self.pending >= MAX_PENDING
-                self.pending += 0 if full else 1
-            if full:
-                wire.noise(peer, f"over {MAX_PENDING} connections awaiting authentication")
-                sock.close()
-                continue
+            self.pending.add(sock, peer)
             threading.Thread(target=self._reader, args=(sock, peer), daemon=True).start()
 
     def _deadline(self) -> None:
@@ -172,23 +215,19 @@ class Hub(Peers):
         """An authenticated connection of a node not yet connected, and its rank; None
         (noise logged, socket closed) for anything else."""
         try:
-            conn, rank = wire.offer(sock, self.key, self.run, peer)
-            why = ""
+            conn, rank = wire.offer(sock, self.key, self.run, peer, self.pending.claimer(sock))
         except wire.Refused as exc:
-            why = str(exc)
-        finally:
-            with self.lock:
-                self.pending -= 1
-        if not why:
-            with self.lock:
-                if not 0 < rank < self.nnodes or rank in self.conns:
-                    why = f"node {rank} is not a node of this run, or is connected already"
-                else:
-                    self.conns[rank] = conn
-                    late = self.abort
-        if why:
-            wire.noise(peer, why)
-            sock.close()
+            self.pending.close(sock)
+            wire.noise(peer, str(exc))
+            return None
+        with self.lock:
+            taken = not 0 < rank < self.nnodes or rank in self.conns
+            if not taken:
+                self.conns[rank] = conn
+                late = self.abort
+        if taken:
+            wire.noise(peer, f"node {rank} is not a node of this run, or is connected already")
+            sock.close()  # claimed: no eviction can reach it
             return None
         if late:
             conn.send({"abort": late})
@@ -345,6 +384,18 @@ class Spoke(Peers):
     def tell_hub(self, msg: dict[str, Any]) -> None:
         if self.conn is not None:
             self.conn.send(msg)
+
+    def settle(self) -> str:
+        """Wait for the connection to node 0's supervisor (a node that ended at once is
+        still connecting); what this node's record must say when there is none."""
+        self.connected.wait(self.timeout * 2 + CONNECT_SLACK)
+        if self.conn is not None:
+            return ""
+        return (
+            f"never reached node 0's supervisor at {self.addr}:{self.port}: this node ran "
+            "without the supervisors watching each other (no other node's failure would "
+            "have stopped it)"
+        )
 
     def report(self, state: str, reason: str) -> None:
         self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting

@@ -2,10 +2,12 @@
 
 args: {"rundir", "force": bool, "reason": str}
 Signals the supervisor recorded in state.json (after checking it is that supervisor: pid,
-start time and boot), and waits for exit.json. When the supervisor is gone, stops the
-node's processes itself: those carrying the node's marker, and torchrun's process group
-only while torchrun, named by its pid, start time and boot, still leads it. A group whose
-number now belongs to another process is left alone, and the exit record says so.
+start time and boot), and waits for exit.json. A supervisor that cannot answer (frozen by
+SIGSTOP, or not done in time) is killed with its process group. When the supervisor is
+gone, stops the node's processes itself: those carrying the node's marker, and torchrun's
+process group only while torchrun, named by its pid, start time and boot, still leads it.
+A group whose number now belongs to another process is left alone, and the exit record
+says so. The record it writes is final: no supervisor that wakes up later replaces it.
 Prints one JSON line: the node's exit record plus {"already": bool} (a StopAnswer).
 """
 
@@ -19,11 +21,13 @@ from typing import Any, Optional
 from sshddp.remote import contract
 from sshddp.remote.common import (
     Group,
-    atomic_write_json,
     create,
     emit,
+    frozen,
     kill_run,
+    pgid_of,
     pid_alive,
+    publish_json,
     read_json,
     same_process,
     send_signal,
@@ -80,27 +84,28 @@ def stop(args: dict[str, Any]) -> StopAnswer:
     _note_reason(rundir, args.get("reason") or "stopped on request")
     state = read_json(os.path.join(rundir, contract.STATE)) or {}
     grace = 0.0 if args.get("force") else float(spec["grace"])
+    reason = "stopped after its supervisor was lost"
     if _is_our_supervisor(state):
         pid, started = state["supervisor_pid"], state["supervisor_start"]
         done = _signal_supervisor(pid, started, bool(args.get("force")), grace, exit_path)
         if done is not None:
             return _answer(done, False)
+        killed = _kill_supervisor(pid, started, grace)
+        reason = f"{args.get('reason') or 'stopped on request'}; {killed}" if killed else reason
     # No supervisor (SIGKILLed, host rebooted): do its job, on what is provably the run's.
     group, left_alone = torchrun_group(state)
     agent = spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
     kill_run(group, spec["mark"], grace, agent=agent)
-    result = read_json(exit_path)
-    if result is None:
-        reason = "stopped after its supervisor was lost"
-        result = {
-            "schema": contract.SCHEMA,
-            "state": contract.STOPPED,
-            "returncode": None,
-            "node_rank": spec["node_rank"],
-            "reason": f"{reason}; {left_alone}" if left_alone else reason,
-            "ended": time.time(),
-        }
-        atomic_write_json(exit_path, result)
+    result = {
+        "schema": contract.SCHEMA,
+        "state": contract.STOPPED,
+        "returncode": None,
+        "node_rank": spec["node_rank"],
+        "reason": f"{reason}; {left_alone}" if left_alone else reason,
+        "ended": time.time(),
+    }
+    if not publish_json(exit_path, result):  # the supervisor's own came first: it stands
+        result = read_json(exit_path) or result
     return _answer(result, False, left_alone)
 
 
@@ -124,5 +129,30 @@ def _signal_supervisor(
         done = read_json(exit_path)
         if done is not None:
             return dict(done)
+        if frozen(pid):  # SIGSTOPped: it will not act on the signal, however long we wait
+            return None
         time.sleep(0.01)
-    return None
+    return read_json(exit_path)
+
+
+def _kill_supervisor(pid: int, started: int, grace: float) -> str:
+    """SIGKILL a supervisor that cannot answer, with its process group (it leads one, of
+    its own session), so it never wakes up to act on the node again; what the node's
+    record says of it ("" when it was gone already)."""
+    if not same_process(pid, started):
+        return ""
+    why = (
+        "frozen (SIGSTOP)"
+        if frozen(pid)
+        else f"still running {grace + SUPERVISOR_EXTRA:g} s after it was asked to stop"
+    )
+    if pgid_of(pid) == pid and same_process(pid, started):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # a live leader keeps its group's number its own
+        except OSError:
+            pass
+    send_signal(pid, started, signal.SIGKILL)
+    end = time.time() + SUPERVISOR_EXTRA
+    while same_process(pid, started) and time.time() < end:
+        time.sleep(0.01)
+    return f"its supervisor (pid {pid}) was {why}, and was killed"

@@ -34,6 +34,7 @@ from sshddp.remote.common import (
     atomic_write_json,
     boot_id,
     kill_run,
+    publish_json,
     python_first,
     read_json,
     start_time,
@@ -188,7 +189,7 @@ class Supervisor:
         self.peers.start()
         state, reason = self.restarts.run(self)  # the attempts: one without restarts
         assert self.proc is not None
-        self.finish(state, self.proc.returncode, reason)
+        self.finish(state, self.proc.returncode, noted(reason, unwatched(self.peers, state)))
         self.peers.report(state, reason)
         self.peers.wait_others()
 
@@ -243,6 +244,18 @@ def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
     if world is not None:
         facts["world"] = world
     return facts
+
+
+def unwatched(peers: Peers, state: str) -> str:
+    """What the record of a node that succeeded must say of its link to node 0's
+    supervisor (a node that ended otherwise was stopped, or stopped the others, already:
+    its record is not held up for it)."""
+    return peers.settle() if state == contract.SUCCEEDED else ""
+
+
+def noted(reason: str, note: str) -> str:
+    """``reason``, and ``note`` after it (what the node's record must also say)."""
+    return f"{reason}; {note}" if reason and note else reason or note
 
 
 def runs_torchrun(spec: SpecRecord) -> bool:
@@ -383,7 +396,8 @@ def write_exit(
 ) -> None:
     """exit.json: how the node ended (the supervisor's last act); ``facts``: which attempt
     it ended in, of how many, and why the earlier ones ended; the world its processes
-    joined."""
+    joined. One there already is final (``stop`` wrote it while this supervisor was
+    frozen): it stays."""
     result: ExitRecord = {
         "schema": contract.SCHEMA,
         "state": state,
@@ -399,9 +413,11 @@ def write_exit(
     if rc is not None and rc < 0:
         result["signal"] = _signame(-rc)
     try:
-        atomic_write_json(os.path.join(rundir, contract.EXIT), result)
+        final = publish_json(os.path.join(rundir, contract.EXIT), result)
     except OSError:
-        pass  # a full disk even after the reserve went: the peers still hear the reason
+        return  # a full disk even after the reserve went: the peers still hear the reason
+    if not final:  # `sshddp stop` ended the node while this supervisor was frozen
+        print(f"sshddp supervisor: exit.json is final already; not {state}", file=sys.stderr)
 
 
 def _ignore(signum: int, frame: Optional[FrameType]) -> None:

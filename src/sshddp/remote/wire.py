@@ -28,12 +28,12 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 VERSION = 1
 MAX_LINE = 8192  #: bytes in one line; a longer one is noise
 MAX_TEXT = 2000  #: characters of a reason a message carries
-HANDSHAKE_TIMEOUT = 10.0  #: seconds a new connection has to authenticate
+HANDSHAKE_TIMEOUT = 10.0  #: seconds a new connection has for its whole handshake
 MAX_NOISE_LOGS = 100  #: noise lines a supervisor logs; then it only counts them
 
 Message = Dict[str, Any]
@@ -77,13 +77,26 @@ def _same(got: object, expected: str) -> bool:
     return isinstance(got, str) and hmac.compare_digest(got.encode(), expected.encode())
 
 
+def time_left(deadline: float, now: float) -> float:
+    """Seconds a read may wait before ``deadline`` (``time.monotonic``); socket.timeout once
+    it has passed, however recently the last byte came: a stranger trickling a byte at a
+    time cannot hold a handshake open past it."""
+    left = deadline - now
+    if left <= 0:
+        raise socket.timeout("the handshake's deadline passed")
+    return left
+
+
 class Lines:
     """Lines from a socket, each at most MAX_LINE bytes."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: Optional[float] = None) -> None:
         self.sock = sock
         self.buf = b""
         self.skipping = False  # inside a line that was too long: drop it to its end
+        #: ``time.monotonic`` by which the next line must be whole (the handshake's); None:
+        #: each read waits as long as the socket's own timeout
+        self.deadline = deadline
 
     def line(self) -> Optional[bytes]:
         """The next line; None at EOF. Raises TooLong once per line that is too long,
@@ -102,6 +115,8 @@ class Lines:
                 if not self.skipping:
                     self.skipping = True
                     raise TooLong()
+            if self.deadline is not None:
+                self.sock.settimeout(time_left(self.deadline, time.monotonic()))
             chunk = self.sock.recv(65536)
             if not chunk:
                 return None
@@ -192,11 +207,16 @@ class Conn:
         return dict(msg)
 
 
-def offer(sock: socket.socket, key: bytes, run: str, peer: str) -> tuple[Conn, int]:
+def offer(
+    sock: socket.socket, key: bytes, run: str, peer: str, claim: Optional[Callable[[], bool]] = None
+) -> tuple[Conn, int]:
     """The hub's side of the handshake: the connection and the spoke's node rank, or
-    Refused saying why not."""
+    Refused saying why not. The whole handshake has HANDSHAKE_TIMEOUT seconds, not each
+    read: a connection that trickles bytes is cut off at that deadline all the same.
+    ``claim`` is asked once the spoke proved it holds the key, before the hub answers:
+    False refuses it (the hub closed it meanwhile)."""
     sock.settimeout(HANDSHAKE_TIMEOUT)
-    lines = Lines(sock)
+    lines = Lines(sock, time.monotonic() + HANDSHAKE_TIMEOUT)
     ours = os.urandom(16).hex()
     try:
         _send(sock, {"v": VERSION, "run": run, "nonce": ours})
@@ -211,11 +231,14 @@ def offer(sock: socket.socket, key: bytes, run: str, peer: str) -> tuple[Conn, i
     parts = (run, str(rank), ours, theirs)
     if not _same(hello.get("mac"), mac(key, "spoke", *parts)):
         raise Refused(f"node {rank}'s hello does not prove it holds this run's key")
+    if claim is not None and not claim():
+        raise Refused(f"node {rank}'s connection was closed to make room for a newer one")
     try:
         _send(sock, {"mac": mac(key, "hub", *parts)})
     except OSError as exc:
         raise Refused(f"the connection broke ({exc})") from exc
     session = bytes.fromhex(mac(key, "session", *parts))
+    lines.deadline = None  # authenticated: from now on the heartbeat timeout rules
     return Conn(lines, session, run, "hub", peer), rank
 
 
@@ -223,7 +246,7 @@ def join(sock: socket.socket, key: bytes, run: str, rank: int, peer: str) -> Con
     """A spoke's side of the handshake: the connection, or Refused saying why not
     (``retry`` when the other side may yet turn out to be this run's hub)."""
     sock.settimeout(HANDSHAKE_TIMEOUT)
-    lines = Lines(sock)
+    lines = Lines(sock, time.monotonic() + HANDSHAKE_TIMEOUT)
     challenge = _receive(lines, "challenge")
     theirs = challenge.get("nonce")
     if challenge.get("run") != run:
@@ -242,4 +265,5 @@ def join(sock: socket.socket, key: bytes, run: str, rank: int, peer: str) -> Con
     if not _same(answer.get("mac"), mac(key, "hub", *parts)):
         raise Refused("it did not prove it holds this run's key")
     session = bytes.fromhex(mac(key, "session", *parts))
+    lines.deadline = None
     return Conn(lines, session, run, "spoke", peer)
