@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sshddp.model.escape import RESET, for_terminal, needs_filter, visible, visible_line
+from sshddp.model.escape import (
+    RESET,
+    TerminalStream,
+    for_terminal,
+    incomplete_tail,
+    needs_filter,
+    visible,
+    visible_line,
+)
 from sshddp.run.sinks import Console
 
 ATTACKS = [
@@ -109,3 +117,22 @@ def test_console_messages_escape_what_came_from_a_host() -> None:
     stream = io.BytesIO()
     Console(stream, color=False).message("sshddp: lost node 0: \x1b]0;t\x07 \r gone")
     assert stream.getvalue() == b"sshddp: lost node 0: \\x1b]0;t\\x07 \\r gone\n"
+
+
+def test_a_character_split_between_two_chunks_is_held_back_not_dropped() -> None:
+    """``logs`` of one node on a terminal filters its copy chunk by chunk: a UTF-8
+    character cut at a chunk's end must reach the terminal whole (its continuation bytes,
+    0x80-0xBF, would otherwise look like raw C1 controls to the next chunk's filter)."""
+    text = "loss ─ 0.5 ✓ done 🚀 €\n".encode() + b"\x9b2J"
+    for cut in range(1, len(text)):
+        stream = TerminalStream()
+        shown = stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.end()
+        assert shown == "loss ─ 0.5 ✓ done 🚀 €\n".encode() + b"2J", cut
+    assert [incomplete_tail(b) for b in (b"", b"a", b"\xe2", b"\xe2\x94", b"\xe2\x94\x80")] == [
+        0,
+        0,
+        1,
+        2,
+        0,
+    ]
+    assert incomplete_tail(b"\xf0\x9f\x9a") == 3 and incomplete_tail(b"\x9b") == 0

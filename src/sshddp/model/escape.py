@@ -99,6 +99,38 @@ def _has_stray_c1(data: bytes) -> bool:
     return False
 
 
+def incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character that the next chunk
+    completes (0 to 3): filtered apart, its continuation bytes would look like raw C1
+    controls and be dropped."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return 0
+        if byte >= 0xC0:  # a lead byte: its sequence is 2, 3 or 4 bytes long
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if back < need else 0
+    return 0
+
+
+class TerminalStream:
+    """``for_terminal`` over a stream cut into arbitrary chunks: a character split between
+    two chunks is held back until it is whole."""
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        chunk, self.held = self.held + chunk, b""
+        keep = len(chunk) - incomplete_tail(chunk)
+        self.held = chunk[keep:]
+        return for_terminal(chunk[:keep])
+
+    def end(self) -> bytes:
+        held, self.held = self.held, b""
+        return for_terminal(held)
+
+
 def for_terminal(data: bytes) -> bytes:
     """The ranks' bytes as a terminal may show them: SGR colour, ``ESC[K``, ``\\r``, tab and
     newline kept, every other escape sequence and control character dropped. When a colour

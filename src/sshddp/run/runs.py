@@ -24,7 +24,7 @@ from sshddp.errors import (
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
-from sshddp.model.escape import for_terminal
+from sshddp.model.escape import TerminalStream
 from sshddp.model.plan import NodePlan
 from sshddp.model.report import attempt_marks
 from sshddp.model.state import NodeState
@@ -217,6 +217,7 @@ def _print_logs(
     Where an attempt starts (``marks``: offset, line), sshddp's line says so (on stderr
     for one node alone: stdout stays the node's bytes)."""
     raw = single and not _isatty(screen.stdout_bytes)
+    shown = TerminalStream()  # one node on a terminal
     for node in nodes:
         rank, path = node.node_rank, logs.paths[node.node_rank]
         start = 0 if tail is None else logread.tail_offset(path, tail)
@@ -227,7 +228,8 @@ def _print_logs(
             for chunk, source in logread.attributed(path, index, start, end, skip):
                 if not single:
                     console.write(rank, chunk, source)
-                elif not _write(screen.stdout_bytes, chunk if raw else for_terminal(chunk)):
+                    continue
+                if not _write(screen.stdout_bytes, chunk if raw else shown.feed(chunk)):
                     return  # the reader went away (`| head`)
             if end is None:
                 break
@@ -237,6 +239,8 @@ def _print_logs(
             start, skip = end, set()  # an attempt's first line is whole
         if not single:
             console.flush_node(rank)
+    if not raw:
+        _write(screen.stdout_bytes, shown.end())
 
 
 def _write(stream: BinaryIO, data: bytes) -> bool:
