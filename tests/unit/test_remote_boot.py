@@ -97,3 +97,59 @@ def test_the_files_after_the_go_are_unpacked_into_the_args() -> None:
     assert boot.unpack_files(inline, io.BytesIO(b"CODE")) == inline
     with pytest.raises(boot.BootError, match="cut short"):
         boot.unpack_files({"packed": len(packed)}, io.BytesIO(packed[:10]))
+
+
+def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path: Path) -> None:
+    """A node whose launch session died before its supervisor started (its staging lock
+    free, no state or exit record) is removed by the next launch's retention; one whose
+    session still stages (lock held), or that started, or an older sshddp's (no lock file),
+    or one made less than a minute ago (prewarm's, before staging locks it) stays."""
+    import fcntl
+    import os
+
+    runs = tmp_path / "runs"
+    old = 1_000_000.0
+
+    def node(run: str, *files: str, mtime: float = old) -> Path:
+        path = runs / run / "n0"
+        path.mkdir(parents=True)
+        for name in files:
+            (path / name).write_text("{}")
+        os.utime(path, (mtime, mtime))
+        return path
+
+    node("died", "staging.lock")
+    staging = node("staging", "staging.lock")
+    node("started", "staging.lock", "state.json")
+    node("older-sshddp")
+    node("prewarmed", "staging.lock", mtime=os.path.getmtime(tmp_path))
+    held = os.open(staging / "staging.lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        boot._prune(str(runs), keep=10)
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in runs.iterdir()) == [
+        "older-sshddp",
+        "prewarmed",
+        "staging",
+        "started",
+    ]
+    boot._prune(str(runs), keep=10)  # its session has gone since
+    assert not (runs / "staging").exists()
+
+
+def test_staging_holds_its_lock_until_the_session_ends(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    rundir = tmp_path / "runs" / "r" / "n0"
+    rundir.mkdir(parents=True)
+    boot._hold_staging(str(rundir))
+    probe = os.open(rundir / "staging.lock", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)
+        os.close(boot._STAGING.pop())

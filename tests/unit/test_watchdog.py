@@ -22,10 +22,11 @@ from sshddp.model import hang
 from sshddp.model.plan import LaunchOptions, validate_options
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote import contract
-from sshddp.remote.contract import HangRecord, NodeWatch, WatchSpec
+from sshddp.remote.contract import ExitRecord, HangRecord, NodeWatch, WatchSpec
 from sshddp.remote.flight import dumps as nccl_dumps
 from sshddp.remote.joined import node_watch
 from sshddp.remote.watchdog import has_gpu, nccl_env, ranges, verdict, world_text
+from sshddp.run import ps
 from sshddp.run.ps import PsRow
 
 HOSTS = ["h1", "h2", "h3"]
@@ -320,3 +321,20 @@ def test_a_node_records_its_hang_then_stops_only_when_told_to_stop(tmp_path: Pat
     dog.hang(contract.HANG_INIT, "no world", contract.ON_STALL_STOP)
     assert dog.verdict == (contract.HANG_INIT, "no world") and woken == [True, True]
     assert json.loads((tmp_path / contract.HANG).read_text())["kind"] == "init"
+
+
+def test_ps_blames_no_node_for_a_stall_and_the_earliest_for_a_failure() -> None:
+    """A stalled run's nodes all end STALLED, the deciding node first: the node that
+    stopped first is not the one that hung (the report names the odd ones out from the
+    stacks), so ``ps`` names no node for it. A failure still names the earliest to fail."""
+    reason = "no rank wrote output for 12 s (--stall-timeout 10)"
+    stalled: list[ExitRecord] = [
+        {"state": "stalled", "reason": reason, "ended": 1.0},
+        {"state": "stalled", "reason": reason, "ended": 2.0},
+    ]
+    assert ps.root_cause(stalled, ["h1", "h2"]) == f"stalled: {reason}"
+    failed: list[ExitRecord] = [
+        {"state": "stopped", "reason": "a peer failed", "ended": 1.0},
+        {"state": "failed", "reason": "rank 3 exited with 1", "ended": 0.5},
+    ]
+    assert ps.root_cause(failed, ["h1", "h2"]) == "node 1 (h2) failed: rank 3 exited with 1"

@@ -33,6 +33,7 @@ from sshddp.remote.common import (
     home_path,
     listdir,
     read_json,
+    try_lock,
     write_new,
 )
 from sshddp.remote.contract import Secrets
@@ -137,16 +138,55 @@ def _unpack(incoming: _Code, code: str) -> None:
         raise BootError(f"the shipped archive is damaged: {exc}") from exc
 
 
+_STAGING: list[int] = []  #: the staging locks this launch session holds, for its life
+
+
+def _hold_staging(rundir: str) -> None:
+    """Lock RUNDIR/staging.lock for as long as this session lives: its supervisor takes the
+    node over, or the session removes what it staged, or it dies and the lock goes with it
+    (``_abandoned``)."""
+    import fcntl
+
+    fd = create(os.path.join(rundir, contract.STAGING), flags=os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _STAGING.append(fd)
+
+
+ABANDONED_AFTER = 60.0  #: seconds: prewarm makes a node directory just before staging locks it
+
+
+def _abandoned(node: str, now: float) -> bool:
+    """A node directory whose launch session died before its supervisor started: never
+    started (no state or exit record), and nobody holds its staging lock."""
+    if any(os.path.exists(os.path.join(node, f)) for f in (contract.STATE, contract.EXIT)):
+        return False
+    try:
+        if now - os.path.getmtime(node) < ABANDONED_AFTER:
+            return False
+        fd = try_lock(os.path.join(node, contract.STAGING), os.O_RDONLY, 0)
+    except OSError:  # no lock file: an older sshddp's node, left alone
+        return False
+    if fd is None:  # its session still stages it
+        return False
+    os.close(fd)
+    return True
+
+
 def _prune(runs_root: str, keep: int) -> None:
-    """Retention: keep the newest ``keep`` finished run directories under runs_root."""
+    """Retention: keep the newest ``keep`` finished run directories under runs_root, and
+    remove every run directory none of whose nodes ever started (their sessions died)."""
     finished: list[tuple[float, str]] = []
+    stale: list[tuple[float, str]] = []
+    now = time.time()
     for name in listdir(runs_root):
         path = os.path.join(runs_root, name)
         nodes = [os.path.join(path, n) for n in listdir(path) if n.startswith("n")]
-        if nodes and all(os.path.exists(os.path.join(n, contract.EXIT)) for n in nodes):
+        if nodes and all(_abandoned(n, now) for n in nodes):
+            stale.append((0.0, path))
+        elif nodes and all(os.path.exists(os.path.join(n, contract.EXIT)) for n in nodes):
             finished.append((os.path.getmtime(path), path))
     finished.sort(reverse=True)
-    stale = finished[keep:]
+    stale += finished[keep:]
     if stale:
         import shutil  # here: a start that removes nothing is 3 ms of CPU sooner without it
 
@@ -265,6 +305,7 @@ def stage(args: dict[str, Any], stream: IO[bytes], warm: Optional[Waiter] = None
     except Unsafe as exc:  # nothing of ours is there to remove
         return {"ok": False, "rundir": rundir, "error": str(exc)}
     try:
+        _hold_staging(real)
         _stage_files(real, _moved(args, rundir, real), stream, made)
         return {"ok": True, "rundir": real}
     except (BootError, OSError) as exc:

@@ -28,6 +28,9 @@ SCHEMA = 5  #: 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.js
 # The files of a run directory.
 SPEC = "spec.json"  #: the node's part of the plan (SpecRecord), written at staging
 STATE = "state.json"  #: the live supervisor (StateRecord), written once torchrun started
+#: empty; the launch session that staged the node holds a flock on it for its life, so
+#: retention tells a node still being staged from one whose session died before its start
+STAGING = "staging.lock"
 EXIT = "exit.json"  #: how the node ended (ExitRecord), the supervisor's last act
 LOG = "node.log"  #: every byte the node's ranks wrote, in order
 #: node.log's spans and who wrote each (INDEX_RECORD); absent where ranks are not told apart

@@ -180,6 +180,10 @@ def root_cause(states: Sequence[ExitRecord], hosts: Sequence[str]) -> str:
     if not bad:
         return ""
     _, i, s = min(bad, key=lambda t: (t[0], t[1]))
+    if NodeState.of(s.get("state")) is NodeState.STALLED:
+        # The node that stopped first is not the one that hung: the odd ones out of the
+        # stacks are, and only the report (launch, attach) reads them. Blame no node here.
+        return f"stalled: {s.get('reason', '')}".rstrip(": ")
     return f"node {i} ({hosts[i]}) {s.get('state')}: {s.get('reason', '')}".rstrip(": ")
 
 
