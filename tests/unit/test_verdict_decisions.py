@@ -93,6 +93,12 @@ def test_one_collective_or_one_process_that_did_not_say_means_no_warning() -> No
     assert not older.undistributed
 
 
+def test_a_one_process_run_has_no_world_to_form() -> None:
+    """One process (one GPU, one host) planned: a world of 1 is no distribution to miss."""
+    assert not ended(world(1, 1, 0)).undistributed
+    assert not ended(world(1, 1, 1, 1, ran=(0,))).undistributed
+
+
 def test_node_world_reads_only_well_formed_records() -> None:
     assert NodeWorld.of(world(4, 2, 1, 4)) == NodeWorld(4, 2, 1, (4,))
     assert NodeWorld.of(world(4, 2, 1, 4, ran=(3,))) == NodeWorld(4, 2, 1, (4,), (3,))

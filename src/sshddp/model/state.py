@@ -112,8 +112,8 @@ def not_distributed(nodes: Sequence[NodeResult]) -> bool:
     joined one, or they formed groups of another size. False when some node cannot say
     (a host of an older sshddp) or nothing was planned."""
     worlds = [n.world for n in nodes]
-    if not worlds or any(w is None or w.planned < 1 for w in worlds):
-        return False
+    if not worlds or any(w is None or w.planned < 2 for w in worlds):
+        return False  # one process has no world to form: nothing to say of it
     return not any(w.planned in w.sizes for w in worlds if w is not None) or never_talked(nodes)
 
 
@@ -123,7 +123,7 @@ def never_talked(nodes: Sequence[NodeResult]) -> bool:
     (accelerate and a transformers Trainer on CPU hosts). False when any process did not say
     (killed, ``os._exit``, a multiprocessing worker): say less rather than something wrong."""
     worlds = [n.world for n in nodes]
-    if not worlds or any(w is None for w in worlds):
+    if not worlds or any(w is None or w.planned < 2 for w in worlds):
         return False
     known = [w for w in worlds if w is not None and w.joined and len(w.collectives) == w.joined]
     return len(known) == len(worlds) and not any(sum(w.collectives) for w in known)
