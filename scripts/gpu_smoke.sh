@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA/NCCL paths on a real GPU machine, through the localhost transport (no sshd):
 # doctor's GPU facts, a GPU-count mismatch, a process already holding GPU memory, an NCCL
-# all-reduce under `sshddp launch`, a failing NCCL rank torn down with its GPU freed, a
+# all-reduce under `sshddp launch` (and the collectives its exit record counts), an NCCL
+# world that never runs a collective reported "not distributed", a failing NCCL rank (its
+# traceback without sshddp's frames) torn down with its GPU freed, a
 # collective that never completes found by the stall watchdog with the NCCL flight
 # recorder's dump, and `sshddp stacks --native` of a detached NCCL rank (py-spy, if there).
 # Usage: bash scripts/gpu_smoke.sh [OUT_DIR]   (needs torch with CUDA and sshddp importable)
@@ -36,6 +38,15 @@ kill "$holder"; wait "$holder" 2>/dev/null
 step "launch: NCCL all-reduce"
 sshddp launch --log-dir "$out/logs" --name nccl-ok "$out/gpu.yaml" scripts/payloads/nccl_smoke.py 'a b' '$(x)'
 echo "exit $?"
+
+step "the NCCL run's exit record: its rank joined a world of 1 and ran collectives (NCCL's sequence number, read by the ranks' site hook)"
+python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["world"])' ~/.sshddp/runs/nccl-ok/n0/exit.json
+
+step "launch: 2 ranks form an NCCL world and never run a collective (expect exit 0 and the 'not distributed' warning)"
+sshddp launch --log-dir "$out/logs" --name nccl-alone --nproc-per-node 2 "$out/gpu.yaml" \
+    scripts/payloads/nccl_smoke.py --alone
+echo "exit $?"
+python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["world"])' ~/.sshddp/runs/nccl-alone/n0/exit.json
 
 step "launch: an NCCL rank fails while holding GPU memory"
 sshddp launch --log-dir "$out/logs" --name nccl-fail "$out/gpu.yaml" scripts/payloads/nccl_smoke.py --fail

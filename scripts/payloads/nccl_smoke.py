@@ -2,7 +2,10 @@
 
 --fail: raise while holding GPU memory. --hang: enqueue a second all-reduce behind a kernel
 that spins for minutes, then wait in silence: NCCL's collective never completes, as when a
-rank never joins it (the watchdog's --stall-timeout and the flight recorder's dump)."""
+rank never joins it (the watchdog's --stall-timeout and the flight recorder's dump).
+--alone: form the NCCL world, then compute on the GPU without a collective, as accelerate
+does on hosts it was not told to use together (the report's "not distributed" warning);
+its ranks may share one GPU, since NCCL makes no communicator without a collective."""
 
 import os
 import sys
@@ -12,9 +15,13 @@ import torch
 import torch.distributed as dist
 
 local_rank = int(os.environ["LOCAL_RANK"])
-torch.cuda.set_device(local_rank)
+torch.cuda.set_device(local_rank % torch.cuda.device_count())
 dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
+if "--alone" in sys.argv:
+    x = torch.randn(1024, 1024, device="cuda")
+    print(f"rank {rank}/{world} alone: {(x @ x).abs().mean().item():.3f}", flush=True)
+    sys.exit(0)
 t = torch.tensor([float(rank + 1)], device="cuda")
 dist.all_reduce(t)
 hold = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # visible to nvidia-smi
