@@ -36,6 +36,7 @@ from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_table, run_report
 from sshddp.model.state import RunResult
 from sshddp.run import coordinator
+from sshddp.run.logread import rank_tail
 from sshddp.run.preflight import PreflightFailed
 from sshddp.run.sinks import tail_lines
 
@@ -247,5 +248,6 @@ def report_result(terminal: Terminal, result: RunResult) -> int:
     """Print the run's report; its exit status."""
     root = result.root
     tail = tail_lines(root.log_path, REPORT_TAIL) if root is not None else []
-    terminal.err(run_report(result, tail))
+    ranks = rank_tail(root.log_path, REPORT_TAIL) if root is not None else None
+    terminal.err(run_report(result, tail, ranks))
     return int(result.exit_code)

@@ -212,9 +212,14 @@ TAIL_PREFIX = "  | "  #: before each line of a rank's output in the report: no r
 #: print a line that reads as one of sshddp's own
 
 
-def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
+def run_report(
+    result: RunResult, full_tail: Sequence[str], ranks_tail: Optional[Sequence[str]] = None
+) -> str:
     """Every node's state, then the root cause with the failing node's last lines (a
-    successful run that never formed its world: a warning that says so).
+    successful run that never formed its world: a warning that says so). ``full_tail``
+    holds every line of the node's log (torchrun's failure summary names the failing rank);
+    ``ranks_tail``, where the node's log tells them apart, the ranks' lines alone: the ones
+    shown.
 
     Whatever came from the hosts (reasons, the ranks' lines) is shown with its control
     characters escaped (``escape.visible``): it cannot move the cursor or forge a line."""
@@ -239,7 +244,8 @@ def run_report(result: RunResult, full_tail: Sequence[str]) -> str:
     if node is None:
         return "\n".join(out)
     rank = None if result.hung and result.hang_cause else _root_line(out, node, full_tail)
-    out.extend(_tail_lines(node, full_tail, rank))
+    shown = full_tail if ranks_tail is None or rank is not None else ranks_tail
+    out.extend(_tail_lines(node, shown, rank))
     return "\n".join(out)
 
 

@@ -152,3 +152,20 @@ def _first_span(idx: BinaryIO, start: int) -> int:
         else:
             high = mid
     return low
+
+
+TAIL_WINDOW = 256 * 1024  #: how far back from a log's end a report's tail is looked for
+
+
+def rank_tail(path: Optional[Path], lines: int) -> Optional[list[str]]:
+    """The last ``lines`` lines the ranks wrote themselves (a report's tail): the node's own
+    bytes, torchrun's agent's (its banner, the tracebacks of its stop), left out. None
+    without an index, which alone tells the ranks' bytes from the rest."""
+    index = path.with_suffix(".idx") if path is not None else None
+    if path is None or index is None or not index.exists() or not path.exists():
+        return None
+    start = max(0, path.stat().st_size - TAIL_WINDOW)
+    skip = unfinished(path, index, start)
+    data = b"".join(d for d, source in attributed(path, index, start, None, skip) if source >= 0)
+    text = data.decode("utf-8", "replace").removesuffix("\n")
+    return [line.removesuffix("\r") for line in text.split("\n")][-lines:] if text else []
