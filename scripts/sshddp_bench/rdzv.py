@@ -4,13 +4,13 @@ import to the first rank's line, two nodes on this machine, one started late.
 ``python -m sshddp_bench.rdzv [--reps N] [--delays S,S,..]``. Each node is a real
 ``torchrun`` (``--nnodes 2 --nproc-per-node 1``) on 127.0.0.1 whose import of torch is
 timed from inside its own interpreter; a rank prints its time at start. sshddp's plan uses
-the static backend (README, *Restarts*); this shows what the c10d backend would cost: a
+the static backend (docs/hangs.md, *Restarts*); this shows what the c10d backend would cost: a
 node that joined before the last one polls torch's store once a second
 (``dynamic_rendezvous``'s ``_delay(seconds=1)``), so the ranks start up to a second after
 the last node is ready. With the static backend, node 0 serves the store: when node 0 is
 the late one, the other node's connect waits between tries, longer each time, and the
 last rows time that through plain torchrun and through sshddp's agent shim, whose nodes
-try the store every 10 ms before torchrun runs (``remote/agent.py``, README *How a launch
+try the store every 10 ms before torchrun runs (``remote/agent.py``, docs/design.md *How a launch
 works*, step 4). Not a case of the suite: it measures torch, and that one wait of sshddp's.
 """
 

@@ -245,7 +245,7 @@ def slurm_table(rows: Sequence[SlurmRow]) -> list[str]:
         "Start → every rank's READY line (the target), and start → a torchrun process on "
         "every node. sshddp's is its first attempt's standby, started by the launch "
         "session before the preflight and importing torch while it runs; it runs "
-        "torchrun at the start (README, *How a launch works*, step 4):",
+        "torchrun at the start (docs/design.md, *How a launch works*, step 4):",
         "",
         "| nodes | sshddp launch slurm, srun (s) | srun torchrun (s) | sshddp − srun (s) "
         "| target ≤ +0.5 s | paired: median [interval, ≥ 95%] | torchruns started: sshddp / "

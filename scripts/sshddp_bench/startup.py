@@ -1,7 +1,7 @@
 """Case ``startup``: how long the command line takes to start, before it reaches any host.
 
 Every launch waits for the coordinator's own start before its first connection or job step
-(README, *Performance*): its interpreter, the CLI's modules and, over SSH, paramiko. This
+(docs/performance.md): its interpreter, the CLI's modules and, over SSH, paramiko. This
 case times commands that reach no host, each a new process run to its exit, against the
 bare interpreter they start in:
 

@@ -33,7 +33,7 @@ CONNECT_TIMEOUT = 10.0  #: seconds to connect, get the SSH banner and authentica
 RECONNECT_WINDOW = 30.0  #: seconds a follower keeps trying to reach a host that dropped
 RDZV_CONNECT_WINDOW = 3.0  #: seconds each host keeps retrying the rendezvous connect (probe)
 # The most a log stream hands on at once: a long span is written and shown in pieces of this
-# size, so a flood costs each follower no more memory (README "Performance").
+# size, so a flood costs each follower no more memory (docs/performance.md).
 STREAM_READ = 256 * 1024
 
 # Checks

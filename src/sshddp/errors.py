@@ -10,7 +10,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Documented process exit statuses (README, "Exit codes")."""
+    """Documented process exit statuses (README.md, "Exit codes")."""
 
     OK = 0
     RUN_FAILED = 1  #: a node of the run failed, or the run was stopped

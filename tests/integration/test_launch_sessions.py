@@ -150,7 +150,9 @@ def test_workdir_module_runs_like_python_dash_m(
     for node in range(2):
         (out,) = run.json_lines(node)
         assert out["argv"] == ["a b", "--x=1"] and out["name"] == "__main__"
-        workspace = str(tmp_path / "remote" / "work" / "proj-")  # README "Working directory"
+        workspace = str(
+            tmp_path / "remote" / "work" / "proj-"
+        )  # docs/runs.md "Outputs that survive"
         assert out["argv0"].startswith(workspace) and out["argv0"].endswith("/pkg/main.py")
         assert out["path0"] == out["cwd"] and out["cwd"].startswith(workspace)
         assert out["value"] == "helper ok" and out["ignored_shipped"] is False

@@ -24,7 +24,7 @@ from sshddp_lab.sshd import SshdCluster
 PAYLOADS = Path(__file__).parent / "payloads"
 HOSTS = [1, 2, 3]
 WORLD = 6  # 3 hosts x 2 processes
-#: A checkout of github.com/pytorch/examples, to run its DDP tutorial file (README).
+#: A checkout of github.com/pytorch/examples, to run its DDP tutorial file (docs/development.md).
 EXAMPLES_VAR = "PYTORCH_EXAMPLES_DIR"
 TUTORIAL = Path("distributed/ddp-tutorial-series")
 

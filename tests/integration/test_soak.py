@@ -33,7 +33,7 @@ from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 LAUNCHES = 60  # > RETENTION + WARM_UP, so retention has deleted runs by the end
 WARM_UP = 5
-RETENTION = 50  # README "Retention": the newest 50 run directories per host
+RETENTION = 50  # docs/runs.md "Retention": the newest 50 run directories per host
 FD_SLACK = 2  # fds or sockets a long-lived library may open lazily once, after warm-up
 THREAD_SLACK = 1
 SETTLE_S = 10.0  # how long counts may take to return (a daemon thread ending, sshd exiting)

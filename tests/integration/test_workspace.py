@@ -15,7 +15,7 @@ from cli_helpers import sshddp
 from sshddp_lab.sshd import SshdCluster
 
 RESUME = Path(__file__).parent / "payloads" / "resume.py"
-RETENTION = 50  # README "Retention": run directories a host keeps
+RETENTION = 50  # docs/runs.md "Retention": run directories a host keeps
 MORE_RUNS = RETENTION + 11  # enough that retention removes the first run's directory
 
 

@@ -75,7 +75,7 @@ def test_a_command_imports_only_what_it_needs() -> None:
     """`sshddp launch` starts without the other commands' modules, PyYAML (imported when a
     YAML inventory is read), fabric and paramiko (when a host is reached over SSH) or rich
     (when a table is printed): the launch waits for every import before its first host
-    (README, *Performance*)."""
+    (docs/performance.md)."""
     probe = (
         "import json, sys\n"
         "from sshddp.cli.app import cli\n"

@@ -149,7 +149,7 @@ def test_packed_modules_cut_short_are_refused() -> None:
 
 #: Standard modules a node's launch session and supervisor use only on rare paths (removing
 #: a run, reading a flight recorder dump, copying a workspace file): imported there, not at
-#: the start every host of every launch pays for (README, *Performance*).
+#: the start every host of every launch pays for (docs/performance.md).
 NOT_AT_START = ("shutil", "pickle", "bz2", "lzma", "tempfile", "importlib.resources")
 
 

@@ -7,7 +7,7 @@ everything below raises ``SshddpError`` (httpie's ``main``/``program`` split).
 Each command's module is imported when that command runs (or a help text lists it), the
 lazy group of click's documentation: ``sshddp launch`` starts without importing ``ps``,
 ``fetch``, ``smoke`` and the rest, and every millisecond before it reaches a host is one
-the launch waits (README, *Performance*).
+the launch waits (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shell completion of run ids (``_SSHDDP_COMPLETE``, see the README): from the local
+"""Shell completion of run ids (``_SSHDDP_COMPLETE``, see docs/install.md): from the local
 registry's file names only, so pressing Tab never contacts a host or parses a record."""
 
 from __future__ import annotations

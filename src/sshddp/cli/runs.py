@@ -85,7 +85,9 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.command(name="ps", context_settings=CONTEXT)
 @click.argument("run", required=False, shell_complete=complete_run_ids)
 @click.option("--all", "show_all", is_flag=True, help="Also finished runs.")
-@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (fields: README).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the runs as JSON (fields: docs/runs.md)."
+)
 @ssh_options
 @click.pass_context
 def ps(ctx: click.Context, run: Optional[str], show_all: bool, as_json: bool, **kw: Any) -> None:

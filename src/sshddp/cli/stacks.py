@@ -29,7 +29,9 @@ from sshddp.run.stacks import Collected
     is_flag=True,
     help="Read C/C++ frames too, with `py-spy dump --native` where py-spy is installed.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (see README).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document (see docs/hangs.md)."
+)
 @ssh_options
 @click.pass_context
 def stacks(ctx: click.Context, run: str, **kw: Any) -> None:

@@ -44,7 +44,7 @@ IDLE_WAKE_SECONDS = 1.0
 # the follower then reconnects (the run itself never depends on this connection).
 DEAD_PROBE_SECONDS = 5
 DEAD_LINK_SECONDS = 20
-# Measured on loopback (README "Performance"): a 2 MB window with 256 KB packets streams one
+# Measured on loopback (docs/performance.md): a 2 MB window with 256 KB packets streams one
 # host's log as fast as 8 MB did (1.5-1.95x `ssh cat` against 2.25-2.5x, alternating runs)
 # and 8 hosts' at once in 121-126 MB of coordinator instead of 170: paramiko buffers up to
 # a window per channel while the coordinator writes. 1 MB halved one host's speed. AES-GCM

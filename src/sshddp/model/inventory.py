@@ -25,7 +25,7 @@ from sshddp.model.share import share_problem
 class _YamlOnUse:
     """PyYAML, imported the first time an attribute is asked for: a launch into a Slurm
     allocation or onto ``-H`` hosts reads no YAML, and importing PyYAML (its reader's and
-    resolver's patterns) is ~15 ms of the coordinator's start (README, *Performance*)."""
+    resolver's patterns) is ~15 ms of the coordinator's start (docs/performance.md)."""
 
     def __getattr__(self, name: str) -> Any:
         import yaml

@@ -94,7 +94,7 @@ def doctor_json(
     secret_names: frozenset[str] = frozenset(),
 ) -> str:
     """``doctor --json``: the schema version, the verdict, and per host its facts (as its
-    probe reported them, plus ``ssh`` and ``clock`` measured here) and findings (README,
+    probe reported them, plus ``ssh`` and ``clock`` measured here) and findings (docs/doctor.md,
     "doctor --json"). No value of a variable in ``secret_names`` is written."""
     hosts: list[dict[str, Any]] = []
     for hf, r in zip(facts, reports):

@@ -279,7 +279,7 @@ def dump_text(node: HostStacks, process: ProcessStacks, when: str) -> str:
 def json_doc(
     run_id: str, nodes: Sequence[HostStacks], groups: Sequence[Group], **about: Any
 ) -> dict[str, Any]:
-    """What ``sshddp stacks --json`` prints (README: "stacks --json")."""
+    """What ``sshddp stacks --json`` prints (docs/hangs.md: "stacks --json")."""
     return {
         "run_id": run_id,
         **about,

@@ -196,7 +196,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> ExitCode:
-        """The process exit status this outcome maps to (README, "Exit codes")."""
+        """The process exit status this outcome maps to (README.md, "Exit codes")."""
         if self.ok:
             return ExitCode.OK
         if self.interrupted:

@@ -33,7 +33,7 @@ OWNED: dict[str, str] = {
 }
 #: Short spellings of owned options (torchrun's ``-m`` and argparse's ``-h``).
 OWNED_SHORT = {"-m": "--module", "-h": "--help"}
-#: The options the README documents and the tests run (any other passes through as well).
+#: The options docs/launching.md documents and the tests run (any other passes through as well).
 DOCUMENTED = (
     "--local-ranks-filter",
     "--rdzv-backend",

@@ -49,7 +49,7 @@ class ShippedModules:
     """A finder and loader for the modules of one header: the protocols of
     ``importlib.abc.MetaPathFinder`` and ``Loader``, without those base classes, whose
     module imports ``importlib.resources`` and with it ``tempfile`` and ``shutil``: 3.5 ms
-    of CPU in every session's start (README, *Performance*)."""
+    of CPU in every session's start (docs/performance.md)."""
 
     def __init__(self, sources: dict[str, str]) -> None:
         self.sources = dict(sources)

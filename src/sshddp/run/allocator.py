@@ -5,7 +5,7 @@ few per chunk (the read, the console's copy). By default glibc gives the heap's 
 the system as soon as 128 KiB of it is free, and gives each thread an arena of its own: a
 follower per node then faults in fresh pages for nearly every buffer, and every arena keeps
 its own peak. Two arenas, and a heap that keeps up to 8 MiB free before it shrinks, make a
-flood faster and the coordinator smaller (measured: README "Performance").
+flood faster and the coordinator smaller (measured: docs/performance.md).
 
 A ``MALLOC_*`` variable the user set (glibc's own tunables) is left as they set it.
 """

@@ -60,7 +60,7 @@ class PsRow:
         return text + f"({s['joined']}{of} joined, quiet {s.get('quiet', 0):.0f}s{attempt})"
 
     def to_json(self) -> dict[str, Any]:
-        """The row as ``ps --json`` prints it (README, "sshddp ps --json")."""
+        """The row as ``ps --json`` prints it (docs/runs.md, "sshddp ps --json")."""
         nodes = [
             {
                 "node_rank": rank,

@@ -3,7 +3,7 @@ ddp-tutorial-series/multinode.py`` in pytorch/examples), on CPU: a torchrun job 
 LOCAL_RANK and RANK, trains a Linear(20, 1) on 2048 random samples with a DistributedSampler,
 prints ``[GPU<rank>] Epoch <e> | Batchsize: <b> | Steps: <n>`` every epoch and has rank 0
 save a snapshot every ``save_every`` epochs. The tests run the real file too when a
-checkout of pytorch/examples is there (README, "Tests with third-party code").
+checkout of pytorch/examples is there (docs/development.md, "Tests with third-party code").
 
 Usage: ddp_tutorial.py TOTAL_EPOCHS SAVE_EVERY [--batch_size N]
 """
