@@ -231,3 +231,37 @@ def test_coordinator_killed_mid_stream_reattach_has_no_gap_or_duplicate(
             ticks = [ln for ln in lines if ln.startswith(f"rank {rank} tick ")]
             assert ticks == [f"rank {rank} tick {i}" for i in range(600)]
     run_no_leak("mid")
+
+
+def test_attach_then_ctrl_backslash_says_the_nodes_run_on(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """Ctrl-\\ (SIGQUIT) detaches an attach before any node wrote a new line: the summary
+    says every node is running, as it is, not pending."""
+    workdir = detach(ssh_env, tmp_path, free_port(), "aq", "wait", hosts=[1, 2])
+    logs = [workdir / "runs" / "aq" / f"n{k}" / "node.log" for k in range(2)]
+    wait_until(lambda: all(p.exists() and "READY" in p.read_text() for p in logs), 120, "READY")
+    attach = subprocess.Popen(
+        [*SSHDDP, "attach", "aq"],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert attach.stderr is not None
+    line = attach.stderr.readline()
+    assert "attached to run aq" in line, line
+    attach.send_signal(signal.SIGQUIT)
+    _, err = attach.communicate(timeout=60)
+    assert attach.returncode == 0, err
+    assert "run aq goes on without us (detached)" in err, err
+    for node, host in enumerate(["h1", "h2"]):
+        assert f"node {node:<3} {host:<20} running" in err, err
+    assert "pending" not in err, err
+    stopped = sshddp(ssh_env, tmp_path, "stop", "aq")
+    assert stopped.returncode == 0, stopped.stderr
+    run_no_leak("aq")

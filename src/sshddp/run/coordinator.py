@@ -222,7 +222,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
     interrupts = Interrupts().deferred()  # any Ctrl-C from here on stops the run
     with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
         connect_strictly(pool)
-        gone = gone_nodes(pool, plan)
+        found = node_statuses(pool, plan)
+        gone = {r: s for r, s in found.items() if s and s.get("state") == NodeState.GONE.value}
         if len(gone) == len(plan.nodes):
             return _all_gone(record, gone, screen)
         logs, console = open_sinks(plan, Path(record.log_dir), screen)
@@ -232,6 +233,9 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         )
         live = replace(plan, nodes=tuple(n for n in plan.nodes if n.node_rank not in gone))
         state = RunState(live, pool, logs, console)
+        for rank, status in found.items():  # a detach before a node's first line: not pending
+            if rank in state.results and status and status.get("state") == NodeState.RUNNING.value:
+                state.results[rank].state = NodeState.RUNNING
         teardown = Teardown(state)
         try:
             resizes = forward_resizes(state, screen.stdout_bytes)
@@ -249,14 +253,13 @@ def watch(state: RunState, interrupts: Optional[Interrupts] = None) -> RunResult
     return Followers(state, Teardown(state), watch_only=True, interrupts=interrupts).run()
 
 
-def gone_nodes(pool: HostPool, plan: LaunchPlan) -> dict[int, ExitRecord]:
-    """The nodes whose hosts hold no run directory for them (their status, by node rank).
-    A node that cannot be asked counts as there: following it says what went wrong."""
+def node_statuses(pool: HostPool, plan: LaunchPlan) -> dict[int, Optional[ExitRecord]]:
+    """Every node's status by node rank (``gone``: its host holds no run directory for it);
+    None for a node that cannot be asked: following it says what went wrong."""
     outcomes = pool.map(
         lambda n: calls.read_node(pool.transport(n), n.rundir, 0, "status"), plan.nodes
     )
-    found = {n.node_rank: outcomes[n.index].value for n in plan.nodes}
-    return {r: s for r, s in found.items() if s and s.get("state") == NodeState.GONE.value}
+    return {n.node_rank: outcomes[n.index].value for n in plan.nodes}
 
 
 def connect_strictly(pool: HostPool) -> None:
