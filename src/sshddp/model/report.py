@@ -387,9 +387,10 @@ def _world_fix(joined: bool) -> list[str]:
             "be given a world_size of its own"
         ]
     return [
-        "  likely cause: the script never calls init_process_group, or a framework chose "
-        "to run each process alone: accelerate (and a transformers Trainer, built on it) "
-        "does so on hosts without a GPU unless told to use the CPU",
+        "  likely cause: the script never reaches init_process_group (it exits first, "
+        "or never calls it), or a framework chose to run each process alone: accelerate "
+        "(and a transformers Trainer, built on it) does so on hosts without a GPU unless "
+        "told to use the CPU",
         "  fix: call torch.distributed.init_process_group; for accelerate on CPU hosts, "
         "`--env ACCELERATE_USE_CPU=1` or `Accelerator(cpu=True)`",
     ]
