@@ -1,5 +1,6 @@
-"""Each rank's own output: a FIFO per local rank, read beside the node's pipe, so that every
-span of node.log is known to come from one rank (node.idx, ``contract.INDEX_RECORD``).
+"""Each rank's own output: a FIFO per local rank, read beside the node's pipe (with --tty a
+pty per local rank, beside the node's), so that every span of node.log is known to come from
+one rank (node.idx, ``contract.INDEX_RECORD``).
 
 The supervisor makes RUNDIR/out/<local rank> (0600) before torchrun starts and holds both of
 its ends: the read end, and a write end that keeps the FIFO from reaching end of file while
@@ -15,8 +16,13 @@ is, and so does one over MAX_PENDING bytes: output stays live.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import stat
+import struct
+import termios
+import tty
 from typing import Optional
 
 from sshddp.remote import contract
@@ -82,10 +88,14 @@ class Source:
             self.keeper = None
 
 
-def rank_fifos(rundir: str, nproc: int) -> list[Source]:
-    """RUNDIR/out/<local rank> for every rank of the node, open at both ends."""
+def rank_fifos(rundir: str, nproc: int, size: Optional[list[int]] = None) -> list[Source]:
+    """RUNDIR/out/<local rank> for every rank of the node, open at both ends: a FIFO, or
+    with ``size`` (--tty) a link to a pty of that size of the rank's own, so that each
+    rank's lines stay its own on a terminal too."""
     directory = os.path.join(rundir, contract.OUTPUTS)
     os.mkdir(directory, 0o700)  # new, like every file of the run directory
+    if size is not None:
+        return [_rank_pty(directory, local, size) for local in range(nproc)]
     sources = []
     for local in range(nproc):
         path = os.path.join(directory, str(local))
@@ -96,6 +106,39 @@ def rank_fifos(rundir: str, nproc: int) -> list[Source]:
             raise OSError(f"{path} is not the FIFO it was made as")
         sources.append(Source(read, local, os.readlink(f"/proc/self/fd/{read}"), True, keeper))
     return sources
+
+
+def _rank_pty(directory: str, local: int, size: list[int]) -> Source:
+    """A raw pty for one rank, and RUNDIR/out/<local rank> linked to it; its other end kept
+    open here, as a FIFO's is (a pty's reader gets EIO once no writer is left)."""
+    master, slave = open_pty(size)
+    os.set_blocking(master, False)
+    name = os.ttyname(slave)
+    os.symlink(name, os.path.join(directory, str(local)))
+    return Source(master, local, name, True, slave)
+
+
+def open_pty(size: list[int]) -> tuple[int, int]:
+    """(master, slave) of a new raw pty of ``size`` ([columns, rows])."""
+    master, slave = pty.openpty()
+    tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+    set_size(slave, size)
+    return master, slave
+
+
+def set_size(fd: int, size: list[int]) -> None:
+    """Give the terminal ``fd`` is on [columns, rows] (TIOCSWINSZ), as a terminal emulator
+    does when its window changes."""
+    columns, rows = (max(1, min(int(v), 0xFFFF)) for v in size[:2])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
+def rank_ptys(rundir: str) -> list[str]:
+    """The ranks' ptys (--tty), as RUNDIR/out links to them."""
+    directory = os.path.join(rundir, contract.OUTPUTS)
+    links = [os.path.join(directory, name) for name in sorted(listdir(directory))]
+    targets = [os.readlink(link) for link in links if os.path.islink(link)]
+    return [path for path in targets if path.startswith("/dev/pts/")]
 
 
 def remove_fifos(rundir: str) -> None:
@@ -114,13 +157,9 @@ def pipe_id(fd: int) -> str:
 
 
 def told_apart(spec: SpecRecord) -> int:
-    """How many rank FIFOs the node gets: its ranks, for torchrun's ranks on a pipe. None
-    (0) on a pty, where the ranks share a terminal, nor for a node launcher's workers, which
-    are not torchrun's ranks."""
-    if (
-        spec.get("tty")
-        or spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN
-    ):
+    """How many rank outputs the node gets: its ranks, for torchrun's ranks. None (0) for a
+    node launcher's workers, which are not torchrun's ranks."""
+    if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
         return 0
     watch = spec.get("watch")
     nprocs = watch["nprocs"] if watch is not None else []
