@@ -25,6 +25,7 @@ from sshddp.remote import contract
 from sshddp.remote.common import create, listdir
 from sshddp.remote.contract import Escaped, SpecRecord
 from sshddp.remote.rankout import (
+    DEFAULT_SIZE,
     Source,
     open_pty,
     pipe_id,
@@ -40,7 +41,6 @@ RESERVE_BYTES = 64 * 1024
 ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 RECORD = struct.Struct(contract.INDEX_RECORD)
-DEFAULT_SIZE = [80, 24]  # columns, rows of the pty when the spec names none (defaults.TTY_SIZE)
 
 
 def open_output(use_tty: bool, size: Optional[list[int]] = None) -> tuple[int, int]:
@@ -83,8 +83,7 @@ class NodeOutput:
         os.set_blocking(master, False)
         whole = self.index is not None
         node = Source(master, contract.SOURCE_NODE, _proc_name(self.slave, use_tty), whole)
-        rank_size = (size or DEFAULT_SIZE) if use_tty else None  # --tty: a pty each
-        self.sources = [node] + (rank_fifos(self.rundir, ranks, rank_size) if ranks else [])
+        self.sources = [node] + rank_fifos(self.rundir, ranks, use_tty, size)
         self.env = {contract.OUTPUT_VAR: pipe_id(self.slave)} if ranks else {}
 
     def reopen(self, spec: SpecRecord) -> None:

@@ -29,6 +29,7 @@ from sshddp.remote import contract
 from sshddp.remote.common import listdir, unlink
 from sshddp.remote.contract import SpecRecord
 
+DEFAULT_SIZE = [80, 24]  # columns, rows of a pty when the spec names none (defaults.TTY_SIZE)
 PARTIAL_WAIT = 0.1  # seconds an unfinished line waits for its end before it is written
 MAX_PENDING = (1 << 20) + (1 << 16)  # a line a rank writes in one piece (rank.LINE_BYTES) fits
 
@@ -88,14 +89,18 @@ class Source:
             self.keeper = None
 
 
-def rank_fifos(rundir: str, nproc: int, size: Optional[list[int]] = None) -> list[Source]:
-    """RUNDIR/out/<local rank> for every rank of the node, open at both ends: a FIFO, or
-    with ``size`` (--tty) a link to a pty of that size of the rank's own, so that each
+def rank_fifos(
+    rundir: str, nproc: int, use_tty: bool = False, size: Optional[list[int]] = None
+) -> list[Source]:
+    """RUNDIR/out/<local rank> for every rank of the node (none for 0), open at both ends:
+    a FIFO, or with ``use_tty`` a link to a pty of the rank's own, of ``size``, so that each
     rank's lines stay its own on a terminal too."""
+    if not nproc:
+        return []
     directory = os.path.join(rundir, contract.OUTPUTS)
     os.mkdir(directory, 0o700)  # new, like every file of the run directory
-    if size is not None:
-        return [_rank_pty(directory, local, size) for local in range(nproc)]
+    if use_tty:
+        return [_rank_pty(directory, local, size or DEFAULT_SIZE) for local in range(nproc)]
     sources = []
     for local in range(nproc):
         path = os.path.join(directory, str(local))
