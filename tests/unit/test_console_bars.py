@@ -247,6 +247,9 @@ def test_on_a_terminal_a_live_display_keeps_its_rows_below_the_output() -> None:
     console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 2/9\nval 2/4")  # both rows redrawn
     region = b"[0 h1] train 2/9\x1b[0m\n[0 h1] val 2/4\x1b[0m\n"
     assert stream.getvalue().endswith(b"\x1b[2A\x1b[J" + region)
+    console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 2/9\n")  # a redraw in two pieces:
+    assert stream.getvalue().endswith(region)  # the row between them shows what it held
+    console.write(0, b"val 2/4")
     console.write(1, b"step\n")  # another node's line scrolls above the live rows
     assert stream.getvalue().endswith(b"\x1b[2A\x1b[J[1 h2] step\n" + region)
     console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 2/9\n\x1b[?25h")  # the display ended

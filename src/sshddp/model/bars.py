@@ -179,7 +179,12 @@ class LineState:
         when they show nothing."""
         if len(self.rows) == 1 and b"\r" not in self.rows[0]:
             return None
-        states = [last_state(row) for row in self.rows]
+        # In a live display, the cursor's row, erased to be drawn again, shows what it held
+        # until its new state comes (a redraw may arrive in two pieces, the row blank between).
+        states = [
+            _drawn(row) if self.live and i == self.cur else last_state(row)
+            for i, row in enumerate(self.rows)
+        ]
         while states and not _visible(states[-1]):
             states.pop()  # blank rows below the display (or a bar cleared): nothing to show
         return b"\n".join(states) if states else None
@@ -199,6 +204,14 @@ def _moves(data: bytes) -> bool:
 
 def _visible(state: bytes) -> bool:
     return bool(_HIDDEN.sub(b"", state).strip())
+
+
+def _drawn(row: bytes) -> bytes:
+    """The last state of ``row`` with something visible in it (b"": none)."""
+    for part in reversed(row.split(b"\r")):
+        if _visible(part):
+            return part
+    return b""
 
 
 def _compact(row: bytes) -> bytes:
