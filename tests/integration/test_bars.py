@@ -230,8 +230,11 @@ def test_lightning_rich_bars_redraw_in_place_on_a_terminal(
     wait_until(lambda: "EXIT=" in tmux.screen(), BOUND, f"the run's end:\n{tmux.screen()}")
     history = tmux.history()
     assert "EXIT=0" in history, history
-    # The display's last frame stays, once; the validation row it erased is gone.
-    assert steps(EPOCH, history) == [12] and not VALIDATION.search(history), history
+    # The display's last frame stays; the validation row it erased is gone. (Rich may end
+    # with the cursor a row lower than its last frame, and draw that frame once more below:
+    # a terminal then keeps both copies, and so does the console.)
+    final = steps(EPOCH, history)
+    assert set(final) == {12} and len(final) <= 2 and not VALIDATION.search(history), history
     assert re.search(r"^\[0 h1\] +fit done$", history, re.M), history
     remote = (workdir / "runs/bars/n0/node.log").read_bytes()
     assert log.read_bytes() == remote and b"\x1b[1A" in remote  # every frame, as drawn
