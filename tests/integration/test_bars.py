@@ -28,6 +28,7 @@ from sshddp import defaults
 from sshddp_lab.sshd import SshdCluster
 
 BARS = Path(__file__).parent / "payloads" / "bars.py"
+LIGHTNING = Path(__file__).parent / "payloads" / "lightning_bars.py"
 BOUND = 180.0
 COLUMNS, ROWS = 150, 40
 
@@ -187,6 +188,57 @@ def test_piped_bars_are_sparse_and_ranks_shows_only_the_ranks_named(
     assert bad.returncode == 2 and b"Traceback" not in bad.stderr, bad.stderr
     assert b"--ranks: run piped has ranks 0-2; there is no rank 7" in bad.stderr, bad.stderr
     run_no_leak("piped")
+
+
+EPOCH = re.compile(r"^\[0 h1\] +Epoch 0/0 .* (\d+)/12 ", re.M)  # rank 0 draws Lightning's bars
+VALIDATION = re.compile(r"^\[0 h1\] +Validation .* (\d+)/6 ", re.M)
+
+
+def steps(pattern: re.Pattern[str], screen: str) -> list[int]:
+    """The step counts of every line of ``screen`` that shows the bar ``pattern`` matches."""
+    return [int(count) for count in pattern.findall(screen)]
+
+
+def test_lightning_rich_bars_redraw_in_place_on_a_terminal(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], tmux: Tmux, run_no_leak
+) -> None:
+    """Lightning's RichProgressBar (a live display of a training row, and a validation row
+    under it during validation) advances on the attached terminal while the epoch runs,
+    each row redrawn in place, never one line per refresh."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1], nproc=2)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    tmux.start(tmp_path, sshddp_line("launch", "--name", "bars", inv, LIGHTNING, gates))
+    log = tmp_path / "sshddp-logs" / "bars" / "node0-h1.log"
+
+    def redraws() -> int:  # the frames rich drew with both rows, as the rank wrote them
+        return log.read_bytes().count(b"\x1b[1A") if log.exists() else 0
+
+    # Held at training step 5: the bar shows 5 of 12 steps, on one line of the pane.
+    at_five = lambda: steps(EPOCH, tmux.history()) == [5]  # noqa: E731
+    wait_until(at_five, BOUND * 2, f"the training bar at 5/12:\n{tmux.history()}")
+    (gates / "train").touch()
+    # Held at validation step 3: both rows, each once, however often rich redrew them.
+    at_three = lambda: steps(VALIDATION, tmux.history()) == [3]  # noqa: E731
+    wait_until(at_three, BOUND, f"the validation bar at 3/6:\n{tmux.history()}")
+    redrawn = redraws()
+    wait_until(lambda: redraws() >= redrawn + 3, BOUND, "rich to redraw both rows 3 times")
+    history = tmux.history()
+    assert steps(EPOCH, history) == [12] and steps(VALIDATION, history) == [3], history
+    (gates / "val").touch()
+
+    wait_until(lambda: "EXIT=" in tmux.screen(), BOUND, f"the run's end:\n{tmux.screen()}")
+    history = tmux.history()
+    assert "EXIT=0" in history, history
+    # The display's last frame stays; the validation row it erased is gone. (Rich may end
+    # with the cursor a row lower than its last frame, and draw that frame once more below:
+    # a terminal then keeps both copies, and so does the console.)
+    final = steps(EPOCH, history)
+    assert set(final) == {12} and len(final) <= 2 and not VALIDATION.search(history), history
+    assert re.search(r"^\[0 h1\] +fit done$", history, re.M), history
+    remote = (workdir / "runs/bars/n0/node.log").read_bytes()
+    assert log.read_bytes() == remote and b"\x1b[1A" in remote  # every frame, as drawn
+    run_no_leak("bars")
 
 
 def pty_size(workdir: Path, run: str, node: int) -> tuple[int, int]:

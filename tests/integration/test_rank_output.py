@@ -134,6 +134,23 @@ def test_every_line_carries_its_rank_and_ranks_0_shows_only_rank_0(
     run_no_leak("rk0")
 
 
+def test_with_tty_every_line_keeps_its_rank_and_no_line_holds_two_ranks(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """--tty: each rank writes to a terminal of its own, so its lines are told apart as on a
+    pipe: each under its global rank's prefix, never merged with another rank's."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2, 3], nproc=2)
+    r = sshddp(ssh_env, tmp_path, "launch", "--tty", "--name", "ttyr", inv, RANKLINES, LINES)
+    assert r.returncode == 0, r.stderr
+    ranks, node = by_rank(r.stdout)  # every line carries one rank's prefix
+    assert sorted(ranks) == list(range(6)), short(r.stdout)
+    for rank, lines in ranks.items():
+        assert lines == shown(rank), (rank, short(str(lines)))  # its own text, whole
+    assert all("rank " not in line for line in node), node
+    assert_log_is_what_ranks_wrote(tmp_path, workdir, "ttyr")
+    run_no_leak("ttyr")
+
+
 def test_attach_ranks_shows_only_that_rank_of_a_detached_run(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:

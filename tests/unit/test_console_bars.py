@@ -6,10 +6,14 @@ import io
 import json
 import os
 import pty
+import re
 from pathlib import Path
+from typing import Optional
+
+import pytest
 
 from sshddp.model.bars import LineState, Sparse, bar_line, last_state, screen_rows, settle
-from sshddp.remote.output import set_size
+from sshddp.remote.rankout import set_size
 from sshddp.remote.winsize import resize
 from sshddp.run.sinks import Console, goes_nowhere, terminal_size
 
@@ -159,3 +163,112 @@ def test_a_console_that_goes_to_dev_null_formats_nothing(tmp_path: Path) -> None
             console.flush_node(0)
     assert formatted == [b"one\ntwo"]  # the file's; /dev/null's were never formatted
     assert (tmp_path / "out").read_bytes() == b"[0 h1] one\n[0 h1] two\n"
+
+
+class _Frames:
+    """Real rich output (a live Progress, as Lightning's RichProgressBar draws it), read
+    chunk by chunk as a rank's pipe would deliver it, into one stream's LineState."""
+
+    def __init__(self) -> None:
+        from rich.console import Console as RichConsole
+
+        self.out = io.StringIO()
+        self.rich = RichConsole(
+            file=self.out, force_terminal=True, force_interactive=True, width=60, height=20
+        )
+        self.state = LineState()
+        self.read = 0
+        self.lines: list[bytes] = []
+
+    def feed(self, chunk: int = 0) -> Optional[bytes]:
+        """Feed what rich wrote since the last call (in pieces of ``chunk`` bytes: a
+        sequence may be cut anywhere); the rows shown live after it."""
+        data = self.out.getvalue()[self.read :].encode()
+        self.read += len(data.decode())
+        bar = None
+        for at in range(0, len(data), chunk or len(data) or 1):
+            update = self.state.feed(data[at : at + (chunk or len(data))])
+            if update.lines is not None:
+                self.lines += update.lines.split(b"\n")
+            bar = update.bar
+        return bar
+
+
+def _plain(data: bytes) -> str:
+    return bar_line(data.replace(b"\n", b"|"), 10_000).decode()
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7])
+def test_a_live_display_of_two_bars_redraws_its_rows_in_place(chunk: int) -> None:
+    from rich.progress import Progress, TextColumn
+
+    frames = _Frames()
+    columns = (TextColumn("{task.description} {task.completed}/{task.total}"),)
+    with Progress(*columns, console=frames.rich, auto_refresh=False) as progress:
+        train = progress.add_task("train", total=10)
+        progress.refresh()
+        assert _plain(frames.feed(chunk) or b"") == "train 0/10"
+        val = progress.add_task("val", total=4)
+        for step in range(1, 4):  # the validation bar under the training bar, both redrawn
+            progress.update(train, completed=6 + step)
+            progress.update(val, completed=step)
+            progress.refresh()
+            shown = _plain(frames.feed(chunk) or b"")
+            assert shown == f"train {6 + step}/10|val {step}/4", shown
+            assert frames.lines == [], frames.lines  # no row printed once per redraw
+        progress.console.print("saved a checkpoint")  # printed above the live rows
+        progress.update(val, visible=False)
+        progress.refresh()
+        assert _plain(frames.feed(chunk) or b"") == "train 9/10"
+    frames.feed(chunk)
+    assert [_plain(ln) for ln in frames.lines] == ["saved a checkpoint", "train 9/10"]
+    assert frames.state.finish() is None
+
+
+def test_a_row_reached_by_cursor_up_is_drawn_again_not_printed_again() -> None:
+    """tqdm's nested bars: the inner bar one row down, then the cursor back up."""
+    state = LineState()
+    assert state.feed(b"\router 0/2").bar == b"outer 0/2"
+    first = state.feed(b"\n\rinner 0/3\x1b[A\router 0/2")
+    # printed once: until the cursor came back up, nothing said that row would be redrawn
+    assert first.lines == b"outer 0/2" and first.bar == b"outer 0/2\ninner 0/3"
+    for i in range(1, 4):
+        update = state.feed(b"\n\rinner %d/3\x1b[A\router 1/2" % i)
+        assert update.lines is None and update.bar == b"outer 1/2\ninner %d/3" % i, update
+    update = state.feed(b"\router 2/2\n\rdone\n")  # a row finishes once out of reach
+    assert update.lines == b"outer 2/2" and update.bar == b"done", update
+    assert state.finish() == b"done"
+
+
+def test_on_a_terminal_a_live_display_keeps_its_rows_below_the_output() -> None:
+    stream, console = _console(True, [0.0])
+    console.write(0, b"\x1b[?25l\r\x1b[2Ktrain 1/9\nval 1/4")
+    assert stream.getvalue() == b"[0 h1] train 1/9\x1b[0m\n[0 h1] val 1/4\x1b[0m\n"
+    console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 2/9\nval 2/4")  # both rows redrawn
+    region = b"[0 h1] train 2/9\x1b[0m\n[0 h1] val 2/4\x1b[0m\n"
+    assert stream.getvalue().endswith(b"\x1b[2A\x1b[J" + region)
+    console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 2/9\n")  # a redraw in two pieces:
+    assert stream.getvalue().endswith(region)  # the row between them shows what it held
+    console.write(0, b"val 2/4")
+    console.write(1, b"step\n")  # another node's line scrolls above the live rows
+    assert stream.getvalue().endswith(b"\x1b[2A\x1b[J[1 h2] step\n" + region)
+    console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 2/9\n\x1b[?25h")  # the display ended
+    assert stream.getvalue().endswith(b"\x1b[2A\x1b[J[0 h1] train 2/9\n")
+    finished = re.findall(rb"\[0 h1\] [^\x1b\n]*\n", stream.getvalue())  # not region rows
+    assert finished == [b"[0 h1] train 2/9\n"], finished
+
+
+def test_piped_a_live_display_shows_its_rows_sparsely_and_its_last_frame() -> None:
+    clock = [0.0]
+    stream, console = _console(False, clock)
+    console.write(0, b"\x1b[?25l\r\x1b[2Ktrain 1/9\nval 1/4")
+    for step in range(2, 9):
+        clock[0] = step
+        console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain %d/9\nval 1/4" % step)
+    console.write(0, b"\r\x1b[2K\x1b[1A\x1b[2Ktrain 9/9\n\x1b[?25hdone\n")
+    assert stream.getvalue().decode().splitlines() == [
+        *("[0 h1] train 1/9", "[0 h1] val 1/4"),  # the first state, at once
+        *("[0 h1] train 5/9", "[0 h1] val 1/4"),  # then at most every 5 s
+        "[0 h1] train 9/9",  # the last frame, and what followed it
+        "[0 h1] done",
+    ]

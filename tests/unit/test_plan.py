@@ -181,6 +181,17 @@ def test_env_merge_order_inventory_then_env_option() -> None:
     assert c == {**a, "NODE_RANK": "2"}  # same inventory env on gpu-c, same --env
 
 
+def test_ranks_draw_rich_live_displays_when_the_console_is_a_terminal() -> None:
+    """Lightning's RichProgressBar redraws over the ranks' pipe only when told it may; the
+    user's own setting (inventory or --env) wins."""
+    assert "TTY_COMPATIBLE" not in plan_of().nodes[0].env  # piped: rich prints final frames
+    live = plan_of(LaunchOptions(script="t.py", live=True)).nodes[0].env
+    assert live["TTY_COMPATIBLE"] == live["TTY_INTERACTIVE"] == "1"
+    pairs, _ = parse_env_pairs(("TTY_COMPATIBLE=0",), {}.get)
+    mine = plan_of(LaunchOptions(script="t.py", live=True, env=pairs)).nodes[0].env
+    assert mine["TTY_COMPATIBLE"] == "0"
+
+
 def test_node_env_is_read_only() -> None:
     node = plan_of().nodes[0]
     with pytest.raises(TypeError):

@@ -133,13 +133,13 @@ def test_without_an_index_every_byte_goes_out_as_it_comes() -> None:
     s.close()
 
 
-def test_only_torchruns_ranks_on_a_pipe_are_told_apart() -> None:
+def test_only_torchruns_ranks_are_told_apart() -> None:
     spec: contract.SpecRecord = {
         "node_rank": 1,
         "watch": {"init_timeout": 0, "stall_timeout": 0, "on_stall": "stop", "nprocs": [2, 4]},
     }
     assert told_apart(spec) == 4
-    assert told_apart({**spec, "tty": True}) == 0  # the ranks share one terminal
+    assert told_apart({**spec, "tty": True}) == 4  # each rank gets a terminal of its own
     assert told_apart({**spec, "launcher": contract.LAUNCH_NODE}) == 0  # not torchrun's ranks
     assert told_apart({"node_rank": 0}) == 0  # a spec without the world's shape
 

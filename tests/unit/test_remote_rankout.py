@@ -15,6 +15,7 @@ from sshddp.hosts import shipped
 from sshddp.model import spans
 from sshddp.remote import contract
 from sshddp.remote.output import NodeOutput
+from sshddp.remote.rankout import rank_ptys, set_size, told_apart
 
 RANK = """
 import subprocess, sys
@@ -103,7 +104,7 @@ def test_without_ranks_told_apart_the_log_is_the_pipe_and_there_is_no_index(
 ) -> None:
     rundir = tmp_path / "n0"
     path = site(rundir)
-    output = NodeOutput(str(rundir), False, None)  # --tty or --launcher node: no FIFOs
+    output = NodeOutput(str(rundir), False, None)  # --launcher node: no FIFOs
     assert output.env == {}
     proc = start(output, path, "0")
     output.close_writer()
@@ -113,3 +114,53 @@ def test_without_ranks_told_apart_the_log_is_the_pipe_and_there_is_no_index(
     output.close()
     assert (rundir / contract.LOG).read_bytes() == expected(0)
     assert not (rundir / contract.INDEX).exists() and not (rundir / contract.OUTPUTS).exists()
+
+
+TTY_RANK = """
+import os, sys
+rank = sys.argv[1]
+size = os.get_terminal_size(1)
+print(f"rank {rank} on {size.columns}x{size.lines}", sys.stdout.isatty(), sys.stderr.isatty())
+for i in range(200):
+    sys.stdout.write(f"rank {rank} line {i}\\n")
+    sys.stdout.write(f"\\rrank {rank} bar {i}")
+"""
+
+
+def test_with_tty_each_rank_writes_to_a_terminal_of_its_own(tmp_path: Path) -> None:
+    """--tty: each rank's stdout and stderr move onto its own pty, the node's size, so two
+    ranks' bytes never share a line; what is not a rank's stays on the node's pty."""
+    rundir = tmp_path / "n0"
+    path = site(rundir)
+    spec: contract.SpecRecord = {"tty": True, "node_rank": 0, "watch": {"nprocs": [2]}}  # type: ignore[typeddict-item]
+    assert told_apart(spec) == 2
+    output = NodeOutput(str(rundir), True, [100, 30], ranks=2)
+    procs = []
+    for local in ("0", "1", None):
+        env = {**os.environ, "PYTHONPATH": str(path), **output.env}
+        if local is not None:
+            env.update(LOCAL_RANK=local, TORCHELASTIC_RUN_ID="r1")
+        argv = [sys.executable, "-c", TTY_RANK, str(local if local is not None else "agent")]
+        procs.append(subprocess.Popen(argv, env=env, stdout=output.slave, stderr=output.slave))
+    output.close_writer()
+    deadline = time.monotonic() + 60
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        output.pump(0.05)
+    assert [p.wait(5) for p in procs] == [0, 0, 0]
+    ptys = rank_ptys(str(rundir))
+    assert len(ptys) == 2 and all(p.startswith("/dev/pts/") for p in ptys), ptys
+    for pts in ptys:  # what winsize resizes: the ranks' own ptys, still open
+        fd = os.open(pts, os.O_RDWR | os.O_NOCTTY)
+        try:
+            set_size(fd, [120, 40])
+            assert os.get_terminal_size(fd) == (120, 40)
+        finally:
+            os.close(fd)
+    assert output.drain(wait=5) == []
+    output.close()
+    streams = by_source(rundir)
+    for rank in ("0", "1", "agent"):
+        source = contract.SOURCE_NODE if rank == "agent" else int(rank)
+        steps = "".join(f"rank {rank} line {i}\n\rrank {rank} bar {i}" for i in range(200))
+        wrote = f"rank {rank} on 100x30 True True\n{steps}"
+        assert streams[source].decode() == wrote  # every byte its own, in its order

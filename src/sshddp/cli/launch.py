@@ -215,6 +215,7 @@ def launch_options(
         heartbeat_timeout=kw["heartbeat_timeout"],
         tty=kw["tty"],
         tty_size=terminal.size(),
+        live=terminal.live(),
         launcher=kw["launcher"],
         torchrun_args=tuple(kw["torchrun_args"]),
         local_rank_arg=kw["local_rank_arg"],

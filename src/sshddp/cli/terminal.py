@@ -50,6 +50,14 @@ class Terminal:
 
         return terminal_size(self.stdout, self.stderr)
 
+    def live(self) -> bool:
+        """Whether the ranks' output reaches a terminal here (stdout is one), where their
+        live displays are redrawn in place."""
+        try:
+            return bool(self.stdout_bytes.isatty())
+        except (AttributeError, ValueError):  # no descriptor, or closed
+            return False
+
     def out(self, text: str) -> None:
         self.stdout.write(text if text.endswith("\n") else text + "\n")
         self.stdout.flush()

@@ -37,6 +37,10 @@ from sshddp.model.share import normalized, share_problem
 from sshddp.model.torchrun import torchrun_args
 from sshddp.remote import contract
 
+#: what the ranks get when the user's console is a terminal: rich (Lightning's progress bar)
+#: then redraws its live display over the ranks' pipe as it would on a terminal, and the
+#: console redraws it in place (``model.bars``); unset, it prints only its final frame.
+LIVE_ENV = MappingProxyType({"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"})
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  #: whole: fullmatch
 CodeKind = Literal["file", "tar", "remote", "none"]
@@ -61,6 +65,7 @@ class LaunchOptions:
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
     tty_size: tuple[int, int] = defaults.TTY_SIZE  #: the pty's columns and rows (--tty)
+    live: bool = False  #: the user's console is a terminal: the ranks' rich draws live (LIVE_ENV)
     launcher: Launcher = "torchrun"  #: torchrun, or one process per node (``node``)
     command: tuple[str, ...] = ()  #: ``--launcher node -- COMMAND``, placeholders unexpanded
     torchrun_args: tuple[str, ...] = ()  #: ``--torchrun-arg`` options, passed to torchrun
@@ -250,7 +255,8 @@ def _node(
     """One host's part: where it runs, with what environment, and its command."""
     rundir = run_dir(host.workdir, run_id, figures.node_rank)
     space = None if options.fresh_cwd else workspace_dir(host.workdir, code)
-    env = {**host.env, **dict(options.env), **launcher_env(options.launcher, figures)}
+    live = LIVE_ENV if options.live else {}
+    env = {**live, **host.env, **dict(options.env), **launcher_env(options.launcher, figures)}
     return NodePlan(
         host=host,
         node_rank=figures.node_rank,

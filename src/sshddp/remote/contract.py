@@ -35,7 +35,7 @@ EXIT = "exit.json"  #: how the node ended (ExitRecord), the supervisor's last ac
 LOG = "node.log"  #: every byte the node's ranks wrote, in order
 #: node.log's spans and who wrote each (INDEX_RECORD); absent where ranks are not told apart
 INDEX = "node.idx"
-OUTPUTS = "out"  #: <local rank>: a FIFO, the rank's stdout and stderr (ranksite swaps them)
+OUTPUTS = "out"  #: <local rank>: a FIFO (--tty: a link to a pty), the rank's stdout and stderr
 STOP_REASON = "stop-reason"  #: why the node was asked to stop (text), first asker wins
 RESERVE = "reserve"  #: room kept for exit.json should the disk fill up
 SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the supervisor

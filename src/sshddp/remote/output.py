@@ -1,6 +1,6 @@
 """A node's output: one pipe (or a raw pty) that torchrun writes into, and, where the ranks
-are told apart, one FIFO per rank (``rankout``), copied byte for byte to node.log by the
-supervisor, whole lines at a time, each span's source recorded in node.idx.
+are told apart, one FIFO (or raw pty) per rank (``rankout``), copied byte for byte to
+node.log by the supervisor, whole lines at a time, each span's source recorded in node.idx.
 
 When node.log cannot grow (its disk is full), the copy stops and says why: the supervisor
 then stops the node and fails it, since output that cannot be kept would otherwise vanish
@@ -16,18 +16,23 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import pty
 import select
 import struct
-import termios
 import time
-import tty
 from typing import Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import create, listdir
 from sshddp.remote.contract import Escaped, SpecRecord
-from sshddp.remote.rankout import Source, pipe_id, rank_fifos, remove_fifos, told_apart
+from sshddp.remote.rankout import (
+    DEFAULT_SIZE,
+    Source,
+    open_pty,
+    pipe_id,
+    rank_fifos,
+    remove_fifos,
+    told_apart,
+)
 
 PUMP_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
@@ -36,30 +41,19 @@ RESERVE_BYTES = 64 * 1024
 ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 RECORD = struct.Struct(contract.INDEX_RECORD)
-DEFAULT_SIZE = [80, 24]  # columns, rows of the pty when the spec names none (defaults.TTY_SIZE)
 
 
 def open_output(use_tty: bool, size: Optional[list[int]] = None) -> tuple[int, int]:
     """(read end, write end) of the node's output: a pipe, or a raw pty of ``size``
     ([columns, rows], the user's terminal's)."""
     if use_tty:
-        master, slave = pty.openpty()
-        tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
-        set_size(slave, size or DEFAULT_SIZE)
-        return master, slave
+        return open_pty(size or DEFAULT_SIZE)
     read, write = os.pipe()
     try:
         fcntl.fcntl(read, F_SETPIPE_SZ, PIPE_BYTES)
     except OSError:  # above /proc/sys/fs/pipe-max-size for this user: keep the default
         pass
     return read, write
-
-
-def set_size(fd: int, size: list[int]) -> None:
-    """Give the terminal ``fd`` is on [columns, rows] (TIOCSWINSZ), as a terminal emulator
-    does when its window changes."""
-    columns, rows = (max(1, min(int(v), 0xFFFF)) for v in size[:2])
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
 
 
 class NodeOutput:
@@ -89,7 +83,7 @@ class NodeOutput:
         os.set_blocking(master, False)
         whole = self.index is not None
         node = Source(master, contract.SOURCE_NODE, _proc_name(self.slave, use_tty), whole)
-        self.sources = [node] + (rank_fifos(self.rundir, ranks) if ranks else [])
+        self.sources = [node] + rank_fifos(self.rundir, ranks, use_tty, size)
         self.env = {contract.OUTPUT_VAR: pipe_id(self.slave)} if ranks else {}
 
     def reopen(self, spec: SpecRecord) -> None:

@@ -1,5 +1,6 @@
-"""Each rank's own output: a FIFO per local rank, read beside the node's pipe, so that every
-span of node.log is known to come from one rank (node.idx, ``contract.INDEX_RECORD``).
+"""Each rank's own output: a FIFO per local rank, read beside the node's pipe (with --tty a
+pty per local rank, beside the node's), so that every span of node.log is known to come from
+one rank (node.idx, ``contract.INDEX_RECORD``).
 
 The supervisor makes RUNDIR/out/<local rank> (0600) before torchrun starts and holds both of
 its ends: the read end, and a write end that keeps the FIFO from reaching end of file while
@@ -15,14 +16,20 @@ is, and so does one over MAX_PENDING bytes: output stays live.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import stat
+import struct
+import termios
+import tty
 from typing import Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import listdir, unlink
 from sshddp.remote.contract import SpecRecord
 
+DEFAULT_SIZE = [80, 24]  # columns, rows of a pty when the spec names none (defaults.TTY_SIZE)
 PARTIAL_WAIT = 0.1  # seconds an unfinished line waits for its end before it is written
 MAX_PENDING = (1 << 20) + (1 << 16)  # a line a rank writes in one piece (rank.LINE_BYTES) fits
 
@@ -82,10 +89,18 @@ class Source:
             self.keeper = None
 
 
-def rank_fifos(rundir: str, nproc: int) -> list[Source]:
-    """RUNDIR/out/<local rank> for every rank of the node, open at both ends."""
+def rank_fifos(
+    rundir: str, nproc: int, use_tty: bool = False, size: Optional[list[int]] = None
+) -> list[Source]:
+    """RUNDIR/out/<local rank> for every rank of the node (none for 0), open at both ends:
+    a FIFO, or with ``use_tty`` a link to a pty of the rank's own, of ``size``, so that each
+    rank's lines stay its own on a terminal too."""
+    if not nproc:
+        return []
     directory = os.path.join(rundir, contract.OUTPUTS)
     os.mkdir(directory, 0o700)  # new, like every file of the run directory
+    if use_tty:
+        return [_rank_pty(directory, local, size or DEFAULT_SIZE) for local in range(nproc)]
     sources = []
     for local in range(nproc):
         path = os.path.join(directory, str(local))
@@ -96,6 +111,39 @@ def rank_fifos(rundir: str, nproc: int) -> list[Source]:
             raise OSError(f"{path} is not the FIFO it was made as")
         sources.append(Source(read, local, os.readlink(f"/proc/self/fd/{read}"), True, keeper))
     return sources
+
+
+def _rank_pty(directory: str, local: int, size: list[int]) -> Source:
+    """A raw pty for one rank, and RUNDIR/out/<local rank> linked to it; its other end kept
+    open here, as a FIFO's is (a pty's reader gets EIO once no writer is left)."""
+    master, slave = open_pty(size)
+    os.set_blocking(master, False)
+    name = os.ttyname(slave)
+    os.symlink(name, os.path.join(directory, str(local)))
+    return Source(master, local, name, True, slave)
+
+
+def open_pty(size: list[int]) -> tuple[int, int]:
+    """(master, slave) of a new raw pty of ``size`` ([columns, rows])."""
+    master, slave = pty.openpty()
+    tty.setraw(slave)  # bytes pass unchanged: no CR added, no echo, no signal keys
+    set_size(slave, size)
+    return master, slave
+
+
+def set_size(fd: int, size: list[int]) -> None:
+    """Give the terminal ``fd`` is on [columns, rows] (TIOCSWINSZ), as a terminal emulator
+    does when its window changes."""
+    columns, rows = (max(1, min(int(v), 0xFFFF)) for v in size[:2])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
+def rank_ptys(rundir: str) -> list[str]:
+    """The ranks' ptys (--tty), as RUNDIR/out links to them."""
+    directory = os.path.join(rundir, contract.OUTPUTS)
+    links = [os.path.join(directory, name) for name in sorted(listdir(directory))]
+    targets = [os.readlink(link) for link in links if os.path.islink(link)]
+    return [path for path in targets if path.startswith("/dev/pts/")]
 
 
 def remove_fifos(rundir: str) -> None:
@@ -114,13 +162,9 @@ def pipe_id(fd: int) -> str:
 
 
 def told_apart(spec: SpecRecord) -> int:
-    """How many rank FIFOs the node gets: its ranks, for torchrun's ranks on a pipe. None
-    (0) on a pty, where the ranks share a terminal, nor for a node launcher's workers, which
-    are not torchrun's ranks."""
-    if (
-        spec.get("tty")
-        or spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN
-    ):
+    """How many rank outputs the node gets: its ranks, for torchrun's ranks. None (0) for a
+    node launcher's workers, which are not torchrun's ranks."""
+    if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
         return 0
     watch = spec.get("watch")
     nprocs = watch["nprocs"] if watch is not None else []

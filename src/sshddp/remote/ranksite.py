@@ -28,9 +28,10 @@ starts and again once it returns, with the rank and the world size the group the
 
 And it gives a rank its own output: in a rank torchrun started (LOCAL_RANK set) whose stdout
 is the node's pipe (SSHDDP_OUTPUT names it), stdout and stderr move onto the FIFO the
-supervisor reads for that local rank, RUNDIR/out/<local rank> (``remote/rankout.py``), before
+supervisor reads for that local rank, RUNDIR/out/<local rank> (``remote/rankout.py``; with
+--tty the node's pty, and a link to the rank's own pty), before
 any user code runs. What the rank starts inherits them, so its lines are the rank's too. A
-process whose stdout is something else (a pty, a file, a pipe of its own) is left alone.
+process whose stdout is something else (a file, a pipe or a terminal of its own) is left alone.
 Standalone: it imports nothing of sshddp. Python 3.8+.
 """
 
@@ -278,7 +279,8 @@ def _own_output() -> None:
     if not swap:
         return
     try:  # non-blocking: no reader there (no such FIFO) fails at once rather than hang
-        fifo = os.open(os.path.join(rundir, "out", local), os.O_WRONLY | os.O_NONBLOCK)
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY  # --tty: a pty, never our terminal
+        fifo = os.open(os.path.join(rundir, "out", local), flags)
     except OSError:
         return
     try:
@@ -301,7 +303,8 @@ def _stream_id(fd: int) -> str:
         info = os.fstat(fd)
     except OSError:
         return ""
-    return f"{info.st_dev}:{info.st_ino}" if stat.S_ISFIFO(info.st_mode) else ""
+    shared = stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode)  # a pipe, or a pty
+    return f"{info.st_dev}:{info.st_ino}" if shared else ""
 
 
 _own_output()

@@ -159,7 +159,8 @@ class Console:
             if shown is None:
                 self._sparse.done(key)
             elif self._sparse.due(key, self._clock()):
-                lines += self._prefixed(key, bar_line(shown, _MAX_PARTIAL))
+                rows = shown.split(b"\n")
+                lines += self._prefixed(key, b"\n".join(bar_line(r, _MAX_PARTIAL) for r in rows))
             if lines:
                 self._put(lines)
 
@@ -188,8 +189,9 @@ def sshddp_lines(data: bytes) -> bytes:
 
 
 class _BarRegion:
-    """The live bars on a terminal: one line per node below the scrolling output. The
-    cursor rests at the start of the line below them."""
+    """The live bars on a terminal: each stream's live rows (one for a ``\\r`` bar, more
+    for a display that moves the cursor up) below the scrolling output. The cursor rests
+    at the start of the line below them."""
 
     def __init__(self, stream: BinaryIO, prefixes: dict[Key, bytes]) -> None:
         self._stream = stream
@@ -211,10 +213,11 @@ class _BarRegion:
         up = screen_rows(self._widths, columns)  # a narrower window re-wraps what was drawn
         erase = b"\x1b[%dA\x1b[J" % up if up else b""
         drawn, self._widths = [], []
-        for key in sorted(self._bars)[: max(1, rows - 2)]:
+        states = [(key, row) for key in sorted(self._bars) for row in self._bars[key].split(b"\n")]
+        for key, state in states[: max(1, rows - 2)]:
             prefix = self._prefix.get(key, b"")
             shown = len(_SGR.sub(b"", prefix).decode("utf-8", "replace"))
-            bar = bar_line(self._bars[key], columns - 1 - shown)
+            bar = bar_line(state, columns - 1 - shown)
             drawn.append(prefix + bar + _RESET + b"\n")
             self._widths.append(shown + len(bar.decode("utf-8", "replace")))
         return erase + lines + b"".join(drawn)
