@@ -1,7 +1,7 @@
 """The package's shape, checked: layers whose imports only point down, no import cycle,
 host-side code that imports only the standard library and itself, and short functions.
 
-Layers, top to bottom: cli -> run -> hosts -> model -> (errors, defaults). The host-side
+Layers, top to bottom: cli -> run -> hosts -> model -> (errors, defaults, trace). The host-side
 package ``sshddp.remote`` is shipped to the hosts, not imported by them from here: the layers
 may import only its ``contract`` (the files the hosts write), and ``hosts.shipped`` reads its
 sources as text.
@@ -19,7 +19,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "sshddp"
-LAYERS = {"cli": 4, "run": 3, "hosts": 2, "model": 1, "errors": 0, "defaults": 0}
+LAYERS = {"cli": 4, "run": 3, "hosts": 2, "model": 1, "errors": 0, "defaults": 0, "trace": 0}
 TOP_LEVEL = {"sshddp", "sshddp.__main__"}  # the package itself and `python -m sshddp`
 MAX_FUNCTION_LINES = 50
 MAX_CLASS_LINES = 150

@@ -17,13 +17,14 @@ import importlib
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Optional
 
 import click
 
-from sshddp import __version__
+from sshddp import __version__, trace
 from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
@@ -98,9 +99,19 @@ def run(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = Non
 
 def _run(argv: Optional[Sequence[str]], terminal: Optional[Terminal]) -> int:
     terminal = terminal or Terminal.from_process()
-    args = list(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+    try:
+        code = _run_cli(list(sys.argv[1:] if argv is None else argv), terminal)
+        trace.log.info("exit %d after %.3f s", code, trace.since(started))
+        return code
+    finally:
+        trace.close()
+
+
+def _run_cli(args: list[str], terminal: Terminal) -> int:
     show_tb = "--traceback" in args or terminal.environ.get("SSHDDP_TRACEBACK") == "1"
     try:
+        trace.from_env(terminal.environ, terminal.stderr, _cmd(args).strip())
         # click prints --help and --version to sys.stdout; they belong to the terminal too.
         with contextlib.redirect_stdout(terminal.stdout):
             cli.main(args=args, prog_name="sshddp", standalone_mode=False, obj=terminal)

@@ -16,6 +16,7 @@ from sshddp.cli.options import (
     make_ssh,
     ssh_options,
     terminal_of,
+    trace_option,
     transport_option,
 )
 from sshddp.errors import ExitCode, UsageError
@@ -33,6 +34,7 @@ from sshddp.run.scriptcheck import script_imports
 @click.command(context_settings=CONTEXT)
 @click.argument("inventory", required=False, metavar="[INVENTORY]")
 @ssh_options
+@trace_option
 @host_list_options
 @transport_option
 @click.option(

@@ -8,7 +8,15 @@ from typing import Any, BinaryIO
 import click
 
 from sshddp.cli.hostlist import DashDashCommand, host_list_options, split_hosts
-from sshddp.cli.options import CONTEXT, Exit, Seconds, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    Exit,
+    Seconds,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+    trace_option,
+)
 from sshddp.model import exec as model
 from sshddp.model.inventory import Host
 from sshddp.run.exec import run_everywhere
@@ -19,6 +27,7 @@ from sshddp.run.exec import run_everywhere
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INVENTORY -- COMMAND [ARGS]...")
 @ssh_options
+@trace_option
 @host_list_options
 @click.option(
     "--timeout",

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sshddp.cli.complete import complete_run_ids
-from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    Exit,
+    check_node,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+    trace_option,
+)
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode
 from sshddp.model.escape import visible
@@ -77,6 +85,7 @@ def progress_for(terminal: Terminal) -> Iterator[fetching.Progress]:
 @click.argument("dest", required=False, default=".")
 @click.option("--node", type=click.IntRange(min=0), metavar="K", help="Only node K.")
 @ssh_options
+@trace_option
 @click.pass_context
 def fetch(ctx: click.Context, run: str, path: str, dest: str, **kw: Any) -> None:
     """Copy PATH, a file or directory RUN wrote on each node, into DEST/node<K>-<host>/.

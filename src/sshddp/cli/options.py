@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import click
 
-from sshddp import defaults
+from sshddp import defaults, trace
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.hosts.transport import SshOptions
@@ -121,14 +121,36 @@ def ranks_option(fn: F) -> F:
 
 
 def verbose_option(fn: F) -> F:
-    """``-v``: torchrun's own lines on the console too; the log files keep them either way."""
+    """``-v``: torchrun's own lines on the console too (the log files keep them either way),
+    and sshddp's trace on stderr."""
     return click.option(
         "-v",
         "--verbose",
         is_flag=True,
+        callback=_trace_on,
         help="Show torchrun's own lines too (its banner, its stopping of workers, its "
-        "failure summary); the log files keep them either way.",
+        "failure summary; the log files keep them either way), and trace what sshddp does "
+        "(connections, phases, decisions, timings) on stderr.",
     )(fn)
+
+
+def trace_option(fn: F) -> F:
+    """``-v``: sshddp's trace on stderr, for the commands that reach hosts."""
+    return click.option(
+        "-v",
+        "--verbose",
+        is_flag=True,
+        expose_value=False,
+        callback=_trace_on,
+        help="Trace what sshddp does (connections, phases, decisions, timings) on stderr; "
+        f"{trace.ENV}=FILE writes the trace to FILE instead.",
+    )(fn)
+
+
+def _trace_on(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        trace.to_stderr(terminal_of(ctx).stderr, ctx.info_name or "")
+    return value
 
 
 def select_ranks(terminal: Terminal, text: Optional[str], option: str = "--ranks") -> None:

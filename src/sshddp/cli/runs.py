@@ -20,6 +20,7 @@ from sshddp.cli.options import (
     select_verbose,
     ssh_options,
     terminal_of,
+    trace_option,
     verbose_option,
 )
 from sshddp.cli.watchdog import hang_report
@@ -65,6 +66,7 @@ def attach(ctx: click.Context, run: str, **kw: Any) -> None:
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Last N lines per node.")
 @click.option("--rank", metavar="N", help="Only rank N's output (as --ranks N).")
 @ssh_options
+@trace_option
 @ranks_option
 @click.pass_context
 def logs(ctx: click.Context, run: str, **kw: Any) -> None:
@@ -89,6 +91,7 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
     "--json", "as_json", is_flag=True, help="Print the runs as JSON (fields: docs/runs.md)."
 )
 @ssh_options
+@trace_option
 @click.pass_context
 def ps(ctx: click.Context, run: Optional[str], show_all: bool, as_json: bool, **kw: Any) -> None:
     """List the runs this machine started (or only RUN, finished or not), with each node's
@@ -146,6 +149,7 @@ def _duration(seconds: Optional[float]) -> str:
 @click.argument("run", shell_complete=complete_run_ids)
 @click.option("--force", is_flag=True, help="SIGKILL at once, no grace period.")
 @ssh_options
+@trace_option
 @click.pass_context
 def stop(ctx: click.Context, run: str, **kw: Any) -> None:
     """Stop RUN on every host (SIGTERM, grace, SIGKILL); a finished run is a no-op."""

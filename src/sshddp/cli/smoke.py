@@ -9,7 +9,15 @@ import click
 from sshddp import defaults
 from sshddp.cli.hostlist import host_list_options, split_hosts
 from sshddp.cli.launch import report_result
-from sshddp.cli.options import CONTEXT, Exit, count, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    Exit,
+    count,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+    trace_option,
+)
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model import smoke as model
 from sshddp.model.envvars import parse_env_pairs
@@ -44,6 +52,7 @@ def parse_sizes(text: str, option: str = "--sizes") -> tuple[int, ...]:
 @click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @click.argument("inventory", required=False, metavar="[INVENTORY]")
 @ssh_options
+@trace_option
 @host_list_options
 @click.option("--port", type=count(1, 65534), metavar="N", help="Rendezvous port.")
 @click.option(

@@ -9,7 +9,15 @@ from typing import Any, Optional
 import click
 
 from sshddp.cli.complete import complete_run_ids
-from sshddp.cli.options import CONTEXT, Exit, check_node, make_ssh, ssh_options, terminal_of
+from sshddp.cli.options import (
+    CONTEXT,
+    Exit,
+    check_node,
+    make_ssh,
+    ssh_options,
+    terminal_of,
+    trace_option,
+)
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 from sshddp.hosts.transport import SshOptions
@@ -33,6 +41,7 @@ from sshddp.run.stacks import Collected
     "--json", "as_json", is_flag=True, help="Print one JSON document (see docs/hangs.md)."
 )
 @ssh_options
+@trace_option
 @click.pass_context
 def stacks(ctx: click.Context, run: str, **kw: Any) -> None:
     """Print the stack of every thread of every rank of RUN, grouped, without stopping it.

@@ -7,12 +7,13 @@ one slow or failing host never hides the others (fabric's ``GroupResult`` does t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Optional, Protocol, TypeVar
 
-from sshddp import defaults
+from sshddp import defaults, trace
 from sshddp.errors import HostUnreachable
 from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model.inventory import Host
@@ -118,6 +119,7 @@ class HostPool:
 
     def connect_all(self) -> dict[int, Optional[HostUnreachable]]:
         """Connect every host; the failure of each one that could not be reached."""
+        started = time.monotonic()
         outcomes = self.map(lambda host: self.transport(host).connect(), self.hosts)
         errors: dict[int, Optional[HostUnreachable]] = {}
         for host in self.hosts:
@@ -125,6 +127,13 @@ class HostPool:
             if err is not None and not isinstance(err, HostUnreachable):
                 err = HostUnreachable(host.host, f"{host.host}: {err}")
             errors[host.index] = err
+        trace.log.info(
+            "connected %d of %d host(s) in %.3f s (fan-out %d)",
+            sum(e is None for e in errors.values()),
+            len(errors),
+            trace.since(started),
+            self.fanout,
+        )
         return errors
 
     def close(self) -> None:

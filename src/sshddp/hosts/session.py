@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from sshddp import defaults
+from sshddp import defaults, trace
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.model.commands import python_command
@@ -44,6 +44,7 @@ class HostSession:
         env = {contract.RUN_ID_VAR: run_id} if run_id else None
         command = python_command(transport.host.python, env, rundir or None)
         self.proc: RemoteProcess = transport.start(command)
+        trace.log.info("session %s: opened", transport.host.host)
         # The first clock sample runs from here to the session's first line: the host reads
         # this header before it looks at its clock, so the interval holds that moment.
         self._sent = time.time()
@@ -81,6 +82,7 @@ class HostSession:
                 )
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
+        trace.log.info("session %s: %s answered", self.transport.host.host, what)
         return shipped.decode(self.transport, what, line, b"", None)
 
     def ask(self, question: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +119,7 @@ class HostSession:
     def start(self, start: bool) -> None:
         """Every node staged its code: start the node (True), or remove what it staged."""
         self.started = start
+        trace.log.info("session %s: %s", self.transport.host.host, "start" if start else "discard")
         self.proc.write(json.dumps({"start": start}).encode() + b"\n")
 
     def discard(self) -> None:
@@ -125,7 +128,7 @@ class HostSession:
             return
         try:
             self.start(False)
-            self._drain()
+            _drain(self.proc)
         finally:
             self.close()
 
@@ -138,20 +141,10 @@ class HostSession:
         if self.started:
             self.close()
             return
-        thread = threading.Thread(target=self._drain, daemon=True)
+        thread = threading.Thread(target=_drain, args=(self.proc,), daemon=True)
         thread.start()
         thread.join(wait)  # a host that went silent gets no longer than that
         self.close()
-
-    def _drain(self) -> None:
-        """Close the host's stdin and read until it has exited."""
-        try:
-            self.proc.close_stdin()
-            while self.proc.read(65536):
-                pass
-            self.proc.wait()
-        except Exception:  # the channel is gone: nothing more to wait for
-            pass
 
     def take_stream(self) -> tuple[RemoteProcess, bytes]:
         """The process, now streaming the node's log, and log bytes already read. The
@@ -166,6 +159,7 @@ class HostSession:
         if self.closed:
             return
         self.closed = True
+        trace.log.info("session %s: closed", self.transport.host.host)
         try:
             self.proc.close_stdin()
         except Exception:  # the channel may be gone already
@@ -174,3 +168,14 @@ class HostSession:
             self.proc.close()
         except Exception:
             pass
+
+
+def _drain(proc: RemoteProcess) -> None:
+    """Close the host's stdin and read until it has exited."""
+    try:
+        proc.close_stdin()
+        while proc.read(65536):
+            pass
+        proc.wait()
+    except Exception:  # the channel is gone: nothing more to wait for
+        pass

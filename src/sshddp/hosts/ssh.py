@@ -16,9 +16,11 @@ import os
 import shlex
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from sshddp import trace
 from sshddp.errors import HostUnreachable
 from sshddp.hosts.transport import RemoteProcess, SshOptions
 from sshddp.model.commands import endpoint
@@ -142,6 +144,7 @@ class SshTransport:
         )
         self.label = f"{self._conn.user}@{self._conn.host}:{self._conn.port}"
         self._lock = threading.Lock()
+        self._known_before = False  #: known_hosts had this host's key before we connected
 
     @property
     def hostname(self) -> str:
@@ -158,6 +161,7 @@ class SshTransport:
         with self._lock:
             if self._conn.is_connected:
                 return
+            started = time.monotonic()
             self._prepare_host_keys()
             sock: Optional[socket.socket] = None
             try:
@@ -171,7 +175,15 @@ class SshTransport:
                 if sock is not None:
                     sock.close()
                 where = _KnownHosts(self.known_hosts_path(), self.known_hosts_name())
-                raise _explain(exc, self.host.host, self.label, where) from exc
+                failure = _explain(exc, self.host.host, self.label, where)
+                trace.log.info(
+                    "connect %s (%s): failed in %.3f s: %s",
+                    self.host.host,
+                    self._address(),
+                    trace.since(started),
+                    failure.message,
+                )
+                raise failure from exc
             finally:  # a reconnection opens a socket of its own
                 self._conn.connect_kwargs.pop("sock", None)
             transport = self._conn.client.get_transport()
@@ -179,6 +191,24 @@ class SshTransport:
                 transport.set_keepalive(KEEPALIVE_SECONDS)
                 _detect_dead_link(transport.sock)
                 _wake_less(transport.sock)
+            if trace.on():
+                self._trace_connected(started)
+
+    def _trace_connected(self, started: float) -> None:
+        key = self.identity()["host_key"]
+        trace.log.info(
+            "connect %s (%s): ok in %.3f s, host key %s %s",
+            self.host.host,
+            self._address(),
+            trace.since(started),
+            key,
+            # unknown keys are refused without --accept-new-host-keys: this one was accepted
+            "(known)" if self._known_before else "(new: accepted and recorded)",
+        )
+
+    def _address(self) -> str:
+        via = " via ProxyJump/ProxyCommand" if self._conn.gateway else ""
+        return f"{self.label}{via}"
 
     def known_hosts_name(self) -> str:
         """How known_hosts names this host: ``addr``, or ``[addr]:port`` off port 22."""
@@ -200,6 +230,7 @@ class SshTransport:
         path = self.known_hosts_path()
         known = KnownHosts.load(path)
         known.install(client)
+        self._known_before = client.get_host_keys().lookup(self.known_hosts_name()) is not None
         if self._options.accept_new_host_keys:
             hashing = str(self._conn.ssh_config.get("hashknownhosts", "no")).lower() == "yes"
             client.set_missing_host_key_policy(AcceptNewPolicy(path, known, hashing))

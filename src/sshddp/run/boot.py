@@ -22,6 +22,7 @@ import zlib
 from functools import cache
 from typing import Any, Callable, Optional
 
+from sshddp import trace
 from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostResults
@@ -138,15 +139,18 @@ class Boot:
         state = self.state
         for result in state.results.values():
             result.state = NodeState.STARTING
-        staged = state.pool.map(self._stage, state.plan.nodes)
-        if all(o.ok and o.value is None for o in staged.values()):
-            staged.update(self.share.run(self._session))  # a node without a file: unstaged
+        with trace.phase("stage"):
+            staged = state.pool.map(self._stage, state.plan.nodes)
+            if all(o.ok and o.value is None for o in staged.values()):
+                staged.update(self.share.run(self._session))  # a node without a file: unstaged
         if all(o.ok and o.value is None for o in staged.values()):
             if not self.before_start():
+                trace.log.info("start: cancelled (Ctrl-C while staging): removing the staged")
                 self.cancelled = True
                 state.pool.map(lambda n: self._session(n).discard(), state.plan.nodes)
                 return True
-            self._settle(state.pool.map(self._start, state.plan.nodes))
+            with trace.phase("start"):
+                self._settle(state.pool.map(self._start, state.plan.nodes))
         else:
             self._settle(staged, not_started=True)
             ok = [n for n in state.plan.nodes if _fine(staged, n)]
@@ -155,6 +159,9 @@ class Boot:
             return True
         state.close_sessions()  # a staged node that was not started removes what it staged
         failed = state.results[state.root_cause]
+        trace.log.info(
+            "boot: node %d (%s) failed: %s", failed.node_rank, failed.host, failed.reason
+        )
         teardown.request(False, f"node {failed.node_rank} ({failed.host}) failed to start")
         teardown.wait()
         return False
@@ -174,13 +181,16 @@ class Boot:
         session.send_code(self.payload.chunks())
         session.answer("release")
         answer = session.answer("stage")
+        trace.log.info("stage node %d (%s): %s", node.node_rank, node.host.host, _verdict(answer))
         self.share.looks[node.index] = answer.get("look")
         return None if answer.get("ok") else str(answer.get("error"))
 
     def _start(self, node: NodePlan) -> Problem:
         session = self._session(node)
         session.start(True)
-        return self._started(node, session.answer("start"))
+        problem = self._started(node, session.answer("start"))
+        trace.log.info("start node %d (%s): %s", node.node_rank, node.host.host, problem or "ok")
+        return problem
 
     def _boot_args(self, node: NodePlan) -> dict[str, Any]:
         plan = self.state.plan
@@ -230,6 +240,10 @@ class Boot:
                 )
             else:
                 result.state = NodeState.RUNNING
+
+
+def _verdict(answer: dict[str, Any]) -> str:
+    return "ok" if answer.get("ok") else f"failed: {answer.get('error')}"
 
 
 def _fine(outcomes: HostResults[Problem], node: NodePlan) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Optional
 
-from sshddp import defaults
+from sshddp import defaults, trace
 from sshddp.errors import HostUnreachable, Interrupted, RunGone, StateError, UsageError
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool, node_addr
@@ -86,7 +86,9 @@ def launch(
     """Run it. None for --dry-run and --detach, else the finished run's result."""
     if mode.detach:
         refuse_detach(inventory.hosts)
-    plan = build_plan(inventory, options, ssh, secrets)
+    with trace.phase("plan"):
+        plan = build_plan(inventory, options, ssh, secrets)
+    _trace_plan(plan, mode)
     if screen.ranks is not None:  # before anything is reserved or started
         check_ranks(screen.ranks, plan.world_size, plan.run_id)
     if mode.dry_run:
@@ -142,7 +144,8 @@ class Launch:
             with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
                 state = RunState(plan, pool, logs, console)
                 try:
-                    unreachable = self._preflight(state, inventory, payload)
+                    with trace.phase("preflight"):
+                        unreachable = self._preflight(state, inventory, payload)
                     # named once the preflight passed: a run id it drops is never shown
                     self.screen.err(_banner(state.plan))
                     if not self.mode.detach:
@@ -165,6 +168,7 @@ class Launch:
         take the port node 0 picked, and holds until the nodes start."""
         plan, pool = state.plan, state.pool
         if not self.mode.check:
+            trace.log.info("preflight: skipped (--no-check); sessions opened without a probe")
             state.sessions, unreachable = _open_sessions(pool, plan)
             return unreachable
         ctx = _checks(plan, payload.disk_bytes, inventory, self.options)
@@ -173,6 +177,7 @@ class Launch:
         state.sessions = gathered.sessions
         if plan.rdzv_port == defaults.AUTO_PORT:
             port = _picked(gathered.rdzv_port)
+            trace.log.info("preflight: node 0 picked rendezvous port %d (--port auto)", port)
             state.plan = self.plan = with_port(inventory, self.options, plan, port)
             assert self.record is not None
             self.record = replace(self.record, rdzv=(plan.rdzv_addr, port))
@@ -193,6 +198,7 @@ class Launch:
         if not booted:
             return _recorded(state.result(False), self.screen)
         if self.mode.detach and not self.interrupts.count:
+            trace.log.info("detach: --detach, the run goes on without this sshddp")
             self.screen.err(
                 f"sshddp: run {plan.run_id} started on {len(plan.nodes)} node(s); "
                 f"follow it with `sshddp attach {plan.run_id}`"
@@ -201,7 +207,8 @@ class Launch:
         # follow, and tear down on the first failure (or the Ctrl-C that came meanwhile, or
         # the end of the Slurm job the run lives in)
         resizes = forward_resizes(state, self.screen.stdout_bytes)
-        with _detach_on(state), resizes, JobWatch(state, teardown) as job:
+        follow = trace.phase("follow")
+        with _detach_on(state), resizes, JobWatch(state, teardown) as job, follow:
             result = job.settle(Followers(state, teardown, interrupts=self.interrupts).run())
         return _recorded(result, self.screen)
 
@@ -223,6 +230,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
     with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
         connect_strictly(pool)
         found = node_statuses(pool, plan)
+        if trace.on():
+            trace.log.info("attach: run %s, node states %s", plan.run_id, _statuses(found))
         gone = {r: s for r, s in found.items() if s and s.get("state") == NodeState.GONE.value}
         if len(gone) == len(plan.nodes):
             return _all_gone(record, gone, screen)
@@ -239,7 +248,8 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         teardown = Teardown(state)
         try:
             resizes = forward_resizes(state, screen.stdout_bytes)
-            with _detach_on(state), resizes, JobWatch(state, teardown) as job:
+            follow = trace.phase("follow")
+            with _detach_on(state), resizes, JobWatch(state, teardown) as job, follow:
                 result = job.settle(Followers(state, teardown, interrupts=interrupts).run())
         finally:
             logs.close()
@@ -278,6 +288,10 @@ def _reserve(plan: LaunchPlan, inventory: str, ssh: SshOptions) -> RunRecord:
     return record
 
 
+def _statuses(found: dict[int, Optional[ExitRecord]]) -> str:
+    return ", ".join(f"{r}: {(s or {}).get('state', 'unknown')}" for r, s in found.items())
+
+
 def _forget(run_id: str) -> None:
     """Drop the record of a launch that started nothing (best effort: it is ours)."""
     try:
@@ -289,6 +303,8 @@ def _forget(run_id: str) -> None:
 def _recorded(result: RunResult, screen: Screen) -> RunResult:
     """Keep the run's end in the registry, for ps. A registry that cannot take it never
     hides the run's result: it is reported all the same, with a warning."""
+    if trace.on():
+        trace.log.info("report: run %s, %s", result.run_id, _node_states(result))
     try:
         registry.record_end(result.run_id, lambda r: r.ended_with(result))
     except StateError as exc:
@@ -328,6 +344,33 @@ def _with_gone(result: RunResult, record: RunRecord, gone: dict[int, ExitRecord]
         node.apply(status if end is None or not NodeState.of(end.state).final else vars(end))
         nodes.append(node)
     return replace(result, nodes=sorted(nodes, key=lambda n: n.node_rank))
+
+
+def _trace_plan(plan: LaunchPlan, mode: LaunchMode) -> None:
+    """What the plan decided, host by host (never the environment: it may hold secrets)."""
+    if not trace.on():
+        return
+    trace.log.info(
+        "plan: run %s, %d process(es) on %d node(s), rendezvous %s:%s, %s%s",
+        plan.run_id,
+        plan.world_size,
+        len(plan.nodes),
+        plan.rdzv_addr,
+        "auto" if plan.rdzv_port == defaults.AUTO_PORT else plan.rdzv_port,
+        "preflight checks" if mode.check else "no preflight (--no-check)",
+        ", --detach" if mode.detach else "",
+    )
+    for node in plan.nodes:
+        trace.log.info(
+            "plan: node %d on %s, run dir %s", node.node_rank, node.host.host, node.rundir
+        )
+
+
+def _node_states(result: RunResult) -> str:
+    return "; ".join(
+        f"node {n.node_rank} ({n.host}) {n.state.value}" + (f": {n.reason}" if n.reason else "")
+        for n in result.nodes
+    )
 
 
 def _banner(plan: LaunchPlan) -> str:

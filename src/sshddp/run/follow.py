@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional
 
-from sshddp import defaults
+from sshddp import defaults, trace
 from sshddp.errors import LogWriteFailed, SshddpError
 from sshddp.hosts import calls
 from sshddp.hosts.transport import Transport
@@ -70,7 +70,9 @@ class Followers:
                 else:
                     self._interrupted(handled)
         said.stop()
-        if not state.detached.is_set():
+        if state.detached.is_set():
+            trace.log.info("follow: detached: %s", _why_detached(state, self.watch_only))
+        else:
             self.teardown.wait()
         return state.result(bool(handled) and not self.watch_only)
 
@@ -106,6 +108,7 @@ class Followers:
             if state.cause is not None:  # its Slurm job ended: there is nothing to reach
                 self._unreachable(node, error, state.cause)
                 return
+            _trace(node, "cut: %s", error or "the stream ended without an exit record")
             if deadline is None and not state.detached.is_set():
                 state.console.message(
                     f"sshddp: lost the connection to node {node.node_rank} ({node.host.host}); "
@@ -117,6 +120,7 @@ class Followers:
                 return
             time.sleep(RETRY_PAUSE)
             _reset(transport)
+            _trace(node, "reconnecting")
         state.console.flush_node(node.node_rank)
 
     def _stream(self, transport: Transport, node: NodePlan) -> Optional[ExitRecord]:
@@ -154,6 +158,7 @@ class Followers:
             result = state.results[node.node_rank]
             result.apply(record)
             first = result.state.bad and state.claim_root_cause(node.node_rank)
+        _trace(node, "ended %s", result.state.value)
         if first and not self.watch_only:
             self.teardown.request(
                 False, f"node {node.node_rank} ({node.host.host}) {result.state.value}"
@@ -172,6 +177,20 @@ class Followers:
             result.reason = _message(error) if error else "lost contact with the host"
             if ended is not None:
                 result.reason = f"ended with its job: {ended}"
+        _trace(node, "given up: %s", result.reason)
+
+
+def _trace(node: NodePlan, what: str, *args: object) -> None:
+    if trace.on():
+        trace.log.info("follow node %d (%s): " + what, node.node_rank, node.host.host, *args)
+
+
+def _why_detached(state: RunState, watch_only: bool) -> str:
+    if state.log_error:
+        return f"the local log cannot be written ({state.log_error})"
+    if watch_only:
+        return "Ctrl-C while only watching (logs --follow)"
+    return "Ctrl-\\, SIGHUP, or --detach: the run goes on"
 
 
 def _reset(transport: Transport) -> None:

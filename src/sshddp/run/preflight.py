@@ -24,13 +24,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from sshddp import defaults
+from sshddp import defaults, trace
 from sshddp.errors import CheckFailed, HostUnreachable, InterpreterMissing, SshddpError
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import identity
 from sshddp.model import rankenv
-from sshddp.model.checks import Context, HostFacts, HostReport, evaluate, reports_ok
+from sshddp.model.checks import Context, HostFacts, HostReport, Status, evaluate, reports_ok
 from sshddp.model.imports import ImportRef, compile_problem, imports_run, modules_wanted
 from sshddp.model.inventory import Host
 from sshddp.model.plan import CodeSpec
@@ -245,7 +245,26 @@ def doctor(pool: HostPool, ctx: Context) -> tuple[list[HostFacts], list[HostRepo
 
     gathered = gather(pool, ctx, True, open_session)
     gathered.close()
-    return gathered.facts, evaluate(gathered.facts, ctx)
+    reports = evaluate(gathered.facts, ctx)
+    trace_verdicts(reports)
+    return gathered.facts, reports
+
+
+def trace_verdicts(reports: Sequence[HostReport]) -> None:
+    """Each host's verdict, and the checks that did not pass (their names: a finding's text
+    is the report's to show)."""
+    if not trace.on():
+        return
+    for report in reports:
+        counts = {s: [f.check for f in report.findings if f.status is s] for s in Status}
+        trace.log.info(
+            "preflight %s: %s (%d checks; failed: %s; warned: %s)",
+            report.host.host,
+            "FAIL" if report.failed else "ok",
+            len(report.findings),
+            ", ".join(counts[Status.FAIL]) or "none",
+            ", ".join(counts[Status.WARN]) or "none",
+        )
 
 
 def for_launch(
@@ -260,7 +279,9 @@ def for_launch(
     with one) go to ``warn``."""
     gathered = gather(pool, ctx, False, open_session)
     reports = evaluate(gathered.facts, ctx)
+    trace_verdicts(reports)
     if not reports_ok(reports):
+        trace.log.info("preflight: a check failed: ending every session, nothing started")
         gathered.end(pool)  # nothing of the run is left on any host once this returns
         raise PreflightFailed(reports)
     for line in launch_warnings(reports):

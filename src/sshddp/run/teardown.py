@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from sshddp import trace
 from sshddp.hosts import calls
 from sshddp.model.plan import NodePlan
 from sshddp.remote.contract import StopAnswer
@@ -34,6 +35,12 @@ class Teardown:
                     return
                 state.stop_level = level
             nodes = [n for n in state.plan.nodes if not state.results[n.node_rank].state.final]
+            trace.log.info(
+                "teardown: %s stop of %d node(s), because %s",
+                level.name.lower(),
+                len(nodes),
+                reason,
+            )
             thread = threading.Thread(
                 target=self._stop_nodes, args=(nodes, force, reason), daemon=True
             )
@@ -48,7 +55,8 @@ class Teardown:
         def stop(node: NodePlan) -> StopAnswer:
             return calls.stop_node(self.state.transport(node), node.rundir, force, reason)
 
-        self.state.pool.map(stop, nodes)
+        with trace.phase("teardown"):
+            self.state.pool.map(stop, nodes)
 
     def wait(self) -> None:
         """Until every stop asked for so far has been carried out on every host."""

@@ -1,0 +1,133 @@
+"""The coordinator's trace: what it did and why, for bug reports (``-v``, ``SSHDDP_LOG``).
+
+Every layer logs through the standard library's logger ``sshddp`` (``log``), at INFO, with
+%-style arguments: while the trace is off (the default) the logger is disabled for INFO, so
+a call formats nothing. ``-v`` sends the trace to stderr; ``SSHDDP_LOG=PATH`` appends it to
+that file (created 0600, never through a symbolic link) whatever the flag, and
+``SSHDDP_LOG=-`` means stderr. Each line reads ``sshddp[+0.412s] what happened``, the time
+counted from the command's start on the monotonic clock.
+
+What is traced names hosts, addresses, phases, decisions and timings; never an environment
+value, the peers' key, or a command line (which may carry them).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Callable, TextIO
+
+from sshddp.errors import UsageError
+
+log = logging.getLogger("sshddp")
+log.propagate = False  # the trace goes where -v / SSHDDP_LOG say, never to the root logger
+log.addHandler(logging.NullHandler())  # off: not Python's last-resort handler either
+log.setLevel(logging.WARNING)
+
+ENV = "SSHDDP_LOG"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class Formatter(logging.Formatter):
+    """``sshddp[+SECONDS] message``: seconds since ``start`` on ``clock``; a message's control
+    characters (a host's text may carry some) are shown escaped, one record one line."""
+
+    def __init__(self, start: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.start = start
+        self.clock = clock
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", record.getMessage())
+        return f"sshddp[+{self.clock() - self.start:.3f}s] {text}"
+
+
+def on() -> bool:
+    """Whether the trace is being written (to skip work done only for it)."""
+    return log.isEnabledFor(logging.INFO)
+
+
+def from_env(environ: Mapping[str, str], stderr: TextIO, command: str) -> None:
+    """``SSHDDP_LOG``: the trace to that file (``-``: stderr), whatever ``-v`` says."""
+    where = environ.get(ENV, "")
+    if where == "-":
+        _install(logging.StreamHandler(stderr), command)
+    elif where:
+        _install(_FileHandler(_open_log(where)), command)
+
+
+def to_stderr(stderr: TextIO, command: str) -> None:
+    """``-v``: the trace to stderr, unless ``SSHDDP_LOG`` already sends it somewhere."""
+    if not _handlers():
+        _install(logging.StreamHandler(stderr), command)
+
+
+def close() -> None:
+    """Stop tracing (the command ended); a file opened for it is closed."""
+    for handler in _handlers():
+        log.removeHandler(handler)
+        handler.close()
+    log.setLevel(logging.WARNING)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Trace a phase's start, and its end with its duration (or what ended it)."""
+    if not on():
+        yield
+        return
+    started = time.monotonic()
+    log.info("%s: begin", name)
+    try:
+        yield
+    except BaseException as exc:
+        log.info("%s: ended by %s after %.3f s", name, type(exc).__name__, since(started))
+        raise
+    log.info("%s: done in %.3f s", name, since(started))
+
+
+def since(started: float) -> float:
+    """Seconds from ``started`` (``time.monotonic()``) to now."""
+    return time.monotonic() - started
+
+
+class _FileHandler(logging.StreamHandler):
+    """The trace into the file ``SSHDDP_LOG`` names: closing the handler closes it."""
+
+    def close(self) -> None:
+        super().close()
+        self.stream.close()
+
+
+def _handlers() -> list[logging.StreamHandler[TextIO]]:
+    return [h for h in log.handlers if isinstance(h, logging.StreamHandler)]
+
+
+def _install(handler: logging.StreamHandler[TextIO], command: str) -> None:
+    from sshddp import __version__
+
+    handler.setFormatter(Formatter(time.monotonic()))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.info("sshddp %s %s (pid %d)", __version__, command or "(no command)", os.getpid())
+
+
+def _open_log(path: str) -> TextIO:
+    """``path`` for appending, created 0600; a symbolic link is refused (another user's link
+    in a shared directory would have us write where they chose)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(
+                f"{ENV}={path}: is a symbolic link; sshddp never writes its trace through "
+                "one: name the file itself"
+            ) from None
+        raise UsageError(f"{ENV}={path}: cannot open it for the trace: {exc.strerror}") from None
+    return open(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
