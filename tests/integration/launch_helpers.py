@@ -101,7 +101,9 @@ def launch(
         text=True,
         timeout=timeout,
     )
-    return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
+    # A launch whose preflight failed names no run: it started none.
+    run_id = run_id_of(proc.stderr) if "sshddp: run " in proc.stderr else ""
+    return Run(proc.returncode, proc.stdout, proc.stderr, run_id, tmp, workdir)
 
 
 def run_id_of(stderr: str) -> str:

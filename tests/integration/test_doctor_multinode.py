@@ -399,12 +399,13 @@ def test_launch_preflight_runs_the_new_checks(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Port, run_no_leak: Any
 ) -> None:
     """A stray NODE_RANK in the inventory env fails the launch's preflight: exit 3, the
-    finding in the table, nothing started."""
+    finding in the table, nothing started: no run named, no run directory on any host."""
     run = launch(ssh_env, tmp_path, free_port(), ["ok"], hosts=[1, 2], env={"NODE_RANK": "0"})
     assert run.rc == ExitCode.CHECK_FAILED, run.stderr
     assert "FAIL h2 env: NODE_RANK='0' (from the inventory's env) reaches node 1's ranks" in (
         run.stderr
     )
     assert "nothing was started" in run.stderr
-    assert not (run.workdir / "runs" / run.run_id).exists()
-    run_no_leak(run.run_id)
+    assert run.run_id == "", run.stderr  # the banner comes only once the preflight passed
+    runs = run.workdir / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
