@@ -13,7 +13,11 @@ argument says:
 * ``restart``: in the first attempt (``SSHDDP_ATTEMPT``, else torchrun's
   ``TORCHELASTIC_RESTART_COUNT``) the last rank prints ``FAIL <time>`` after 1 s and exits
   1, the others sleep; in a later one every rank prints ``AGAIN <rank> <time>`` at once,
-  then sleeps 1 s and exits 0.
+  then sleeps 1 s and exits 0;
+* ``steps N``: gloo's process group, then N steps of a 256x256 matmul and an all-reduce
+  of 64 Ki floats, after 20 untimed ones; rank 0 prints ``STEPS <steps per second>``;
+* ``print RATE SECONDS``: each rank prints RATE lines a second for SECONDS, one flushed
+  write a line, paced against the clock (RATE 0: prints nothing, sleeps SECONDS).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from __future__ import annotations
 LINE = b"sshddp benchmark log line ".ljust(63, b".") + b"\n"
 
 RANK_SCRIPT = f'''\
-"""sshddp benchmark rank: READY at import, then latency / teardown / sleep / flood MB [all]."""
+"""sshddp benchmark rank: READY at import, then latency / teardown / sleep / flood / steps /
+print (see sshddp_bench/rank.py)."""
 import os
 import sys
 import time
@@ -69,4 +74,32 @@ elif mode == "flood" and (rank == 0 or sys.argv[3:] == ["all"]):
         out.write(chunk)
     out.flush()
     print("END %.6f" % time.time(), flush=True)
+elif mode == "steps":
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # the same on both sides, and no oversubscription of 2 cores
+    dist.init_process_group("gloo")
+    a, grad = torch.randn(256, 256), torch.ones(1 << 16)
+    for step in range(20 + int(sys.argv[2])):
+        if step == 20:
+            dist.barrier()
+            t0 = time.perf_counter()
+        a = torch.tanh(a @ a)
+        dist.all_reduce(grad)
+        grad.div_(world)
+    dist.barrier()
+    if rank == 0:
+        print("STEPS %.3f" % (int(sys.argv[2]) / (time.perf_counter() - t0)), flush=True)
+    dist.destroy_process_group()
+elif mode == "print":
+    rate, count = int(sys.argv[2]), int(int(sys.argv[2]) * float(sys.argv[3]))
+    t0 = time.time()
+    if rate == 0:
+        time.sleep(float(sys.argv[3]))
+    for i in range(count):
+        print("relay %d %d %.6f" % (rank, i, time.time()), flush=True)
+        ahead = t0 + (i + 1) / rate - time.time()
+        if ahead > 0:
+            time.sleep(ahead)
 '''

@@ -27,6 +27,7 @@ from sshddp_bench import (
     smoke_bw,
     stacks,
     startup,
+    steady,
     teardown,
     workdir,
 )
@@ -51,6 +52,8 @@ CASES: tuple[Case[Any], ...] = (
     workdir.CASE,
     hang.CASE,
     restart.CASE,
+    steady.STEPS_CASE,
+    steady.RELAY_CASE,
     startup.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
