@@ -1,0 +1,65 @@
+"""The unit tier's guard: a unit test starts no process.
+
+tests/unit is pure code (STYLE.md, "Three test tiers"): a test that runs a real program, a
+host script under another interpreter or a second Python belongs in tests/integration, where
+the suite's slow half lives. Every way this Python starts a process ends in one of the
+functions patched here, so a test that starts one fails, naming the call, even when the code
+under test catches the error. tests/unit/conftest.py installs it.
+"""
+
+from __future__ import annotations
+
+import _posixsubprocess
+import os
+import subprocess
+from collections.abc import Generator, Iterator
+from typing import Any, Callable
+
+import pytest
+
+MOVE_IT = "unit tests start no process: move this test to tests/integration"
+
+# os.spawn*, os.popen, pty.fork and multiprocessing's fork start method end in these;
+# subprocess (and asyncio's subprocesses) in Popen._execute_child; multiprocessing's spawn
+# and forkserver in _posixsubprocess.fork_exec.
+_OS_STARTERS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")
+_EXECS = ("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe")
+
+_REPORTED = pytest.StashKey[bool]()
+
+
+class ProcessStartInUnitTest(BaseException):
+    """A BaseException, so that code under test catching OSError or Exception (as code that
+    starts processes does) does not swallow it."""
+
+
+def _refuse(name: str, starts: list[str]) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        starts.append(name)
+        raise ProcessStartInUnitTest(f"{MOVE_IT} (it called {name})")
+
+    return refuse
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.excinfo is not None and call.excinfo.errisinstance(ProcessStartInUnitTest):
+        item.stash[_REPORTED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    starts: list[str] = []
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess.Popen", starts))
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", _refuse("fork_exec", starts))
+    for name in _OS_STARTERS + _EXECS:
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, _refuse(f"os.{name}", starts))
+    yield
+    # A refusal the code under test swallowed: the test may even have passed.
+    if starts and not request.node.stash.get(_REPORTED, False):
+        pytest.fail(f"{MOVE_IT} (it called {', '.join(starts)})", pytrace=False)
