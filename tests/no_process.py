@@ -19,11 +19,16 @@ import pytest
 
 MOVE_IT = "unit tests start no process: move this test to tests/integration"
 
-# os.spawn*, os.popen, pty.fork and multiprocessing's fork start method end in these;
-# subprocess (and asyncio's subprocesses) in Popen._execute_child; multiprocessing's spawn
-# and forkserver in _posixsubprocess.fork_exec.
-_OS_STARTERS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")
-_EXECS = ("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe")
+# os.spawn*, os.popen, pty.fork and multiprocessing's fork start method end in os's; subprocess
+# (and asyncio's subprocesses) in Popen._execute_child; multiprocessing's spawn and
+# forkserver in _posixsubprocess.fork_exec.
+_STARTERS = (
+    *((os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")),
+    *((os, name) for name in ("execv", "execve", "execvp", "execvpe", "execl", "execle")),
+    *((os, name) for name in ("execlp", "execlpe")),
+    (subprocess.Popen, "_execute_child"),
+    (_posixsubprocess, "fork_exec"),
+)
 
 _REPORTED = pytest.StashKey[bool]()
 
@@ -33,11 +38,15 @@ class ProcessStartInUnitTest(BaseException):
     starts processes does) does not swallow it."""
 
 
-def _refuse(name: str, starts: list[str]) -> Callable[..., Any]:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        starts.append(name)
-        raise ProcessStartInUnitTest(f"{MOVE_IT} (it called {name})")
+def _refuse(where: Any, name: str, starts: list[str]) -> Callable[..., Any]:
+    label = f"{where.__name__}.{name}"
 
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        starts.append(label)
+        raise ProcessStartInUnitTest(f"{MOVE_IT} (it called {label})")
+
+    # Pickled by reference as where.name, as the real one is (a test may pickle os.system).
+    refuse.__module__, refuse.__qualname__, refuse.__name__ = where.__name__, name, name
     return refuse
 
 
@@ -54,11 +63,9 @@ def pytest_runtest_makereport(
 @pytest.fixture(autouse=True)
 def _no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     starts: list[str] = []
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess.Popen", starts))
-    monkeypatch.setattr(_posixsubprocess, "fork_exec", _refuse("fork_exec", starts))
-    for name in _OS_STARTERS + _EXECS:
-        if hasattr(os, name):
-            monkeypatch.setattr(os, name, _refuse(f"os.{name}", starts))
+    for where, name in _STARTERS:
+        if hasattr(where, name):
+            monkeypatch.setattr(where, name, _refuse(where, name, starts))
     yield
     # A refusal the code under test swallowed: the test may even have passed.
     if starts and not request.node.stash.get(_REPORTED, False):

@@ -1,5 +1,5 @@
-"""The coordinator's allocator settings (``run.allocator``): what is set, that glibc takes
-it, and that a MALLOC_* variable the user set wins."""
+"""The coordinator's allocator settings (``run.allocator``) in real processes: glibc takes
+every setting in a fresh process, and the console script sets them before any command."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`sshddp stacks` in-process on runs that cannot give stacks: clean messages and the
-documented exit codes (2 bad input, 4 unreachable, 5 not running), never a traceback.
-Nodes on ``localhost`` run through the local transport (no SSH); the unreachable one is a
-closed port on loopback."""
+"""`sshddp stacks` on nodes on ``localhost`` (the local transport, no SSH) with real processes:
+a live rank printed and saved, and runs that have ended or lost their directories."""
 
 from __future__ import annotations
 

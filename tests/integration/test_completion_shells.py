@@ -1,5 +1,6 @@
-"""Small things people reach for: ``-V``, and shell completion (``_SSHDDP_COMPLETE``) that
-completes run ids for attach, logs, ps, stop, stacks and fetch from the local registry alone."""
+"""Shell completion (``_SSHDDP_COMPLETE``) through the real console script: run ids for attach,
+logs, ps, stop, stacks and fetch from the local registry alone, commands and options, and a
+script for every documented shell."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""run.registry: records created atomically, ends kept once, problems named with their path;
-and ps's bounded fan-out, which never waits past its deadline."""
+"""run.registry under real processes: of many creates at once exactly one wins, and a launch
+that died before starting is dropped."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The agent shim (remote/agent.py): torchrun through it ends as `python -m
-torch.distributed.run` does (status, output, failure summary), only without the
-interpreter's teardown of torch."""
+"""The agent shim (remote/agent.py) running real torchrun: through the shim it ends as `python
+-m torch.distributed.run` does, a standby runs it with the go's argv, cwd and environment,
+and a node started early waits for node 0's store."""
 
 from __future__ import annotations
 

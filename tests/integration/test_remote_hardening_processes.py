@@ -1,6 +1,6 @@
-"""The host-side hardening, run here on real files, processes and sockets: new files only
-(nothing planted is followed), checked directories, processes named by pid and start time,
-the supervisors' authenticated wire, and a node's output that cannot hang on an escapee."""
+"""The host-side hardening on real processes: processes named by pid and start time, groups
+that count only while torchrun leads them, the supervisors' authenticated wire across
+processes, staging into one workdir at once, and output that cannot hang on an escapee."""
 
 from __future__ import annotations
 

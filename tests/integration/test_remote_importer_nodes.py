@@ -1,6 +1,5 @@
-"""The host-side importer's code cache (remote/importer.py): a shipped module is compiled
-once per source and interpreter, then loaded; a cache others could write to, a bad entry,
-or PYTHONDONTWRITEBYTECODE never change what runs."""
+"""The host-side importer (remote/importer.py) in real interpreters: a node starts without the
+modules of its rare paths, and shipped code runs the same from an empty and a full cache."""
 
 from __future__ import annotations
 

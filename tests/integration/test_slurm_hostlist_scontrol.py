@@ -1,8 +1,9 @@
-"""Slurm hostlists and per-node counts, expanded as Slurm itself expands them.
+"""Slurm hostlists expanded as Slurm itself expands them.
 
 The oracle is the real ``scontrol show hostnames LIST`` (slurm-client), which expands
 locally from a two-line slurm.conf: no controller is contacted. Every corpus entry and
-every generated list must give the same names in the same order as scontrol.
+every generated list must give the same names in the same order as scontrol, and what
+Slurm refuses is refused here.
 """
 
 from __future__ import annotations

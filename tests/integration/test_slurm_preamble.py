@@ -1,6 +1,5 @@
-"""The pure parts of running on Slurm beyond the allocation itself: the YAML forms
-(``hosts: {slurm: ...}``, ``defaults.transport``), the srun command line and how its
-stderr is read, and the report of a run whose Slurm job ended."""
+"""The shell preamble of a node's srun step, run by a real shell: it drops every Slurm
+variable and goes home, and Slurm's own lines come before the command's last line."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ sshddp's stall watchdog asked for it."""
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import threading
 import time
@@ -44,6 +45,23 @@ def test_a_real_h100_dump_reads_as_the_collective_that_never_completed(tmp_path:
         "process group 0 (default_pg): rank 0 wait in collective #2 nccl:all_reduce [[1]]"
         " (scheduled) called at nccl_smoke.py:29 in <module>"
     ]
+
+
+def test_a_dump_is_read_without_running_anything_in_it(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.system, (f"touch {marker}",)  # what plain pickle.load would run
+
+    (tmp_path / "trace_0").write_bytes(pickle.dumps({"entries": [Hostile()]}, protocol=2))
+    assert flight.read(str(tmp_path / "trace_0"), 0) is None
+    assert not marker.exists()
+    (tmp_path / "trace_1").write_bytes(REAL.read_bytes()[:200])  # still being written
+    assert flight.read(str(tmp_path / "trace_1"), 1) is None
+    (tmp_path / "trace_2").write_bytes(pickle.dumps([1, 2]))  # not a dump
+    assert flight.read(str(tmp_path / "trace_2"), 2) is None
+    assert flight.read(str(tmp_path / "missing"), 3) is None
 
 
 def test_the_ranks_with_a_reader_on_their_pipe_are_asked(tmp_path: Path) -> None:

@@ -36,6 +36,10 @@ def test_swallowed():
     except BaseException:
         pass
 
+def test_pickled_by_reference():
+    import os, pickle
+    assert pickle.loads(pickle.dumps(os.system)) is os.system
+
 def test_pure():
     import json, sshddp.cli.app  # importing modules starts nothing
     assert json.loads("1") == 1
@@ -55,7 +59,7 @@ def test_a_unit_test_that_starts_a_process_fails_and_says_where_it_belongs(
         "test_swallowed": ("teardown", "failed"),
     }
     assert result.stdout.str().count(MOVE_IT) >= len(outcomes)
-    result.assert_outcomes(passed=2, failed=6, errors=1)
+    result.assert_outcomes(passed=3, failed=6, errors=1)
 
 
 def _failures(result: pytest.RunResult) -> list[pytest.TestReport]:
