@@ -1,7 +1,6 @@
 """`sshddp stacks` in-process on runs that cannot give stacks: clean messages and the
-documented exit codes (2 bad input, 4 unreachable, 5 not running), never a traceback.
-Nodes on ``localhost`` run through the local transport (no SSH); the unreachable one is a
-closed port on loopback."""
+documented exit codes (2 bad input, 4 unreachable), never a traceback. The unreachable node
+is a closed port on loopback."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The agent shim (remote/agent.py): torchrun through it ends as `python -m
-torch.distributed.run` does (status, output, failure summary), only without the
-interpreter's teardown of torch."""
+"""The agent shim (remote/agent.py), in-process: the failure summary names the script, the
+exit code is the interpreter's, and waiting for node 0's store."""
 
 from __future__ import annotations
 

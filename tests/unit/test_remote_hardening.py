@@ -1,6 +1,5 @@
-"""The host-side hardening, run here on real files, processes and sockets: new files only
-(nothing planted is followed), checked directories, processes named by pid and start time,
-the supervisors' authenticated wire, and a node's output that cannot hang on an escapee."""
+"""The host-side hardening, run here on real files and sockets, in-process: new files only
+(nothing planted is followed), checked directories, and the supervisors' authenticated wire."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The probe's new looks, run here for real: the network path (iproute2 and the kernel's
-files agree), module lookups in the ranks' environment, a picked port pair that stays held,
-and the session's questions, on this Python and on Python 3.8 through the bootstrap."""
+"""The probe's new looks, in-process: name resolution, a picked port pair that stays held,
+and the lookups that the standard library answers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""remote/pyspy: the real py-spy (pinned in the test extras) reading a real process."""
+"""remote/pyspy: where py-spy is found."""
 
 from __future__ import annotations
 

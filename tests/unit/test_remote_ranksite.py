@@ -1,7 +1,5 @@
-"""The ranks' sitecustomize (remote/ranksite.py), run here as a node's Python processes run
-it, on this Python and on Python 3.8: output line-buffered in every process that has it on
-PYTHONPATH, the sitecustomize it shadows still runs, and in a run directory every process
-dumps its stacks on the dump signal into its own file."""
+"""The ranks' sitecustomize (remote/ranksite.py): the dump signal is the collector's and the
+standby variable the agent's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The working directory that outlives a run (remote/workspace.py), run here and on Python
-3.8: the shipped code replaces its own files there and leaves everything else alone."""
+"""The working directory that outlives a run (remote/workspace.py), run here in-process: the
+shipped code replaces its own files there and leaves everything else alone."""
 
 from __future__ import annotations
 

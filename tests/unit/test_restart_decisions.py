@@ -1,6 +1,5 @@
 """Restarts of the whole run (--max-restarts): node 0's decision, what the records say,
-how the report, the console and ``logs`` show attempts; and a real supervisor of one node
-restarting a real command (no SSH: the same code a host runs)."""
+how the report, the console and ``logs`` show attempts."""
 
 from __future__ import annotations
 

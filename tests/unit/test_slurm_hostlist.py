@@ -1,9 +1,6 @@
-"""Slurm hostlists and per-node counts, expanded as Slurm itself expands them.
-
-The oracle is the real ``scontrol show hostnames LIST`` (slurm-client), which expands
-locally from a two-line slurm.conf: no controller is contacted. Every corpus entry and
-every generated list must give the same names in the same order as scontrol.
-"""
+"""Slurm hostlists and per-node counts: documented examples, and errors that name the text,
+the position and the expected form (tests/integration/test_slurm_hostlist_scontrol.py
+checks the expansion against the real scontrol)."""
 
 from __future__ import annotations
 

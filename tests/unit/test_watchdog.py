@@ -1,7 +1,7 @@
 """The watchdogs' pure parts: when a run counts as hung (``remote/watchdog.verdict``), what
 the finding says, a node's facts as its run directory holds them, the NCCL flight
 recorder's environment, the hang report, ``ps``'s per-node text, the state and exit code,
-the plan's watch spec; and, with real torch, the ranks' record of init_process_group."""
+the plan's watch spec."""
 
 from __future__ import annotations
 
