@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -69,25 +66,6 @@ def test_top_level_help_lists_commands() -> None:
 def test_version() -> None:
     result = sshddp(["--version"])
     assert (result.code, result.out.strip()) == (0, f"sshddp, version {__version__}")
-
-
-def test_a_command_imports_only_what_it_needs() -> None:
-    """`sshddp launch` starts without the other commands' modules, PyYAML (imported when a
-    YAML inventory is read), fabric and paramiko (when a host is reached over SSH) or rich
-    (when a table is printed): the launch waits for every import before its first host
-    (docs/performance.md)."""
-    probe = (
-        "import json, sys\n"
-        "from sshddp.cli.app import cli\n"
-        "assert cli.get_command(None, 'launch') is not None\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    loaded = set(json.loads(run.stdout))
-    assert "sshddp.cli.launch" in loaded
-    others = {module for module, _ in COMMAND_MODULES.values()} - {"sshddp.cli.launch"}
-    assert not loaded & (others | {"yaml", "fabric", "paramiko", "invoke", "rich"})
 
 
 def test_launch_help_says_options_go_before_the_inventory() -> None:

@@ -4,10 +4,7 @@ and ps's bounded fan-out, which never waits past its deadline."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -37,29 +34,6 @@ def record(run_id: str = "r1", launcher: Launcher | None = None) -> RunRecord:
     )
     plan = LaunchPlan(run_id, nodes, "10.0.0.1", 29500, 2, CodeSpec("file", "t.py"), (), 1.0, "l")
     return RunRecord.of(plan, "inv.yaml", None, launcher)
-
-
-def _create(run_id: str, state: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    os.environ["SSHDDP_STATE_DIR"] = state
-    try:
-        registry.create(record(run_id))
-        out.put("created")
-    except UsageError:
-        out.put("refused")
-
-
-def test_of_many_creates_at_once_exactly_one_wins(state: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_create, args=("twin", str(state), out)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(30)
-    answers = sorted(out.get(timeout=5) for _ in procs)
-    assert answers == ["created"] + ["refused"] * 7
-    assert registry.load("twin").run_id == "twin"
-    assert [p.name for p in (state / "runs").iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_records_are_owner_only_and_round_trip(state: Path) -> None:
@@ -108,17 +82,6 @@ def test_attempts_are_kept_so_a_report_from_the_registry_alone_has_them(state: P
     registry.record_end("r3", lambda r: r.ended_from([{"state": "succeeded"}] * 2))
     once = json.loads((state / "runs" / "r3.json").read_text())["result"]["nodes"][0]
     assert sorted(once) == ["ended", "node_rank", "reason", "returncode", "state"]
-
-
-def test_a_launch_that_died_before_starting_is_dropped(state: Path) -> None:
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    registry.create(record("gone", Launcher(int(dead.stdout), None)))
-    registry.create(record("live", Launcher.me()))
-    assert registry.drop_if_abandoned("gone") and not registry.exists("gone")
-    assert not registry.drop_if_abandoned("live") and registry.exists("live")
-    assert not Launcher(os.getpid(), 12345).alive()  # same pid, another start time
 
 
 def test_problems_name_the_path_and_never_hide_the_other_records(

@@ -1,12 +1,10 @@
-"""The working directory that outlives a run (remote/workspace.py), run here and on Python
-3.8: the shipped code replaces its own files there and leaves everything else alone."""
+"""The working directory that outlives a run (remote/workspace.py), run here in-process: the
+shipped code replaces its own files there and leaves everything else alone."""
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
-import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -15,8 +13,6 @@ import pytest
 
 from sshddp.remote import boot
 from sshddp.remote.workspace import WorkspaceError, fill
-
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -126,23 +122,3 @@ def test_staging_fills_the_workspace_and_a_refusal_fails_the_stage(tmp_path: Pat
     answer = stage("r2")
     assert not answer["ok"] and "is a file in the workspace" in answer["error"], answer
     assert not (tmp_path / "runs" / "r2").exists()  # a failed stage leaves no run directory
-
-
-def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> None:
-    code = code_dir(tmp_path, {"train.py": b"v2", "a/b/c.txt": b"deep"})
-    space = tmp_path / "space"
-    space.mkdir()
-    (space / "train.py").write_bytes(b"v1")
-    (space / "out.log").write_bytes(b"kept")
-    program = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from sshddp.remote.workspace import fill; fill(sys.argv[2], sys.argv[3])"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    subprocess.run(
-        [str(oldest_python), "-S", "-c", program, str(SRC), str(code), str(space)],
-        check=True,
-        env=env,
-        timeout=60,
-    )
-    assert tree(space) == {"a/b/c.txt": b"deep", "out.log": b"kept", "train.py": b"v2"}

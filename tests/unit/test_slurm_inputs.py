@@ -4,14 +4,10 @@ stderr is read, and the report of a run whose Slurm job ended."""
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
-
 import pytest
 
 from sshddp.errors import ExitCode, InventoryError
-from sshddp.hosts.srun import PREAMBLE, _SrunProcess, exported_names, srun_argv
+from sshddp.hosts.srun import PREAMBLE, exported_names, srun_argv
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.report import run_report
 from sshddp.model.state import NodeResult, NodeState, RunResult
@@ -80,38 +76,9 @@ def test_srun_argv_runs_the_command_as_one_step_on_the_node() -> None:
     assert "--export=NONE" in srun_argv("12", "n", "true", [])
 
 
-def test_the_preamble_drops_every_slurm_variable_and_goes_home(tmp_path: object) -> None:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "1", "SLURMD_X": "2"}
-    env["SLURM_STEP_ID"] = "0"
-    out = subprocess.run(
-        ["bash", "-c", PREAMBLE + "pwd; env"], env=env, capture_output=True, text=True
-    ).stdout
-    assert out.splitlines()[0] == str(tmp_path)
-    assert "SLURM" not in out
-
-
 def test_exported_names() -> None:
     env = {"PATH": "x", "HOME": "y", "LC_ALL": "C", "SECRET": "s", "SLURM_CONF": "c"}
     assert exported_names(env) == ["PATH", "HOME", "LC_ALL"]
-
-
-def test_slurms_own_lines_come_before_the_commands_last_line() -> None:
-    """The command's status record is its stderr's last line, whatever srun adds after."""
-    script = (
-        "import sys\n"
-        "w = sys.stderr.write\n"
-        "w('srun: error: node2: task 0: Exited\\n'); w('own 1\\n'); w('{\"state\": \"x\"}\\n')\n"
-        "w('slurmstepd-node2: error: *** STEP 5.0 ON node2 CANCELLED ***\\n')\n"
-        "w('srun: Job step aborted\\n')\n"
-    )
-    command = shlex.join([sys.executable, "-c", script])
-    proc = _SrunProcess(command, ["bash", "-c", command], {"PATH": "/usr/bin:/bin"})
-    proc.close_stdin()
-    assert proc.wait() == 0
-    lines = proc.read_stderr().decode().splitlines()
-    proc.close()
-    assert lines[-2:] == ["own 1", '{"state": "x"}']
-    assert [line.split(":")[0] for line in lines[:3]] == ["srun", "slurmstepd-node2", "srun"]
 
 
 # ---------------------------------------------------------------------------- report

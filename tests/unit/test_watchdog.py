@@ -1,15 +1,12 @@
 """The watchdogs' pure parts: when a run counts as hung (``remote/watchdog.verdict``), what
 the finding says, a node's facts as its run directory holds them, the NCCL flight
 recorder's environment, the hang report, ``ps``'s per-node text, the state and exit code,
-the plan's watch spec; and, with real torch, the ranks' record of init_process_group."""
+the plan's watch spec."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +14,6 @@ import pytest
 from test_stacks_model import node, proc, thread
 
 from sshddp.errors import ExitCode, UsageError
-from sshddp.hosts import shipped
 from sshddp.model import hang
 from sshddp.model.plan import LaunchOptions, validate_options
 from sshddp.model.state import NodeResult, NodeState, RunResult
@@ -232,65 +228,6 @@ def test_negative_timeouts_are_refused() -> None:
     for bad in (LaunchOptions(script="t.py", init_timeout=-1), LaunchOptions(stall_timeout=-2)):
         with pytest.raises(UsageError, match="must not be negative"):
             validate_options(bad, "r1")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-INIT = """
-import sys
-import torch.distributed as dist
-assert "init_process_group" in dist.init_process_group.__name__
-dist.init_process_group("gloo", rank=0, world_size=1)
-print("joined", flush=True)
-"""
-
-
-def test_a_rank_records_init_process_group_with_real_torch(tmp_path: Path) -> None:
-    """A rank's sitecustomize wraps torch's init_process_group (torch imported by the
-    script, not by it): joined/<RANK> says when the call started and when it returned, and
-    the world size; a process without RANK (a node launcher's worker) writes joined/p<pid>
-    with the rank its group gave it."""
-    rundir = tmp_path / "n0"
-    (rundir / "site").mkdir(parents=True)
-    (rundir / "spec.json").write_text("{}")
-    (rundir / "site" / "sitecustomize.py").write_text(shipped.source("sshddp.remote.ranksite"))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(rundir / "site"),
-        "RANK": "5",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "GLOO_SOCKET_IFNAME": "lo",
-    }
-    before = time.time()
-    done = subprocess.run(
-        [sys.executable, "-c", INIT], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "joined\n"
-    record = json.loads((rundir / contract.JOINED / "5").read_text())
-    assert record["rank"] == 5 and record["schema"] == contract.SCHEMA
-    assert before <= record["entered"] <= record["joined"] <= time.time()
-    assert record["world"] == 1  # the world size the group formed with
-    worker = {k: v for k, v in env.items() if k != "RANK"}  # a node launcher's worker
-    worker["MASTER_PORT"] = str(_free_port())
-    done = subprocess.run(
-        [sys.executable, "-c", INIT], env=worker, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    pids = [p for p in os.listdir(rundir / contract.JOINED) if p.startswith("p")]
-    assert len(pids) == 1, pids
-    record = json.loads((rundir / contract.JOINED / pids[0]).read_text())
-    assert (record["rank"], record["world"]) == (0, 1) and record["joined"] is not None
-    untouched = "import sys, sitecustomize; print('torch' in sys.modules)"
-    plain = subprocess.run(
-        [sys.executable, "-c", untouched], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert plain.stdout == "False\n", plain.stderr  # the hook never imports torch itself
 
 
 def test_the_hang_report_escapes_what_came_from_the_hosts() -> None:

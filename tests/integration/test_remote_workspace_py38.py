@@ -1,0 +1,45 @@
+"""The working directory that outlives a run (remote/workspace.py), filled by Python 3.8."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def code_dir(tmp_path: Path, files: dict[str, bytes], name: str = "code") -> Path:
+    code = tmp_path / name
+    for rel, data in files.items():
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_bytes(data)
+    (code / ".sha256").write_text("digest\n")
+    return code
+
+
+def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> None:
+    code = code_dir(tmp_path, {"train.py": b"v2", "a/b/c.txt": b"deep"})
+    space = tmp_path / "space"
+    space.mkdir()
+    (space / "train.py").write_bytes(b"v1")
+    (space / "out.log").write_bytes(b"kept")
+    program = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from sshddp.remote.workspace import fill; fill(sys.argv[2], sys.argv[3])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    subprocess.run(
+        [str(oldest_python), "-S", "-c", program, str(SRC), str(code), str(space)],
+        check=True,
+        env=env,
+        timeout=60,
+    )
+    assert tree(space) == {"a/b/c.txt": b"deep", "out.log": b"kept", "train.py": b"v2"}
