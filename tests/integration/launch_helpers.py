@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -92,9 +93,26 @@ def launch(
     env: dict[str, str] | None = None,
     timeout: float = 180,
 ) -> Run:
+    args = [str(JOB), *job_args]
+    return launch_on(cluster, tmp, port, args, opts, hosts, nproc, env, timeout)
+
+
+def launch_on(
+    cluster: SshdCluster,
+    tmp: Path,
+    port: int,
+    args: Sequence[str],
+    opts: Sequence[str] = (),
+    hosts: list[int] | None = None,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+    timeout: float = 420,
+) -> Run:
+    """``sshddp launch OPTS INV ARGS`` (a script and its arguments, or ``-- COMMAND``) on
+    ``hosts`` of ``cluster``, ``nproc`` processes each, in ``tmp``."""
     inv, workdir = write_inventory(cluster, tmp, port, hosts, nproc, env)
     proc = subprocess.run(
-        [*SSHDDP, "launch", *opts, str(inv), str(JOB), *job_args],
+        [*SSHDDP, "launch", *opts, str(inv), *args],
         cwd=tmp,
         env=cli_env(cluster),
         capture_output=True,

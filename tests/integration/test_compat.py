@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from launch_helpers import SSHDDP, Run, cli_env, run_id_of, write_inventory
+from launch_helpers import Run, launch_on
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -30,16 +29,7 @@ NOT_DISTRIBUTED = "not distributed"
 def launch(
     cluster: SshdCluster, tmp: Path, port: int, args: list[str], opts: Sequence[str] = ()
 ) -> Run:
-    inv, workdir = write_inventory(cluster, tmp, port, HOSTS, nproc=2)
-    proc = subprocess.run(
-        [*SSHDDP, "launch", *opts, str(inv), *args],
-        cwd=tmp,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=420,
-    )
-    return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
+    return launch_on(cluster, tmp, port, args, opts, HOSTS)
 
 
 def records(run: Run, key: str) -> list[tuple[int, dict[str, Any]]]:

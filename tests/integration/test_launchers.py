@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from launch_helpers import SSHDDP, Run, cli_env, run_id_of, wait_until, write_inventory
+from launch_helpers import SSHDDP, Run, cli_env, launch_on, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -37,16 +37,7 @@ def sshddp_launch(
     opts: list[str] = (),  # type: ignore[assignment]
     timeout: float = 420,
 ) -> Run:
-    inv, workdir = write_inventory(cluster, tmp, port, HOSTS, nproc=2)
-    proc = subprocess.run(
-        [*SSHDDP, "launch", *opts, str(inv), *args],
-        cwd=tmp,
-        env=cli_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return Run(proc.returncode, proc.stdout, proc.stderr, run_id_of(proc.stderr), tmp, workdir)
+    return launch_on(cluster, tmp, port, args, opts, HOSTS, timeout=timeout)
 
 
 #: torch's exit race: a rank that has done its work (and destroyed its process group) can

@@ -17,6 +17,7 @@ from sshddp.cli.options import (
     Exit,
     Seconds,
     count,
+    log_dir_option,
     make_ssh,
     ranks_option,
     select_ranks,
@@ -75,13 +76,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="Environment for every rank (repeatable); KEY alone copies it from here.",
 )
 @click.option("--workdir", metavar="DIR", help="Ship this local directory (honours .gitignore).")
-@click.option(
-    "--log-dir",
-    default=defaults.LOG_DIR,
-    show_default=True,
-    metavar="DIR",
-    help="Local copies of the nodes' logs go in DIR/RUN (made owner-only).",
-)
+@log_dir_option
 @click.option("--name", metavar="NAME", help="Run id (refused if it exists).")
 @click.option("--dry-run", is_flag=True, help="Print the per-node plan; connect to nothing.")
 @click.option("--no-check", is_flag=True, help="Skip the preflight checks.")

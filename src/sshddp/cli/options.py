@@ -108,6 +108,17 @@ PORT_OR_AUTO = PortOrAuto()
 PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29500 up)."
 
 
+def log_dir_option(fn: F) -> F:
+    """``--log-dir``: where the run's local log copies go (``DIR/RUN``, made ours alone)."""
+    return click.option(
+        "--log-dir",
+        default=defaults.LOG_DIR,
+        show_default=True,
+        metavar="DIR",
+        help="Local copies of the nodes' logs go in DIR/RUN (made owner-only).",
+    )(fn)
+
+
 def ranks_option(fn: F) -> F:
     """``--ranks``: the ranks whose output the console shows; the log files keep all."""
     return click.option(

@@ -13,6 +13,7 @@ from sshddp.cli.options import (
     CONTEXT,
     Exit,
     count,
+    log_dir_option,
     make_ssh,
     ssh_options,
     terminal_of,
@@ -87,13 +88,7 @@ def parse_sizes(text: str, option: str = "--sizes") -> tuple[int, ...]:
     metavar="B",
     help="Bytes each node sends node 0 and back.",
 )
-@click.option(
-    "--log-dir",
-    default=defaults.LOG_DIR,
-    show_default=True,
-    metavar="DIR",
-    help="Local copies of the nodes' logs go in DIR/RUN (made owner-only).",
-)
+@log_dir_option
 @click.option("--no-check", is_flag=True, help="Skip the preflight checks.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.pass_context
