@@ -11,27 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from sshddp.model.inventory import parse_inventory
-from sshddp.model.plan import CodeSpec, LaunchOptions, make_plan
+from completion_runs import RUN_IDS, record_runs
 from sshddp.run import registry
-from sshddp.run.registry import RunRecord
 
 SSHDDP_BIN = Path(sys.executable).parent / "sshddp"
 
 
-RUN_IDS = ("abc123", "abd456", "zzz999")
-
-
 # Hosts that cannot be reached: completing a run id must never try.
-INVENTORY = "hosts:\n  - {host: unreachable.invalid, nproc: 1}\n"
-
-
-def record_runs() -> None:
-    inv = parse_inventory(INVENTORY, source="inv.yaml")
-    for run_id in RUN_IDS:
-        code = CodeSpec("remote", "train.py")
-        plan = make_plan(inv, LaunchOptions(script="train.py"), run_id, code, lambda h: "10.9.9.9")
-        registry.save(RunRecord.of(plan, "inv.yaml", None))
 
 
 def complete(words: str) -> list[str]:

@@ -11,26 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from registry_records import record
 from sshddp.errors import UsageError
-from sshddp.model.inventory import Host
-from sshddp.model.plan import CodeSpec, LaunchPlan, NodePlan
 from sshddp.run import registry
-from sshddp.run.registry import Launcher, RunRecord
+from sshddp.run.registry import Launcher
 
 
 @pytest.fixture(autouse=True)
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SSHDDP_STATE_DIR", str(tmp_path / "state"))
     return tmp_path / "state"
-
-
-def record(run_id: str = "r1", launcher: Launcher | None = None) -> RunRecord:
-    nodes = tuple(
-        NodePlan(Host(host=f"h{i}", index=i), i, 1, i, f"/w/runs/{run_id}/n{i}", {}, (), "")
-        for i in range(2)
-    )
-    plan = LaunchPlan(run_id, nodes, "10.0.0.1", 29500, 2, CodeSpec("file", "t.py"), (), 1.0, "l")
-    return RunRecord.of(plan, "inv.yaml", None, launcher)
 
 
 def _create(run_id: str, state: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from sshddp.remote import common, follow, output, stop, supervisor, workdir
-from sshddp.remote.contract import SpecRecord
+from wire_specs import KEY, free_port, spec
 
 
 def _make_node_dir(args: tuple[str, Any]) -> str:
@@ -149,29 +148,6 @@ def test_command_of_shows_printable_text_only(sleeper: Any) -> None:
     finally:
         proc.kill()
         proc.wait()
-
-
-KEY = bytes(range(32))
-
-
-def spec(rank: int, port: int) -> SpecRecord:
-    return {
-        "schema": 2,
-        "run_id": "r1",
-        "node_rank": rank,
-        "argv": [],
-        "cwd": None,
-        "grace": 1,
-        "mark": "r1/n0",
-        "peers": {"nnodes": 3, "addr": "127.0.0.1", "port": port, "timeout": 30, "hosts": []},
-        "tty": False,
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(params=["this", "3.8"])

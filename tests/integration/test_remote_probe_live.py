@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from port_binds import bound
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
 from sshddp.remote import imports, network
@@ -84,17 +84,6 @@ def test_module_lookup_in_the_ranks_environment(tmp_path: Path) -> None:
     # A variable that changes Python's start-up: a fresh interpreter answers, the same way.
     fresh = imports.find(names, str(tmp_path / "beside"), {**env, "PYTHONNOUSERSITE": "1"})
     assert fresh["method"] == "subprocess" and fresh["found"] == looked["found"]
-
-
-def bound(port: int, reuse: bool) -> bool:
-    with socket.socket() as sock:
-        if reuse:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def session(python: str, probe_args: dict[str, Any]) -> subprocess.Popen[bytes]:

@@ -6,23 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from workspace_trees import code_dir, tree
+
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` by relative path, with its bytes."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
-def code_dir(tmp_path: Path, files: dict[str, bytes], name: str = "code") -> Path:
-    code = tmp_path / name
-    for rel, data in files.items():
-        (code / rel).parent.mkdir(parents=True, exist_ok=True)
-        (code / rel).write_bytes(data)
-    (code / ".sha256").write_text("digest\n")
-    return code
 
 
 def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> None:

@@ -8,29 +8,17 @@ import json
 import pytest
 
 from cli_helpers import sshddp
+from completion_runs import RUN_IDS, record_runs
 from sshddp import __version__
-from sshddp.model.inventory import parse_inventory
-from sshddp.model.plan import CodeSpec, LaunchOptions, make_plan
 from sshddp.run import registry
-from sshddp.run.registry import RunRecord
 
-RUN_IDS = ("abc123", "abd456", "zzz999")
 # Hosts that cannot be reached: completing a run id must never try.
-INVENTORY = "hosts:\n  - {host: unreachable.invalid, nproc: 1}\n"
 
 
 @pytest.mark.parametrize("flag", ["-V", "--version"])
 def test_version(flag: str) -> None:
     result = sshddp([flag])
     assert (result.code, result.out) == (0, f"sshddp, version {__version__}\n")
-
-
-def record_runs() -> None:
-    inv = parse_inventory(INVENTORY, source="inv.yaml")
-    for run_id in RUN_IDS:
-        code = CodeSpec("remote", "train.py")
-        plan = make_plan(inv, LaunchOptions(script="train.py"), run_id, code, lambda h: "10.9.9.9")
-        registry.save(RunRecord.of(plan, "inv.yaml", None))
 
 
 def test_ps_of_one_run_shows_it_even_when_finished() -> None:

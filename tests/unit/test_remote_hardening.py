@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sshddp.remote import common, output, peers, wire, workdir
-from sshddp.remote.contract import SpecRecord
+from wire_specs import KEY, free_port, spec
 
 # ------------------------------------------------------------------ files and directories
 
@@ -146,8 +146,6 @@ def test_a_planted_log_is_refused(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ the wire
 
-KEY = bytes(range(32))
-
 
 def pair(
     spoke_key: bytes = KEY, spoke_run: str = "r1", rank: int = 1
@@ -218,26 +216,6 @@ def test_a_spoke_of_another_run_says_whose_port_it_reached() -> None:
     assert isinstance(spoke, wire.Refused) and not spoke.retry
     assert "it belongs to another run ('r1'), not to run r2" in str(spoke)
     assert isinstance(hub, wire.Refused)
-
-
-def spec(rank: int, port: int) -> SpecRecord:
-    return {
-        "schema": 2,
-        "run_id": "r1",
-        "node_rank": rank,
-        "argv": [],
-        "cwd": None,
-        "grace": 1,
-        "mark": "r1/n0",
-        "peers": {"nnodes": 3, "addr": "127.0.0.1", "port": port, "timeout": 30, "hosts": []},
-        "tty": False,
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_the_hub_obeys_only_its_run_and_a_node_reports_for_itself() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from port_binds import bound
 from sshddp.remote import network, probe
 from sshddp.remote.common import temp_dir, which
 
@@ -18,17 +19,6 @@ from sshddp.remote.common import temp_dir, which
 def test_an_unresolvable_name_is_an_error() -> None:
     found = network.facts("no-such-host.invalid")
     assert found["target"] is None and "cannot resolve no-such-host.invalid" in found["error"]
-
-
-def bound(port: int, reuse: bool) -> bool:
-    with socket.socket() as sock:
-        if reuse:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_a_picked_pair_stays_held_and_a_second_pick_moves_on(free_port: Any) -> None:
