@@ -157,3 +157,37 @@ def warm_slots(nodes: int) -> int:
     from sshddp.remote.prewarm import slot_count
 
     return min(nodes, slot_count())
+
+
+def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
+    """``sshddp ARGS`` started in ``cwd`` against ``cluster``, its stderr piped."""
+    return subprocess.Popen(
+        [*SSHDDP, *args],
+        cwd=cwd,
+        env=cli_env(cluster),
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
+    """Its exit code and stderr; killed, and the test failed, past ``timeout``."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"sshddp did not exit within {timeout:.0f} s:\n{err}") from None
+    return proc.returncode, err
+
+
+def node_dir(workdir: Path, run: str, node: int) -> Path:
+    return workdir / "runs" / run / f"n{node}"
+
+
+def exit_record(workdir: Path, run: str, node: int) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((node_dir(workdir, run, node) / "exit.json").read_text()))
+    except (OSError, ValueError):
+        return None

@@ -14,50 +14,25 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
+from launch_helpers import (
+    exit_record,
+    finish,
+    node_dir,
+    sshddp,
+    start,
+    wait_until,
+    write_inventory,
+)
 
 from sshddp_lab.sshd import SshdCluster
 
 PAYLOAD = Path(__file__).parent / "payloads" / "hardening.py"
 BOUND = 90.0  # generous upper bound for what should take seconds on a loaded machine
-
-
-def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"sshddp did not exit within {timeout:.0f} s:\n{err}") from None
-    return proc.returncode, err
-
-
-def node_dir(workdir: Path, run: str, node: int) -> Path:
-    return workdir / "runs" / run / f"n{node}"
-
-
-def exit_record(workdir: Path, run: str, node: int) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads((node_dir(workdir, run, node) / "exit.json").read_text()))
-    except (OSError, ValueError):
-        return None
 
 
 def wait_ready(workdir: Path, run: str, nodes: int) -> None:
