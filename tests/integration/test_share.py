@@ -89,6 +89,25 @@ def test_a_snapshot_rank_0_saved_reaches_every_node_only_with_share(
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     run_no_leak(run_id)
 
+    # A node that cannot take node 0's copy (a directory holds its place there) fails to
+    # stage, and nothing starts anywhere: no rank ran, no process is left.
+    (spaces[0] / "snapshot.pt").write_bytes(b"epoch 2 on node 0")
+    (spaces[1] / "snapshot.pt").unlink()
+    (spaces[1] / "snapshot.pt").mkdir()
+    failed = sshddp(
+        ["launch", "--launcher", "node", "--log-dir", str(logs), "--share", "snapshot.pt"]
+        + [str(inv), str(SNAPSHOT)]
+    )
+    assert failed.code == 1, failed.explain()
+    assert "root cause: node 1 on h2: --share: [Errno 21] Is a directory" in failed.err
+    assert "not started: node 1 (h2) could not be staged" in failed.err, failed.err
+    assert (spaces[1] / "snapshot.pt").is_dir()  # left as it was, and no temporary beside it
+    assert sorted(p.name for p in spaces[1].glob("snapshot.pt*")) == ["snapshot.pt"]
+    run_id = failed.err.split("sshddp: run ", 1)[1].split(":", 1)[0]
+    for log in (logs / run_id).glob("node*.log"):
+        assert "start_epoch" not in log.read_text(), log.read_text()
+    run_no_leak(run_id)
+
 
 def test_a_share_path_outside_the_working_directory_is_bad_input(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int]
