@@ -244,24 +244,26 @@ def test_attach_then_ctrl_backslash_says_the_nodes_run_on(
     workdir = detach(ssh_env, tmp_path, free_port(), "aq", "wait", hosts=[1, 2])
     logs = [workdir / "runs" / "aq" / f"n{k}" / "node.log" for k in range(2)]
     wait_until(lambda: all(p.exists() and "READY" in p.read_text() for p in logs), 120, "READY")
-    attach = subprocess.Popen(
-        [*SSHDDP, "attach", "aq"],
-        cwd=tmp_path,
-        env=cli_env(ssh_env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert attach.stderr is not None
-    line = attach.stderr.readline()
-    assert "attached to run aq" in line, line
-    attach.send_signal(signal.SIGQUIT)
-    _, err = attach.communicate(timeout=60)
-    assert attach.returncode == 0, err
-    assert "run aq goes on without us (detached)" in err, err
-    for node, host in enumerate(["h1", "h2"]):
-        assert f"node {node:<3} {host:<20} running" in err, err
-    assert "pending" not in err, err
-    stopped = sshddp(ssh_env, tmp_path, "stop", "aq")
+    try:
+        attach = subprocess.Popen(
+            [*SSHDDP, "attach", "aq"],
+            cwd=tmp_path,
+            env=cli_env(ssh_env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert attach.stderr is not None
+        line = attach.stderr.readline()
+        assert "attached to run aq" in line, line
+        attach.send_signal(signal.SIGQUIT)  # the banner is out: Ctrl-\ detaches from now on
+        _, err = attach.communicate(timeout=60)
+        assert attach.returncode == 0, err
+        assert "run aq goes on without us (detached)" in err, err
+        for node, host in enumerate(["h1", "h2"]):
+            assert f"node {node:<3} {host:<20} running" in err, err
+        assert "pending" not in err, err
+    finally:
+        stopped = sshddp(ssh_env, tmp_path, "stop", "aq")
     assert stopped.returncode == 0, stopped.stderr
     run_no_leak("aq")

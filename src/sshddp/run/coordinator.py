@@ -146,12 +146,14 @@ class Launch:
                 try:
                     with trace.phase("preflight"):
                         unreachable = self._preflight(state, inventory, payload)
-                    # named once the preflight passed: a run id it drops is never shown
-                    self.screen.err(_banner(state.plan))
-                    if not self.mode.detach:
-                        self.screen.err(_ctrl_c_line(state.plan))
-                    self.interrupts.defer()
-                    return self._boot_and_follow(state, payload, unreachable)
+                    # named once the preflight passed: a run id it drops is never shown; and
+                    # Ctrl-\ detaches from the moment the banner says so, boot included
+                    with _detach_on(state):
+                        self.screen.err(_banner(state.plan))
+                        if not self.mode.detach:
+                            self.screen.err(_ctrl_c_line(state.plan))
+                        self.interrupts.defer()
+                        return self._boot_and_follow(state, payload, unreachable)
                 finally:
                     state.close_sessions()  # those no follower took over
         finally:
@@ -208,7 +210,7 @@ class Launch:
         # the end of the Slurm job the run lives in)
         resizes = forward_resizes(state, self.screen.stdout_bytes)
         follow = trace.phase("follow")
-        with _detach_on(state), resizes, JobWatch(state, teardown) as job, follow:
+        with resizes, JobWatch(state, teardown) as job, follow:
             result = job.settle(Followers(state, teardown, interrupts=self.interrupts).run())
         return _recorded(result, self.screen)
 
@@ -236,10 +238,6 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
         if len(gone) == len(plan.nodes):
             return _all_gone(record, gone, screen)
         logs, console = open_sinks(plan, Path(record.log_dir), screen)
-        screen.err(
-            f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
-            + ("it cannot be detached (transport srun)" if _bound(plan) else "Ctrl-\\ detaches")
-        )
         live = replace(plan, nodes=tuple(n for n in plan.nodes if n.node_rank not in gone))
         state = RunState(live, pool, logs, console)
         for rank, status in found.items():  # a detach before a node's first line: not pending
@@ -250,6 +248,15 @@ def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> R
             resizes = forward_resizes(state, screen.stdout_bytes)
             follow = trace.phase("follow")
             with _detach_on(state), resizes, JobWatch(state, teardown) as job, follow:
+                # said once Ctrl-\ does what it says
+                screen.err(
+                    f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
+                    + (
+                        "it cannot be detached (transport srun)"
+                        if _bound(plan)
+                        else "Ctrl-\\ detaches"
+                    )
+                )
                 result = job.settle(Followers(state, teardown, interrupts=interrupts).run())
         finally:
             logs.close()
