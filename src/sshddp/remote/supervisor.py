@@ -198,7 +198,7 @@ class Supervisor:
         assert self.proc is not None and self.output is not None
         grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
         agent = runs_torchrun(self.spec)
-        hurry = lambda: self.stop_signal == signal.SIGUSR1  # noqa: E731 (a SIGUSR1 since)
+        hurry = functools.partial(hurried, self)
         kill_run(self.group, self.spec["mark"], grace, self.reap, hurry, agent=agent)
         self.proc.wait()
         self.escaped = self.output.drain()
@@ -244,6 +244,11 @@ def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
     if world is not None:
         facts["world"] = world
     return facts
+
+
+def hurried(supervisor: Supervisor) -> bool:
+    """A SIGUSR1 came since the stop began: the rest of the grace is skipped."""
+    return supervisor.stop_signal == signal.SIGUSR1
 
 
 def unwatched(peers: Peers, state: str) -> str:
