@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, sshddp, wait_until
+from launch_helpers import JOB, SSHDDP, cli_env, finish, has_node_mark, sshddp, start, wait_until
 
 from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
 from sshddp_lab.sshd import SshdCluster, processes_with_env
@@ -74,29 +74,6 @@ def loopback_inv(tmp: Path, port: int, n: int, **host_extra: dict[str, Any]) -> 
     workdir = tmp / "remote"
     hosts = [{"host": f"h{i}", "nproc": 1, **host_extra.get(f"h{i}", {})} for i in range(1, n + 1)]
     return write_inv(tmp, port, hosts, workdir, {"GLOO_SOCKET_IFNAME": "lo"}), workdir
-
-
-def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*SSHDDP, *args],
-        cwd=cwd,
-        env=cli_env(cluster),
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(
-            f"the coordinator did not exit within {timeout:.0f} s:\n{err}"
-        ) from None
-    return proc.returncode, err
 
 
 def run_pids_in(net: Netns, host: int, run: str) -> list[tuple[int, str]]:
