@@ -9,7 +9,7 @@ from sshddp.run.registry import Launcher, RunRecord
 
 def record(run_id: str = "r1", launcher: Launcher | None = None) -> RunRecord:
     nodes = tuple(
-        NodePlan(Host(host=f"h{i}", index=i), i, 1, i, f"/w/runs/{run_id}/n{i}", {}, (), "")
+        NodePlan(Host(host=f"h{i}", index=i), i, 1, i, f"/w/runs/{run_id}/n{i}", "", {}, ())
         for i in range(2)
     )
     plan = LaunchPlan(run_id, nodes, "10.0.0.1", 29500, 2, CodeSpec("file", "t.py"), (), 1.0, "l")

@@ -18,13 +18,13 @@ from sshddp.hosts import calls
 from sshddp.hosts.calls import FetchStream
 from sshddp.hosts.local import LocalTransport
 from sshddp.model.inventory import Host
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.run.fetch import TMP_PREFIX, NodeCopy, NoProgress, _receive, check_dest, summary
 
 
-def node_on(python: str) -> NodePlan:
+def node_on(python: str) -> NodeLayout:
     host = Host("localhost", 0, nproc=1, python=python)
-    return NodePlan(host, 0, 1, 0, rundir="", env={}, argv=(), cwd="")
+    return NodeLayout(host, 0, 1, 0, rundir="", cwd="")
 
 
 def fetch(python: str, cwd: Path | str, path: str, dest: Path, rundir: str = "") -> NodeCopy:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from sshddp.model.inventory import Host
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.run.fetch import NodeCopy, summary
 
 
-def node_on(python: str) -> NodePlan:
+def node_on(python: str) -> NodeLayout:
     host = Host("localhost", 0, nproc=1, python=python)
-    return NodePlan(host, 0, 1, 0, rundir="", env={}, argv=(), cwd="")
+    return NodeLayout(host, 0, 1, 0, rundir="", cwd="")
 
 
 @pytest.fixture(params=["this", "3.8"])

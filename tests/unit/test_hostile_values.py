@@ -46,7 +46,7 @@ from sshddp.remote.importer import unpack
 from sshddp.remote.supervisor import Supervisor
 from sshddp.run.boot import Boot
 from sshddp.run.payload import build_payload, code_spec
-from sshddp.run.runstate import RunState
+from sshddp.run.runstate import LaunchState
 from sshddp.run.sinks import Console, NodeLogs
 from sshddp.run.teardown import Teardown
 
@@ -283,7 +283,7 @@ def boot_in_process(plan: LaunchPlan, script: Path, logs: Path) -> None:
     """The executor's real boot of every node, each host's side run here, one at a time."""
     pool = HostPool([], SshOptions(), fanout=1)
     pool.transports = {n.host.index: _InProcessHost(n.host) for n in plan.nodes}  # type: ignore[misc]
-    state = RunState(plan, pool, NodeLogs(logs), Console(io.BytesIO(), False))
+    state = LaunchState(plan, pool, NodeLogs(logs), Console(io.BytesIO(), False))
     state.sessions = {
         n.host.index: HostSession(pool.transports[n.host.index], plan.run_id, n.rundir, None)
         for n in plan.nodes

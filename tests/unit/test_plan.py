@@ -118,7 +118,7 @@ hosts:
     assert [n.nproc for n in plan.nodes] == [8, 2, 3, 1]
     assert [n.first_rank for n in plan.nodes] == [0, 8, 10, 13]
     assert plan.world_size == 14
-    again = record_of(record_json(RunRecord.of(plan, "inv.yaml", None))).plan()
+    again = record_of(record_json(RunRecord.of(plan, "inv.yaml", None))).layout()
     assert [n.first_rank for n in again.nodes] == [0, 8, 10, 13]  # attach and logs name ranks
     assert [flag(n.argv, "--nproc-per-node") for n in plan.nodes] == ["8", "2", "3", "1"]
     assert flag(plan.nodes[0].argv, "--rdzv-endpoint") == "10.9.9.9:29500"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from sshddp.model.inventory import Host
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.remote.contract import StopAnswer
 from sshddp.run.runs import NodeStop
 
-NODE = NodePlan(Host(host="h1", index=0), 0, 1, 0, "/w/runs/r/n0", {}, (), "")
+NODE = NodeLayout(Host(host="h1", index=0), 0, 1, 0, "/w/runs/r/n0", "")
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,7 @@ def test_the_registry_keeps_each_node_s_cwd_for_fetch(tmp_path: Path) -> None:
     p = plan(code_spec(LaunchOptions(script=str(tmp_path / "t.py"))))
     record = RunRecord.of(p, "inv.yaml", None)
     again = record_of(record_json(record))
-    assert [n.cwd for n in again.plan().nodes] == [n.cwd for n in p.nodes]
+    assert [n.cwd for n in again.layout().nodes] == [n.cwd for n in p.nodes]
     old = record_json(record)
     for node in old["nodes"]:
         del node["cwd"]  # a record written before there was one

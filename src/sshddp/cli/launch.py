@@ -20,8 +20,8 @@ from sshddp.cli.options import (
     log_dir_option,
     make_ssh,
     ranks_option,
-    select_ranks,
     select_verbose,
+    selected_ranks,
     ssh_options,
     terminal_of,
     transport_option,
@@ -154,12 +154,15 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     check_not_in_step(terminal.environ)
-    select_ranks(terminal, kw["show_ranks"])
     select_verbose(terminal, kw["verbose"])
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
     options, secrets = launch_options(rest, kw, terminal, dashdash)
     mode = coordinator.LaunchMode(
-        dry_run=kw["dry_run"], check=not kw["no_check"], detach=kw["detach"], fanout=kw["fanout"]
+        dry_run=kw["dry_run"],
+        check=not kw["no_check"],
+        detach=kw["detach"],
+        fanout=kw["fanout"],
+        ranks=selected_ranks(kw["show_ranks"]),
     )
     try:
         result = coordinator.launch(inv, options, ssh, mode, terminal, secrets)

@@ -164,10 +164,9 @@ def _trace_on(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     return value
 
 
-def select_ranks(terminal: Terminal, text: Optional[str], option: str = "--ranks") -> None:
-    """Parse ``--ranks`` (bad input: a UsageError naming the part) onto the terminal."""
-    if text is not None:
-        terminal.ranks = parse_ranks(text, option)
+def selected_ranks(text: Optional[str], option: str = "--ranks") -> Optional[frozenset[int]]:
+    """The ranks ``--ranks`` names (bad input: a UsageError naming the part); None: all."""
+    return None if text is None else parse_ranks(text, option)
 
 
 def select_verbose(terminal: Terminal, verbose: bool) -> None:

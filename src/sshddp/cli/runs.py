@@ -16,8 +16,8 @@ from sshddp.cli.options import (
     check_node,
     make_ssh,
     ranks_option,
-    select_ranks,
     select_verbose,
+    selected_ranks,
     ssh_options,
     terminal_of,
     trace_option,
@@ -49,11 +49,11 @@ def _ssh_for(record: RunRecord, kw: dict[str, Any]) -> SshOptions:
 def attach(ctx: click.Context, run: str, **kw: Any) -> None:
     """Follow RUN live again, like launch; exit with its result."""
     terminal = terminal_of(ctx)
-    select_ranks(terminal, kw["show_ranks"])
+    ranks = selected_ranks(kw["show_ranks"])
     select_verbose(terminal, kw["verbose"])
     record = runs.started(registry.resolve(run))
     ssh = _ssh_for(record, kw)
-    result = coordinator.attach(record, ssh, kw["fanout"], terminal)
+    result = coordinator.attach(record, ssh, kw["fanout"], terminal, ranks)
     if result.hung:
         result = hang_report(terminal, result, ssh, kw["fanout"])
     raise Exit(report_result(terminal, result))
@@ -74,13 +74,13 @@ def logs(ctx: click.Context, run: str, **kw: Any) -> None:
     given = [o for o in ("node", "rank", "show_ranks") if kw[o] is not None]
     if len(given) > 1:
         raise UsageError("logs takes one of --node K, --rank N and --ranks LIST, not several")
-    select_ranks(terminal_of(ctx), kw["rank"], "--rank")
-    select_ranks(terminal_of(ctx), kw["show_ranks"])
+    ranks = selected_ranks(kw["rank"], "--rank") or selected_ranks(kw["show_ranks"])
     record = runs.started(registry.resolve(run))
     node = kw["node"]
     check_node(record, node)
     ssh = _ssh_for(record, kw)
-    runs.show_logs(record, ssh, kw["fanout"], terminal_of(ctx), node, kw["tail"], kw["follow"])
+    terminal = terminal_of(ctx)
+    runs.show_logs(record, ssh, kw["fanout"], terminal, node, kw["tail"], kw["follow"], ranks)
     raise Exit(ExitCode.OK)
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO, Optional, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
 
 if TYPE_CHECKING:  # rich is imported when a table is printed: a launch never needs it
     from rich.console import Console, RenderableType
@@ -30,7 +30,6 @@ class Terminal:
     stdout_bytes: BinaryIO
     color: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
-    ranks: Optional[frozenset[int]] = None  #: --ranks: the ranks whose output is shown
     verbose: bool = False  #: -v: torchrun's agent's lines shown too
 
     @classmethod

@@ -33,6 +33,7 @@ from sshddp.model.launchers import (
     node_argv,
     spec_launcher,
 )
+from sshddp.model.layout import NodeLayout, RunLayout
 from sshddp.model.share import normalized, share_problem
 from sshddp.model.torchrun import torchrun_args
 from sshddp.remote import contract
@@ -95,23 +96,19 @@ class LocalPaths(Protocol):
 
 
 @dataclass(frozen=True)
-class NodePlan:
-    """One host's part of the run."""
+class NodePlan(NodeLayout):
+    """One host's part of the run: its layout, and how the launch starts it there."""
 
-    host: Host  #: the inventory host
-    node_rank: int  #: torchrun ``--node-rank`` (= the host's index in the inventory)
-    nproc: int  #: processes on this node
-    first_rank: int  #: global rank of local rank 0
-    rundir: str  #: remote run directory (``~`` expanded on the host)
     env: Mapping[str, str]  #: inventory env, then ``--env``; the supervisor adds SSHDDP_*
     argv: tuple[str, ...]  #: the torchrun command (argv[0] is the host's python)
-    cwd: str  #: working directory of torchrun on the host
     workspace: Optional[str] = None  #: the cwd when it outlives the run: code is linked in
 
     @property
-    def index(self) -> int:
-        """The host's position in the inventory (what the host pool keys results by)."""
-        return self.host.index
+    def layout(self) -> NodeLayout:
+        """The node's layout alone (what commands on a recorded run know of it too)."""
+        return NodeLayout(
+            self.host, self.node_rank, self.nproc, self.first_rank, self.rundir, self.cwd
+        )
 
 
 @dataclass(frozen=True)
@@ -139,6 +136,11 @@ class LaunchPlan:
     watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
     max_restarts: int = 0  #: times every node starts again together after a failure
     share: tuple[str, ...] = ()  #: paths in the ranks' cwd made node 0's on every node first
+
+    @property
+    def layout(self) -> RunLayout:
+        """What commands on the run share with the launch: its nodes, logs and grace."""
+        return RunLayout(self.run_id, self.log_dir, tuple(n.layout for n in self.nodes), self.grace)
 
     def mark(self, node: NodePlan) -> str:
         """The marker in every process of ``node`` (teardown finds them by it): the run id

@@ -1,5 +1,6 @@
-"""Attached to a run with ``--max-restarts``: says on the console when every node starts
-again (the supervisors restart the run on their own; node.log holds only the ranks' bytes).
+"""While a launch with ``--max-restarts`` follows its run: says on the console when every
+node starts again (the supervisors restart the run on their own; node.log holds only the
+ranks' bytes). A recorded run does not say whether it may restart: ``attach`` says nothing.
 
 Node 0's status (``follow``'s, one short call a second) carries the attempt it runs and why
 each earlier one ended: the supervisors restart every node together, so node 0 speaks for
@@ -18,7 +19,8 @@ EVERY = 1.0  #: seconds between looks at node 0's attempt
 
 
 class AttemptWatch:
-    """A thread that prints ``sshddp: attempt 2 of 3: ...; restarting every node``."""
+    """A thread, for the ``with`` block, that prints ``sshddp: attempt 2 of 3: ...; restarting
+    every node``."""
 
     def __init__(self, state: RunState, every: float = EVERY) -> None:
         self.state = state
@@ -26,16 +28,16 @@ class AttemptWatch:
         self.seen = 1  #: the attempts said so far
         self.done = threading.Event()
 
-    def start(self) -> AttemptWatch:
-        if self.state.plan.max_restarts > 0 and self.state.plan.nodes:
+    def __enter__(self) -> AttemptWatch:
+        if self.state.layout.nodes:
             threading.Thread(target=self._watch, daemon=True, name="attempts").start()
         return self
 
-    def stop(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.done.set()
 
     def _watch(self) -> None:
-        node = self.state.plan.nodes[0]
+        node = self.state.layout.nodes[0]
         while not self.done.wait(self.every):
             try:
                 status = calls.read_node(self.state.transport(node), node.rundir, 0, "status")

@@ -31,7 +31,7 @@ from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
 from sshddp.remote import contract
 from sshddp.run.payload import Payload
-from sshddp.run.runstate import RunState
+from sshddp.run.runstate import LaunchState
 from sshddp.run.share import Share
 from sshddp.run.teardown import Teardown
 
@@ -118,7 +118,7 @@ class Boot:
 
     def __init__(
         self,
-        state: RunState,
+        state: LaunchState,
         payload: Payload,
         unreachable: Optional[dict[int, BaseException]] = None,
         before_start: Callable[[], bool] = lambda: True,

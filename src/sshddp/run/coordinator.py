@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -27,6 +27,7 @@ from sshddp.hosts.transport import SshOptions
 from sshddp.model.allocation import refuse_detach
 from sshddp.model.checks import Context
 from sshddp.model.inventory import Host, Inventory
+from sshddp.model.layout import RunLayout
 from sshddp.model.plan import (
     LaunchOptions,
     LaunchPlan,
@@ -40,13 +41,14 @@ from sshddp.model.ranksel import check_ranks
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
 from sshddp.run import preflight, registry
+from sshddp.run.attempts import AttemptWatch
 from sshddp.run.boot import Boot, pack_soon, warm_args
 from sshddp.run.follow import Followers
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
 from sshddp.run.payload import Payload, build_payload, code_spec
 from sshddp.run.registry import Launcher, RunRecord
-from sshddp.run.runstate import RunState
+from sshddp.run.runstate import LaunchState, RunState
 from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sinks import Screen, open_sinks
 from sshddp.run.teardown import Teardown
@@ -61,6 +63,7 @@ class LaunchMode:
     check: bool = True
     detach: bool = False
     fanout: int = defaults.FANOUT
+    ranks: Optional[frozenset[int]] = None  #: --ranks: the ranks the console shows (all: None)
 
 
 def build_plan(
@@ -89,8 +92,8 @@ def launch(
     with trace.phase("plan"):
         plan = build_plan(inventory, options, ssh, secrets)
     _trace_plan(plan, mode)
-    if screen.ranks is not None:  # before anything is reserved or started
-        check_ranks(screen.ranks, plan.world_size, plan.run_id)
+    if mode.ranks is not None:  # before anything is reserved or started
+        check_ranks(mode.ranks, plan.world_size, plan.run_id)
     if mode.dry_run:
         screen.out(describe(plan))
         return None
@@ -139,10 +142,11 @@ class Launch:
     def _run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         plan = self.plan
         self.record = _reserve(plan, inventory.source, ssh)
-        logs, console = open_sinks(plan, Path(plan.log_dir).absolute(), self.screen, fresh=True)
+        where = Path(plan.log_dir).absolute()
+        logs, console = open_sinks(plan.layout, where, self.screen, self.mode.ranks, fresh=True)
         try:
             with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
-                state = RunState(plan, pool, logs, console)
+                state = LaunchState(plan, pool, logs, console)
                 try:
                     with trace.phase("preflight"):
                         unreachable = self._preflight(state, inventory, payload)
@@ -163,7 +167,7 @@ class Launch:
             payload.close()
 
     def _preflight(
-        self, state: RunState, inventory: Inventory, payload: Payload
+        self, state: LaunchState, inventory: Inventory, payload: Payload
     ) -> dict[int, BaseException]:
         """Every host's session, opened by the checks (or, with --no-check, without them);
         the hosts that could not be reached. With ``--port auto`` the plan (and the record)
@@ -186,7 +190,7 @@ class Launch:
         return {}
 
     def _boot_and_follow(
-        self, state: RunState, payload: Payload, unreachable: dict[int, BaseException]
+        self, state: LaunchState, payload: Payload, unreachable: dict[int, BaseException]
     ) -> Optional[RunResult]:
         plan = state.plan
         teardown = Teardown(state)
@@ -209,8 +213,10 @@ class Launch:
         # follow, and tear down on the first failure (or the Ctrl-C that came meanwhile, or
         # the end of the Slurm job the run lives in)
         resizes = forward_resizes(state, self.screen.stdout_bytes)
+        # the supervisors restart the run on their own (--max-restarts): say when they do
+        attempts = AttemptWatch(state) if plan.max_restarts > 0 else nullcontext()
         follow = trace.phase("follow")
-        with resizes, JobWatch(state, teardown) as job, follow:
+        with resizes, attempts, JobWatch(state, teardown) as job, follow:
             result = job.settle(Followers(state, teardown, interrupts=self.interrupts).run())
         return _recorded(result, self.screen)
 
@@ -224,43 +230,45 @@ class Launch:
         return True
 
 
-def attach(record: RunRecord, ssh: SshOptions, fanout: int, screen: Screen) -> RunResult:
-    """Follow a run again, like launch: Ctrl-C stops it, Ctrl-\\ detaches. A node whose run
-    directory is gone (retention) is not followed; when every node's is, the recorded end."""
-    plan = record.plan()
+def attach(
+    record: RunRecord,
+    ssh: SshOptions,
+    fanout: int,
+    screen: Screen,
+    ranks: Optional[frozenset[int]] = None,
+) -> RunResult:
+    """Follow a run again, like launch: Ctrl-C stops it, Ctrl-\\ detaches; the console shows
+    the ranks ``ranks`` selects (all: None). A node whose run directory is gone (retention)
+    is not followed; when every node's is, the recorded end."""
+    layout = record.layout()
     interrupts = Interrupts().deferred()  # any Ctrl-C from here on stops the run
-    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
+    with HostPool([n.host for n in layout.nodes], ssh, fanout) as pool:
         connect_strictly(pool)
-        found = node_statuses(pool, plan)
+        found = node_statuses(pool, layout)
         if trace.on():
-            trace.log.info("attach: run %s, node states %s", plan.run_id, _statuses(found))
+            trace.log.info("attach: run %s, node states %s", layout.run_id, _statuses(found))
         gone = {r: s for r, s in found.items() if s and s.get("state") == NodeState.GONE.value}
-        if len(gone) == len(plan.nodes):
+        if len(gone) == len(layout.nodes):
             return _all_gone(record, gone, screen)
-        logs, console = open_sinks(plan, Path(record.log_dir), screen)
-        live = replace(plan, nodes=tuple(n for n in plan.nodes if n.node_rank not in gone))
-        state = RunState(live, pool, logs, console)
+        logs, console = open_sinks(layout, Path(record.log_dir), screen, ranks)
+        state = RunState(layout.only(r for r in found if r not in gone), pool, logs, console)
         for rank, status in found.items():  # a detach before a node's first line: not pending
             if rank in state.results and status and status.get("state") == NodeState.RUNNING.value:
                 state.results[rank].state = NodeState.RUNNING
         teardown = Teardown(state)
         try:
-            resizes = forward_resizes(state, screen.stdout_bytes)
             follow = trace.phase("follow")
-            with _detach_on(state), resizes, JobWatch(state, teardown) as job, follow:
-                # said once Ctrl-\ does what it says
-                screen.err(
-                    f"sshddp: attached to run {plan.run_id}; Ctrl-C stops it on every host, "
-                    + (
-                        "it cannot be detached (transport srun)"
-                        if _bound(plan)
-                        else "Ctrl-\\ detaches"
-                    )
-                )
+            with _detach_on(state), JobWatch(state, teardown) as job, follow:
+                screen.err(_attached_line(layout))  # said once Ctrl-\ does what it says
                 result = job.settle(Followers(state, teardown, interrupts=interrupts).run())
         finally:
             logs.close()
     return _recorded(_with_gone(result, record, gone), screen)
+
+
+def _attached_line(layout: RunLayout) -> str:
+    how = "it cannot be detached (transport srun)" if _bound(layout) else "Ctrl-\\ detaches"
+    return f"sshddp: attached to run {layout.run_id}; Ctrl-C stops it on every host, " + how
 
 
 def watch(state: RunState, interrupts: Optional[Interrupts] = None) -> RunResult:
@@ -270,13 +278,13 @@ def watch(state: RunState, interrupts: Optional[Interrupts] = None) -> RunResult
     return Followers(state, Teardown(state), watch_only=True, interrupts=interrupts).run()
 
 
-def node_statuses(pool: HostPool, plan: LaunchPlan) -> dict[int, Optional[ExitRecord]]:
+def node_statuses(pool: HostPool, layout: RunLayout) -> dict[int, Optional[ExitRecord]]:
     """Every node's status by node rank (``gone``: its host holds no run directory for it);
     None for a node that cannot be asked: following it says what went wrong."""
     outcomes = pool.map(
-        lambda n: calls.read_node(pool.transport(n), n.rundir, 0, "status"), plan.nodes
+        lambda n: calls.read_node(pool.transport(n), n.rundir, 0, "status"), layout.nodes
     )
-    return {n.node_rank: outcomes[n.index].value for n in plan.nodes}
+    return {n.node_rank: outcomes[n.index].value for n in layout.nodes}
 
 
 def connect_strictly(pool: HostPool) -> None:
@@ -389,7 +397,7 @@ def _banner(plan: LaunchPlan) -> str:
 
 def _ctrl_c_line(plan: LaunchPlan) -> str:
     """Said once the preflight passed: before, Ctrl-C ends a launch that started nothing."""
-    if _bound(plan):
+    if _bound(plan.layout):
         return (
             "sshddp: Ctrl-C stops the run on every host; it lives in this sshddp's Slurm job "
             "steps (transport srun), so it cannot be detached"
@@ -400,9 +408,9 @@ def _ctrl_c_line(plan: LaunchPlan) -> str:
     )
 
 
-def _bound(plan: LaunchPlan) -> bool:
+def _bound(layout: RunLayout) -> bool:
     """The run lives in job steps this sshddp holds (transport srun)."""
-    return any(n.host.transport == "srun" for n in plan.nodes)
+    return any(n.host.transport == "srun" for n in layout.nodes)
 
 
 def _checks(
@@ -460,13 +468,13 @@ def _detach_on(state: RunState) -> Iterator[None]:
     lives in our job steps: Ctrl-\\ says so, and after SIGHUP we follow it on, quietly."""
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
-        if not _bound(state.plan):
+        if not _bound(state.layout):
             state.detached.set()
         elif signum == signal.SIGQUIT:  # printed by a thread: the console has a lock
             text = (
                 "sshddp: a run over srun cannot be detached: its processes live in the job "
                 "steps this sshddp holds. Ctrl-C stops it; `sshddp logs --follow "
-                f"{state.plan.run_id}` follows it from another terminal"
+                f"{state.layout.run_id}` follows it from another terminal"
             )
             threading.Thread(target=state.console.message, args=(text,), daemon=True).start()
 

@@ -32,7 +32,7 @@ from sshddp.hosts.calls import FetchStream
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import visible
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.run.registry import RunRecord
 
 TMP_PREFIX = ".sshddp-fetch-"
@@ -62,7 +62,7 @@ class NoProgress:
 class NodeCopy:
     """What ``fetch`` did on one node: where the verified copy is, or why there is none."""
 
-    node: NodePlan
+    node: NodeLayout
     target: Optional[Path] = None  #: the local copy
     kind: str = ""  #: "file" or "dir"
     size: int = 0  #: bytes received and verified (a directory's as a tar stream)
@@ -72,7 +72,7 @@ class NodeCopy:
     error: Optional[SshddpError] = None
 
 
-def node_dir(node: NodePlan) -> str:
+def node_dir(node: NodeLayout) -> str:
     """``node<K>-<host>``, named like the node's local log."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in node.host.host)
     return f"node{node.node_rank}-{safe}"
@@ -142,12 +142,12 @@ def fetch(
     """Copy ``path`` (relative to each node's working directory) from every node of the run,
     or only node ``only``, into ``dest``; one outcome per node, in node order."""
     check_dest(dest)
-    nodes = [n for n in record.plan().nodes if only is None or n.node_rank == only]
+    nodes = [n for n in record.layout().nodes if only is None or n.node_rank == only]
     with HostPool([n.host for n in nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
         reachable = [n for n in nodes if errors[n.index] is None]
 
-        def copy(node: NodePlan) -> NodeCopy:
+        def copy(node: NodeLayout) -> NodeCopy:
             stream = calls.fetch_path(pool.transport(node), node.rundir, node.cwd, path)
             try:
                 return _receive(node, stream, dest / node_dir(node), progress)
@@ -167,7 +167,7 @@ def fetch(
     return copies
 
 
-def _as_error(node: NodePlan, exc: Optional[BaseException]) -> SshddpError:
+def _as_error(node: NodeLayout, exc: Optional[BaseException]) -> SshddpError:
     if isinstance(exc, SshddpError):
         return exc
     if isinstance(exc, OSError):  # reading from the host raises RemoteError: this is local
@@ -201,7 +201,7 @@ class Received:
             pass
 
 
-def _receive(node: NodePlan, stream: FetchStream, into: Path, progress: Progress) -> NodeCopy:
+def _receive(node: NodeLayout, stream: FetchStream, into: Path, progress: Progress) -> NodeCopy:
     header = stream.header
     host = node.host.host
     if not header.get("ok"):

@@ -16,10 +16,9 @@ from sshddp import defaults, trace
 from sshddp.errors import LogWriteFailed, SshddpError
 from sshddp.hosts import calls
 from sshddp.hosts.transport import Transport
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.model.state import NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
-from sshddp.run.attempts import AttemptWatch
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.runstate import RunState
@@ -52,11 +51,10 @@ class Followers:
         state = self.state
         threads = [
             threading.Thread(target=self._follow, args=(n,), daemon=True, name=f"n{n.node_rank}")
-            for n in state.plan.nodes
+            for n in state.layout.nodes
         ]
         for t in threads:
             t.start()
-        said = AttemptWatch(state).start()  # the supervisors restart the run: say so
         handled = 0
         while any(t.is_alive() for t in threads) and not state.detached.is_set():
             try:
@@ -69,7 +67,6 @@ class Followers:
                     state.detached.set()
                 else:
                     self._interrupted(handled)
-        said.stop()
         if state.detached.is_set():
             trace.log.info("follow: detached: %s", _why_detached(state, self.watch_only))
         else:
@@ -77,17 +74,17 @@ class Followers:
         return state.result(bool(handled) and not self.watch_only)
 
     def _interrupted(self, count: int) -> None:
-        plan = self.state.plan
+        layout = self.state.layout
         if count == 1:
             self.state.console.message(
-                f"sshddp: Ctrl-C: stopping run {plan.run_id} on every host "
-                f"(SIGTERM, SIGKILL after {plan.grace:g} s; Ctrl-C again to kill now)"
+                f"sshddp: Ctrl-C: stopping run {layout.run_id} on every host "
+                f"(SIGTERM, SIGKILL after {layout.grace:g} s; Ctrl-C again to kill now)"
             )
         else:
             self.state.console.message("sshddp: killing every process of the run now")
         self.teardown.request(count > 1, "interrupted by the user (Ctrl-C)")
 
-    def _follow(self, node: NodePlan) -> None:
+    def _follow(self, node: NodeLayout) -> None:
         """Follow one node to its end, reconnecting for up to ``reconnect_window``."""
         state = self.state
         transport = state.transport(node)
@@ -123,7 +120,7 @@ class Followers:
             _trace(node, "reconnecting")
         state.console.flush_node(node.node_rank)
 
-    def _stream(self, transport: Transport, node: NodePlan) -> Optional[ExitRecord]:
+    def _stream(self, transport: Transport, node: NodeLayout) -> Optional[ExitRecord]:
         """Follow one node's log from the local copy's size; its exit record, or None if cut.
 
         The first stream is the tail of the node's launch session; a reconnect starts a
@@ -151,7 +148,7 @@ class Followers:
             proc.close()
         return record
 
-    def _done(self, node: NodePlan, record: ExitRecord) -> None:
+    def _done(self, node: NodeLayout, record: ExitRecord) -> None:
         state = self.state
         state.console.flush_node(node.node_rank)
         with state.lock:
@@ -165,7 +162,7 @@ class Followers:
             )
 
     def _unreachable(
-        self, node: NodePlan, error: Optional[BaseException], ended: Optional[str] = None
+        self, node: NodeLayout, error: Optional[BaseException], ended: Optional[str] = None
     ) -> None:
         """The node cannot be reached; ``ended``: because its Slurm job ended (so it is
         lost, not merely out of reach)."""
@@ -180,7 +177,7 @@ class Followers:
         _trace(node, "given up: %s", result.reason)
 
 
-def _trace(node: NodePlan, what: str, *args: object) -> None:
+def _trace(node: NodeLayout, what: str, *args: object) -> None:
     if trace.on():
         trace.log.info("follow node %d (%s): " + what, node.node_rank, node.host.host, *args)
 

@@ -10,18 +10,18 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.hang import NodeHang
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.remote.contract import HangRecord
 from sshddp.run.registry import RunRecord
 
 
 def collect(record: RunRecord, ssh: SshOptions, fanout: int) -> list[NodeHang]:
     """Every node's hang record (or why it could not be read), by node rank."""
-    nodes = list(record.plan().nodes)
+    nodes = list(record.layout().nodes)
     with HostPool([n.host for n in nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
 
-        def ask(n: NodePlan) -> Optional[HangRecord]:
+        def ask(n: NodeLayout) -> Optional[HangRecord]:
             return calls.node_hang(pool.transport(n), n.rundir)
 
         outcomes = pool.map(ask, [n for n in nodes if errors[n.index] is None])

@@ -22,15 +22,15 @@ from sshddp import defaults
 from sshddp.errors import SshddpError
 from sshddp.hosts import slurm
 from sshddp.model.allocation import job_ended
-from sshddp.model.plan import LaunchPlan
+from sshddp.model.layout import RunLayout
 from sshddp.model.state import RunResult
 from sshddp.run.runstate import RunState
 from sshddp.run.teardown import Teardown
 
 
-def job_of(plan: LaunchPlan) -> Optional[str]:
+def job_of(layout: RunLayout) -> Optional[str]:
     """The Slurm job whose nodes the run is on, if any."""
-    return plan.nodes[0].host.slurm_job if plan.nodes else None
+    return layout.nodes[0].host.slurm_job if layout.nodes else None
 
 
 class JobWatch:
@@ -45,7 +45,7 @@ class JobWatch:
     ) -> None:
         self.state = state
         self.teardown = teardown
-        self.job = job_of(state.plan)
+        self.job = job_of(state.layout)
         self.environ = os.environ if environ is None else environ
         self.poll = poll
         self._stop = threading.Event()

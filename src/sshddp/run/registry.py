@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional
 from sshddp import defaults
 from sshddp.errors import RunNotFound, StateError, UsageError
 from sshddp.model.inventory import Host
-from sshddp.model.plan import CodeSpec, LaunchPlan, NodePlan
+from sshddp.model.layout import NodeLayout, RunLayout, first_ranks
+from sshddp.model.plan import LaunchPlan
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
 
@@ -188,38 +189,14 @@ class RunRecord:
         ]
         return RunResult(self.run_id, nodes, self.root_cause, log_dir=Path(self.log_dir))
 
-    def plan(self) -> LaunchPlan:
-        """Enough of the run's plan to follow, fetch and stop it, and to name each node's
-        ranks (torchrun numbers them node after node, in node-rank order)."""
-        first: dict[int, int] = {}
-        total = 0
-        for n in sorted(self.nodes, key=lambda n: n.node_rank):
-            first[n.node_rank], total = total, total + n.nproc
+    def layout(self) -> RunLayout:
+        """The run's layout, to follow, fetch and stop it and to name each node's ranks."""
+        first = first_ranks((n.node_rank, n.nproc) for n in self.nodes)
         nodes = tuple(
-            NodePlan(
-                host=n.host,
-                node_rank=n.node_rank,
-                nproc=n.nproc,
-                first_rank=first[n.node_rank],
-                rundir=n.rundir,
-                env={},
-                argv=(),
-                cwd=n.cwd,
-            )
+            NodeLayout(n.host, n.node_rank, n.nproc, first[n.node_rank], n.rundir, n.cwd)
             for n in self.nodes
         )
-        return LaunchPlan(
-            run_id=self.run_id,
-            nodes=nodes,
-            rdzv_addr=self.rdzv[0],
-            rdzv_port=self.rdzv[1],
-            world_size=self.world_size,
-            code=CodeSpec("none", self.code),
-            script_args=self.args,
-            grace=self.grace,
-            log_dir=self.log_dir,
-            heartbeat_timeout=self.heartbeat_timeout,
-        )
+        return RunLayout(self.run_id, self.log_dir, nodes, self.grace)
 
 
 def record_json(record: RunRecord) -> dict[str, Any]:

@@ -9,7 +9,7 @@ follows a run like a launch does.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
 
@@ -25,7 +25,7 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import TerminalStream
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.model.report import attempt_marks
 from sshddp.model.state import NodeState
 from sshddp.remote.contract import ExitRecord, StopAnswer
@@ -57,7 +57,7 @@ def started(record: RunRecord) -> RunRecord:
 class NodeStop:
     """What ``stop`` did on one node: its answer, or why it could not reach it."""
 
-    node: NodePlan
+    node: NodeLayout
     answer: Optional[StopAnswer] = None
     error: str = ""  #: the node was NOT stopped, and why
 
@@ -75,18 +75,18 @@ class NodeStop:
 
 def stop(record: RunRecord, ssh: SshOptions, fanout: int, force: bool) -> list[NodeStop]:
     """Stop every node of the run (SIGTERM, grace, SIGKILL; at once with ``force``)."""
-    plan = record.plan()
-    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
+    layout = record.layout()
+    with HostPool([n.host for n in layout.nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
-        reachable = [n for n in plan.nodes if errors[n.index] is None]
+        reachable = [n for n in layout.nodes if errors[n.index] is None]
 
-        def stop_one(node: NodePlan) -> StopAnswer:
+        def stop_one(node: NodeLayout) -> StopAnswer:
             why = "stopped with `sshddp stop`"
             return calls.stop_node(pool.transport(node), node.rundir, force, why)
 
         outcomes = pool.map(stop_one, reachable)
     done = []
-    for node in plan.nodes:
+    for node in layout.nodes:
         err, outcome = errors[node.index], outcomes.get(node.index)
         if err is not None:
             done.append(
@@ -120,15 +120,17 @@ def show_logs(
     node: Optional[int],
     tail: Optional[int],
     follow: bool,
+    ranks: Optional[frozenset[int]] = None,
 ) -> None:
     """Bring the local copies up to date from the hosts, print them, and (``follow``) keep
-    printing until the run ends. A node out of reach shows its local copy, with a note;
-    so does a node whose run directory is gone from its host (it is not followed)."""
-    plan = record.plan()
-    nodes = [n for n in plan.nodes if node is None or n.node_rank == node]
-    with HostPool([n.host for n in plan.nodes], ssh, fanout) as pool:
+    printing until the run ends; the ranks ``ranks`` selects (all: None). A node out of
+    reach shows its local copy, with a note; so does a node whose run directory is gone
+    from its host (it is not followed)."""
+    layout = record.layout()
+    nodes = [n for n in layout.nodes if node is None or n.node_rank == node]
+    with HostPool([n.host for n in layout.nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
-        logs, console = open_sinks(plan, Path(record.log_dir), screen, agent=True)
+        logs, console = open_sinks(layout, Path(record.log_dir), screen, ranks, agent=True)
         try:
             reachable = [n for n in nodes if errors[n.index] is None]
             fetched = pool.map(lambda n: _fetch(pool, n, logs), reachable)
@@ -145,9 +147,9 @@ def show_logs(
                 for n, s in ((n, states.get(n.node_rank)) for n in nodes)
             }
             _print_logs(screen, console, logs, nodes, tail, single=node is not None, marks=marks)
-            live = tuple(n for n in reachable if n.node_rank not in gone)
+            live = [n.node_rank for n in reachable if n.node_rank not in gone]
             if follow and live:
-                _watch(RunState(replace(plan, nodes=live), pool, logs, console))
+                _watch(RunState(layout.only(live), pool, logs, console))
             elif follow and gone and not record.end_known:
                 raise RunGone(
                     f"run {record.run_id}: nothing to follow: its run directories are gone "
@@ -163,8 +165,8 @@ def _watch(state: RunState) -> None:
     coordinator.watch(state, interrupts)
     if interrupts.count:
         raise Interrupted(
-            f"stopped following run {state.plan.run_id}; it goes on (`sshddp logs -f "
-            f"{state.plan.run_id}` follows it again)"
+            f"stopped following run {state.layout.run_id}; it goes on (`sshddp logs -f "
+            f"{state.layout.run_id}` follows it again)"
         )
 
 
@@ -175,7 +177,7 @@ def _note(screen: Screen, warning: Optional[str]) -> None:
 
 def _say_missing(
     screen: Screen,
-    nodes: list[NodePlan],
+    nodes: list[NodeLayout],
     errors: Mapping[int, Optional[Exception]],
     gone: set[int],
 ) -> None:
@@ -192,7 +194,7 @@ def _say_missing(
             )
 
 
-def _fetch(pool: HostPool, node: NodePlan, logs: NodeLogs) -> ExitRecord:
+def _fetch(pool: HostPool, node: NodeLayout, logs: NodeLogs) -> ExitRecord:
     """Append what the local copy lacks; the node's status. A copy another sshddp is
     writing is left to it: only the status is read."""
     rank = node.node_rank
@@ -207,7 +209,7 @@ def _print_logs(
     screen: Screen,
     console: Console,
     logs: NodeLogs,
-    nodes: list[NodePlan],
+    nodes: list[NodeLayout],
     tail: Optional[int],
     single: bool,
     marks: Optional[Mapping[int, list[tuple[int, str]]]] = None,

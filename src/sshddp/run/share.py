@@ -19,7 +19,7 @@ from sshddp.hosts.pool import HostResults, Outcome
 from sshddp.hosts.session import HostSession
 from sshddp.model.plan import NodePlan
 from sshddp.model.share import Decision, Look, Transfer, decide, unshared, unshared_warning
-from sshddp.run.runstate import RunState
+from sshddp.run.runstate import LaunchState
 
 #: A node's part in the transfer: None when it went well, else why not.
 Problem = Optional[str]
@@ -29,7 +29,7 @@ class Share:
     """The ``--share`` step of one launch, between staging and the start."""
 
     def __init__(
-        self, state: RunState, peer_key: str, say: Callable[[str], None] = lambda text: None
+        self, state: LaunchState, peer_key: str, say: Callable[[str], None] = lambda text: None
     ) -> None:
         self.state = state
         self.peer_key = peer_key  #: the run's key: only this run's nodes fetch the files

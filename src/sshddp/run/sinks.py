@@ -27,7 +27,7 @@ from sshddp.errors import UsageError
 from sshddp.model import spans
 from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
-from sshddp.model.plan import LaunchPlan
+from sshddp.model.layout import RunLayout
 from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
 from sshddp.remote.contract import SOURCE_NODE
 from sshddp.run.logfiles import LocalCopy, Say, open_run_dir
@@ -44,7 +44,6 @@ class Screen(Protocol):
 
     stdout_bytes: BinaryIO  #: the ranks' output, prefixed, goes here
     color: bool
-    ranks: Optional[frozenset[int]]  #: the ranks whose output the console shows (all: None)
     verbose: bool  #: torchrun's agent's lines shown too (-v)
 
     def out(self, text: str) -> None: ...
@@ -328,29 +327,31 @@ def tail_lines(path: Optional[Path], lines: int) -> list[str]:
 
 
 def open_sinks(
-    plan: LaunchPlan,
+    layout: RunLayout,
     log_dir: Path,
     screen: Screen,
+    ranks: Optional[frozenset[int]] = None,
     agent: bool = False,
     fresh: bool = False,
 ) -> tuple[NodeLogs, Console]:
     """A run's local log files (opened to append, resuming; ``fresh``: made new, for a
-    launch) and its prefixed console, which shows the ranks ``screen.ranks`` selects (every
-    one when None), and torchrun's agent's lines with ``agent`` or ``screen.verbose``."""
-    if screen.ranks is not None:
-        check_ranks(screen.ranks, plan.world_size, plan.run_id)
+    launch) and its prefixed console, which shows the ranks ``ranks`` selects (``--ranks``;
+    every one when None), and torchrun's agent's lines with ``agent`` or ``screen.verbose``."""
+    if ranks is not None:
+        check_ranks(ranks, layout.world_size, layout.run_id)
     logs = NodeLogs(log_dir, fresh, lambda text: screen.err(f"sshddp: note: {text}"))
     stream = screen.stdout_bytes
     shown = agent or screen.verbose
     console = Console(stream, screen.color, live=_isatty(stream), agent=shown)
-    labels = {n.node_rank: f"{rank_label(n.first_rank, n.nproc)} {n.host.host}" for n in plan.nodes}
+    labels = {
+        n.node_rank: f"{rank_label(n.first_rank, n.nproc)} {n.host.host}" for n in layout.nodes
+    }
     width = max(len(f"[{label}]") for label in labels.values())
-    for node in plan.nodes:
+    for node in layout.nodes:
         logs.open(node.node_rank, node.host.host)
-        ranks = range(node.first_rank, node.first_rank + node.nproc)
-        console.add_node(node.node_rank, labels[node.node_rank], width, shows(screen.ranks, ranks))
-        for local, rank in enumerate(ranks):
-            own = shows(screen.ranks, source_ranks(node.first_rank, node.nproc, local))
+        console.add_node(node.node_rank, labels[node.node_rank], width, shows(ranks, node.ranks))
+        for local, rank in enumerate(node.ranks):
+            own = shows(ranks, source_ranks(node.first_rank, node.nproc, local))
             console.add_rank(node.node_rank, local, f"{rank} {node.host.host}", width, own)
     return logs, console
 

@@ -38,7 +38,6 @@ class _QuietScreen:
     screen: Screen
     stdout_bytes: BinaryIO
     color: bool = False
-    ranks: Optional[frozenset[int]] = None
     verbose: bool = False
 
     def out(self, text: str) -> None:

@@ -21,7 +21,7 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model import stacks
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.model.stacks import HostStacks
 from sshddp.remote import contract
 from sshddp.remote.contract import NodeStacks
@@ -61,12 +61,11 @@ def collect(
 ) -> Collected:
     """Ask every node of the run (or node ``node`` only) for its stacks, in parallel."""
     at = time.time()
-    plan = record.plan()
-    nodes = [n for n in plan.nodes if node is None or n.node_rank == node]
+    nodes = [n for n in record.layout().nodes if node is None or n.node_rank == node]
     with HostPool([n.host for n in nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
 
-        def ask(n: NodePlan) -> NodeStacks:
+        def ask(n: NodeLayout) -> NodeStacks:
             return calls.node_stacks(pool.transport(n), n.rundir, native, defaults.STACKS_TIMEOUT)
 
         outcomes = pool.map(ask, [n for n in nodes if errors[n.index] is None])

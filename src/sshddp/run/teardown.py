@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sshddp import trace
 from sshddp.hosts import calls
-from sshddp.model.plan import NodePlan
+from sshddp.model.layout import NodeLayout
 from sshddp.remote.contract import StopAnswer
 from sshddp.run.runstate import RunState, StopLevel
 
@@ -34,7 +34,7 @@ class Teardown:
                 if state.stop_level >= level:
                     return
                 state.stop_level = level
-            nodes = [n for n in state.plan.nodes if not state.results[n.node_rank].state.final]
+            nodes = [n for n in state.layout.nodes if not state.results[n.node_rank].state.final]
             trace.log.info(
                 "teardown: %s stop of %d node(s), because %s",
                 level.name.lower(),
@@ -51,8 +51,8 @@ class Teardown:
     def requested(self) -> bool:
         return self.state.stop_level is not StopLevel.NONE
 
-    def _stop_nodes(self, nodes: Sequence[NodePlan], force: bool, reason: str) -> None:
-        def stop(node: NodePlan) -> StopAnswer:
+    def _stop_nodes(self, nodes: Sequence[NodeLayout], force: bool, reason: str) -> None:
+        def stop(node: NodeLayout) -> StopAnswer:
             return calls.stop_node(self.state.transport(node), node.rundir, force, reason)
 
         with trace.phase("teardown"):

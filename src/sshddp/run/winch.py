@@ -17,14 +17,14 @@ from types import FrameType
 from typing import BinaryIO, Optional
 
 from sshddp.hosts import calls
-from sshddp.run.runstate import RunState
+from sshddp.run.runstate import LaunchState, RunState
 from sshddp.run.sinks import terminal_size
 
 SETTLE = 0.2  #: seconds a resize waits for the next one before the hosts are told
 
 
 @contextmanager
-def forward_resizes(state: RunState, stream: BinaryIO) -> Iterator[None]:
+def forward_resizes(state: LaunchState, stream: BinaryIO) -> Iterator[None]:
     """While in the block, pass the size of the terminal ``stream`` is on to the nodes'
     ptys whenever it changes (a run launched with --tty; else nothing)."""
     if not state.plan.tty or threading.current_thread() is not threading.main_thread():
@@ -57,5 +57,5 @@ def _resize(state: RunState, columns: int, rows: int) -> None:
     """Tell every node; a node that cannot be told keeps its old size (nothing else to do)."""
     state.pool.map(
         lambda n: calls.resize_node(state.transport(n), n.rundir, columns, rows),
-        state.plan.nodes,
+        state.layout.nodes,
     )
