@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 from sshddp import defaults
 from sshddp.errors import RunNotFound, StateError, UsageError
+from sshddp.model.commands import Program
 from sshddp.model.inventory import Host
 from sshddp.model.plan import CodeSpec, LaunchPlan, NodePlan
 from sshddp.model.state import NodeResult, NodeState, RunResult
@@ -203,7 +204,7 @@ class RunRecord:
                 first_rank=first[n.node_rank],
                 rundir=n.rundir,
                 env={},
-                argv=(),
+                program=Program("script", self.code, self.args),
                 cwd=n.cwd,
             )
             for n in self.nodes
