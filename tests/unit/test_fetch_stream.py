@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sshddp.model.commands import Program
 from sshddp.model.inventory import Host
 from sshddp.model.plan import NodePlan
 from sshddp.run.fetch import NodeCopy, summary
@@ -14,7 +15,7 @@ from sshddp.run.fetch import NodeCopy, summary
 
 def node_on(python: str) -> NodePlan:
     host = Host("localhost", 0, nproc=1, python=python)
-    return NodePlan(host, 0, 1, 0, rundir="", env={}, argv=(), cwd="")
+    return NodePlan(host, 0, 1, 0, rundir="", env={}, program=Program("script", ""), cwd="")
 
 
 @pytest.fixture(params=["this", "3.8"])
