@@ -14,7 +14,6 @@ def spec(rank: int, port: int) -> SpecRecord:
         "schema": 2,
         "run_id": "r1",
         "node_rank": rank,
-        "argv": [],
         "cwd": None,
         "grace": 1,
         "mark": "r1/n0",

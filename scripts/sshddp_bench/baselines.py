@@ -3,7 +3,8 @@
 ``sshddp launch --dry-run`` prints each node's working directory, environment and
 torchrun command. The baselines run exactly those, with the rank script and sshddp's rank
 shim already in place on the hosts, so they differ from sshddp only in how the commands
-reach the hosts: no preflight, no code copy, no supervisor.
+reach the hosts: no preflight, no code copy, no supervisor. The command's agent shim is
+plain torchrun there (``PLAIN_TORCHRUN``): the baselines run torchrun as it comes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from typing import Optional
 
 from sshddp_bench import internals
 from sshddp_bench.harness import Bench, BenchError, expect_rc
+
+#: what the baselines put where a node's command names sshddp's agent shim: ``python -m
+#: torch.distributed.run``, run from a file
+PLAIN_TORCHRUN = (
+    "import runpy\nrunpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)\n"
+)
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,12 @@ def node_scripts(b: Bench, nodes: Sequence[NodeCommand], name: str, extra_env: s
     for node in nodes:
         Path(node.cwd).mkdir(parents=True, exist_ok=True)
         shutil.copy(b.rank_script, node.cwd)
-        argv = shlex.split(node.command)  # ... --no-python PYTHON RUNDIR/rank.py SCRIPT ...
+        # PYTHON RUNDIR/agent.py ... --no-python PYTHON RUNDIR/rank.py SCRIPT ...
+        argv = shlex.split(node.command)
         shim = Path(os.path.expanduser(argv[argv.index("--no-python") + 2]))
         shim.parent.mkdir(parents=True, exist_ok=True)
         shim.write_text(internals.rank_source())
+        Path(shim.parent, "agent.py").write_text(PLAIN_TORCHRUN)
         line = f"cd {shlex.quote(node.cwd)} && exec env {extra_env} {node.env} {node.command}\n"
         (out / f"node-{node.host}.sh").write_text(line)
     return out

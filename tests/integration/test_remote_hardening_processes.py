@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from sshddp.remote import common, follow, output, stop, supervisor, workdir
+from standin_specs import stand_in
 from wire_specs import KEY, free_port, spec
 
 
@@ -172,7 +173,7 @@ def test_two_supervisors_authenticate_and_a_failure_stops_the_other(
     for rank, code in ((0, "import time; time.sleep(3600)"), (1, "raise SystemExit(3)")):
         rundir = tmp_path / f"n{rank}"
         rundir.mkdir()
-        node = {**spec(rank, port), "argv": ["python", "-c", code], "mark": f"{tmp_path}/n{rank}"}
+        node = {**spec(rank, port), **stand_in(rundir, code), "mark": f"{tmp_path}/n{rank}"}
         node["peers"] = {**node["peers"], "nnodes": 2, "hosts": ["h1", "h2"]}
         (rundir / "spec.json").write_text(json.dumps(node))
         (rundir / "supervisor.py").write_text(source)

@@ -17,7 +17,9 @@ import pytest
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
+from standin_specs import torchrun_node
 
+STAND_IN = "import runpy\nrunpy.run_path('train.py', run_name='__main__')\n"
 SCRIPT = b"import sys\nprint('hello from', sys.version_info[:2])\nprint('no newline', end='')\n"
 
 
@@ -42,7 +44,7 @@ def boot_args(rundir: Path) -> dict[str, Any]:
         "spec": {
             "run_id": "r1",
             "node_rank": 0,
-            "argv": ["python", "train.py"],
+            **torchrun_node(),
             "cwd": str(rundir / "code"),
             "grace": 5,
             "mark": f"r1/n0-{rundir.parent.name}",
@@ -58,7 +60,7 @@ def boot_args(rundir: Path) -> dict[str, Any]:
         },
         "supervisor": shipped.standalone("supervisor"),
         "rank": shipped.source("sshddp.remote.rank"),
-        "agent": shipped.source("sshddp.remote.agent"),
+        "agent": STAND_IN,  # the node's torchrun: it runs train.py as python would
         "site": shipped.source("sshddp.remote.ranksite"),
         "remote_script": None,
         "keep_runs": 50,
@@ -138,8 +140,8 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     python = sys.executable if which == "this" else str(oldest_python)
     rundir = tmp_path / "runs" / "r1" / "n0"
     args = boot_args(rundir)
-    args["spec"]["argv"] = [python, "-m", "torch.distributed.run", "--standalone"]
-    args["spec"]["argv"] += ["--nproc-per-node", "1", "train.py"]
+    args["spec"]["torchrun"]["options"] = ["--standalone"]
+    args["agent"] = shipped.source("sshddp.remote.agent")  # torchrun itself
     warm = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site")}
     proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

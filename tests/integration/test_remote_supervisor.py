@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 from sshddp.hosts import shipped
+from standin_specs import stand_in
 
 
 def start_supervisor(rundir: Path, code: str, python: str) -> subprocess.Popen[bytes]:
     rundir.mkdir(parents=True)
     mark = "r1/n0-" + rundir.parent.name  # unique: what the supervisor stops carries it
     spec = {
+        **stand_in(rundir, code),  # the code runs as the node's torchrun
         "run_id": "r1",
         "node_rank": 0,
-        "argv": ["python", "-c", code],
         "cwd": None,
         "grace": 10,
         "mark": mark,

@@ -25,7 +25,11 @@ def supervise(tmp_path: Path, code: str, restarts: int = 2) -> tuple[dict[str, A
         "schema": contract.SCHEMA,
         "run_id": "rs",
         "node_rank": 0,
-        "argv": [sys.executable, "-c", ONCE.format(code=code)],
+        "program": {
+            "kind": contract.PROGRAM_COMMAND,
+            "target": sys.executable,
+            "args": ["-c", ONCE.format(code=code)],
+        },
         "cwd": None,
         "grace": 1.0,
         "mark": f"rs/n0/{tmp_path.name}",

@@ -101,7 +101,8 @@ def test_dry_run_prints_every_node_and_masks_env(inv: Path, script: Path) -> Non
     commands = nodes_of(result.out)
     assert len(commands) == 2, result.out
     for rank, line in enumerate(commands):
-        assert line.startswith("  command: /opt/venv/bin/python -m torch.distributed.run ")
+        rundir = f"~/.sshddp/runs/dry1/n{rank}"
+        assert line.startswith(f"  command: /opt/venv/bin/python '{rundir}/agent.py' ")
         assert "--nnodes 2" in line
         assert f"--node-rank {rank}" in line
         assert "--nproc-per-node 2" in line

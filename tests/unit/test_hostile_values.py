@@ -40,7 +40,7 @@ from sshddp.hosts.transport import SshOptions
 from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
-from sshddp.remote import contract
+from sshddp.remote import compose, contract
 from sshddp.remote.contract import Secrets
 from sshddp.remote.importer import unpack
 from sshddp.remote.supervisor import Supervisor
@@ -325,12 +325,14 @@ def test_values_reach_torchrun_workers_through_boot_and_supervisor(
         expected_env = {**inv_env, **opt_env}
         for node in plan.nodes:
             spec = json.loads(Path(node.rundir, "spec.json").read_text())
-            assert spec["argv"] == list(node.argv)
+            planned = plan.spec(node)
+            assert (spec["program"], spec["torchrun"]) == (planned["program"], planned["torchrun"])
             assert dict(node.env) == {**expected_env, "NODE_RANK": str(node.node_rank)}
             assert Path(node.rundir, "code", SCRIPT_NAME).read_bytes() == script.read_bytes()
             argv, env = supervisor_exec(node.rundir, {"env": dict(node.env), "peer_key": None})
             shim = os.path.join(node.rundir, "rank.py")
             assert worker_argv(argv) == [sys.executable, shim, SCRIPT_NAME, *args]
+            assert argv == compose.node_argv(planned, sys.executable, node.rundir)
             assert {k: env[k] for k in expected_env} == expected_env
             assert env["SSHDDP_RUN_ID"] == "hx1"
             assert not Path(node.rundir, "env.json").exists()

@@ -87,7 +87,7 @@ def test_sshddps_node_rank_wins_over_a_stray_one() -> None:
 def test_node_launcher_runs_the_script_once_per_node_through_the_rank_shim() -> None:
     p = plan(LaunchOptions(script="t.py", script_args=("--x", "$1"), launcher="node"))
     for node in p.nodes:
-        assert node.argv == ("/opt/py", f"{node.rundir}/rank.py", "t.py", "--x", "$1")
+        assert p.argv(node) == ("/opt/py", f"{node.rundir}/rank.py", "t.py", "--x", "$1")
         assert node.env["WORLD_SIZE"] == "5" and node.env["MASTER_ADDR"] == "a.addr"
         assert p.spec(node)["launcher"] == contract.LAUNCH_NODE
     assert [n.env["LOCAL_WORLD_SIZE"] for n in p.nodes] == ["2", "3"]
@@ -96,7 +96,7 @@ def test_node_launcher_runs_the_script_once_per_node_through_the_rank_shim() -> 
 def test_node_launcher_command_is_expanded_per_node() -> None:
     command = ("accelerate", "launch", "--machine_rank", "{node_rank}", "--n", "{world_size}")
     p = plan(LaunchOptions(launcher="node", command=command), CodeSpec("none", "accelerate"))
-    assert [n.argv for n in p.nodes] == [
+    assert [p.argv(n) for n in p.nodes] == [
         ("accelerate", "launch", "--machine_rank", "0", "--n", "5"),
         ("accelerate", "launch", "--machine_rank", "1", "--n", "5"),
     ]
@@ -107,7 +107,7 @@ def test_node_launcher_command_is_expanded_per_node() -> None:
 def test_torchrun_spec_says_torchrun_and_max_restarts_is_torchruns_only() -> None:
     p = plan(LaunchOptions(script="t.py"))
     assert p.spec(p.nodes[0])["launcher"] == contract.LAUNCH_TORCHRUN
-    assert contract.SCHEMA == 5
+    assert contract.SCHEMA == 6
     with pytest.raises(UsageError, match="--max-restarts is torchrun's"):
         plan(LaunchOptions(script="t.py", launcher="node", max_restarts=2))
 

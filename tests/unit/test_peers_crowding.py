@@ -76,7 +76,6 @@ def spec(rank: int, port: int, timeout: float) -> SpecRecord:
         "schema": 4,
         "run_id": "r1",
         "node_rank": rank,
-        "argv": [],
         "cwd": None,
         "grace": 1,
         "mark": f"r1/n{rank}",

@@ -84,8 +84,8 @@ def test_three_hosts_get_node_ranks_and_first_ranks() -> None:
 def test_torchrun_argv_of_every_node() -> None:
     plan = plan_of()
     for node in plan.nodes:
-        argv = node.argv
-        assert argv[:3] == (node.host.python, "-m", "torch.distributed.run")
+        argv = plan.argv(node)
+        assert argv[:2] == (node.host.python, f"{node.rundir}/agent.py")
         assert flag(argv, "--nnodes") == "3"
         assert flag(argv, "--node-rank") == str(node.node_rank)
         assert flag(argv, "--nproc-per-node") == "2"
@@ -93,7 +93,7 @@ def test_torchrun_argv_of_every_node() -> None:
         assert flag(argv, "--rdzv-endpoint") == "10.0.0.1:29400"
         assert flag(argv, "--rdzv-id") == "run42"
         assert argv[-1] == "train.py"
-    assert plan.nodes[2].argv[0] == "/usr/bin/python3"
+    assert plan.argv(plan.nodes[2])[0] == "/usr/bin/python3"
 
 
 def test_nproc_per_node_overrides_every_host() -> None:
@@ -101,7 +101,7 @@ def test_nproc_per_node_overrides_every_host() -> None:
     assert [n.nproc for n in plan.nodes] == [3, 3, 3]
     assert [n.first_rank for n in plan.nodes] == [0, 3, 6]
     assert plan.world_size == 9
-    assert all(flag(n.argv, "--nproc-per-node") == "3" for n in plan.nodes)
+    assert all(flag(plan.argv(n), "--nproc-per-node") == "3" for n in plan.nodes)
 
 
 def test_heterogeneous_hosts() -> None:
@@ -120,14 +120,14 @@ hosts:
     assert plan.world_size == 14
     again = record_of(record_json(RunRecord.of(plan, "inv.yaml", None))).layout()
     assert [n.first_rank for n in again.nodes] == [0, 8, 10, 13]  # attach and logs name ranks
-    assert [flag(n.argv, "--nproc-per-node") for n in plan.nodes] == ["8", "2", "3", "1"]
-    assert flag(plan.nodes[0].argv, "--rdzv-endpoint") == "10.9.9.9:29500"
+    assert [flag(plan.argv(n), "--nproc-per-node") for n in plan.nodes] == ["8", "2", "3", "1"]
+    assert flag(plan.argv(plan.nodes[0]), "--rdzv-endpoint") == "10.9.9.9:29500"
 
 
 def test_rendezvous_host_and_port_options() -> None:
     text = "rendezvous: {host: 10.1.1.1, port: 1234}\nhosts: [a, b]\n"
     plan = plan_of(LaunchOptions(script="t.py", port=4321), text=text)
-    assert flag(plan.nodes[1].argv, "--rdzv-endpoint") == "10.1.1.1:4321"
+    assert flag(plan.argv(plan.nodes[1]), "--rdzv-endpoint") == "10.1.1.1:4321"
     assert plan.rdzv_port == 4321
 
 
@@ -150,21 +150,22 @@ def test_script_args_follow_the_script_verbatim() -> None:
     plan = plan_of(LaunchOptions(script="train.py", script_args=WEIRD_ARGS))
     assert plan.script_args == WEIRD_ARGS
     for node in plan.nodes:
-        i = node.argv.index("train.py")
+        argv = plan.argv(node)
+        i = argv.index("train.py")
         # torchrun expands `$` templates in the script's arguments: each `$` goes doubled.
-        assert node.argv[i + 1 :] == tuple(a.replace("$", "$$") for a in WEIRD_ARGS)
-        assert [Template(a).safe_substitute(local_rank=0) for a in node.argv[i + 1 :]] == list(
+        assert argv[i + 1 :] == tuple(a.replace("$", "$$") for a in WEIRD_ARGS)
+        assert [Template(a).safe_substitute(local_rank=0) for a in argv[i + 1 :]] == list(
             WEIRD_ARGS
         )
-        assert "--node-rank" in node.argv[:i]
+        assert "--node-rank" in argv[:i]
 
 
 def test_module_runs_with_dash_m() -> None:
     code = CodeSpec("none", "pkg.train")
     plan = plan_of(LaunchOptions(module="pkg.train", script_args=("--x", "1")), code=code)
     for node in plan.nodes:
-        assert node.argv[-4:] == ("-m", "pkg.train", "--x", "1")
-        assert node.argv.count("-m") == 2  # python -m torch.distributed.run ... -m pkg.train
+        assert plan.argv(node)[-4:] == ("-m", "pkg.train", "--x", "1")
+        assert plan.argv(node)[-6:-4] == (node.host.python, f"{node.rundir}/rank.py")
         assert node.cwd == "~"
 
 
@@ -229,7 +230,7 @@ def test_endpoint(addr: str, port: int, expected: str) -> None:
 def test_ipv6_rendezvous_endpoint_in_argv() -> None:
     text = "hosts:\n  - {host: a, addr: 'fd00::1'}\n  - b\n"
     plan = plan_of(text=text)
-    assert flag(plan.nodes[1].argv, "--rdzv-endpoint") == "[fd00::1]:29500"
+    assert flag(plan.argv(plan.nodes[1]), "--rdzv-endpoint") == "[fd00::1]:29500"
     assert "rendezvous:  [fd00::1]:29500" in describe(plan)
 
 
@@ -255,7 +256,7 @@ def test_describe_is_stable_and_complete() -> None:
     assert "  run dir: /scratch/sshddp/runs/run42/n1" in lines
     command = next(line for line in lines if line.startswith("  command: /usr/bin/python3"))
     assert command.startswith(
-        "  command: /usr/bin/python3 -m torch.distributed.run --nnodes 3 --node-rank 2 "
+        "  command: /usr/bin/python3 '~/work/runs/run42/n2/agent.py' --nnodes 3 --node-rank 2 "
         "--nproc-per-node 2 --rdzv-backend static --rdzv-endpoint 10.0.0.1:29400 "
         "--rdzv-id run42 --max-restarts 0 "
     )
@@ -490,7 +491,7 @@ def test_workdir_with_module(tmp_path: Path) -> None:
     code = code_spec(LaunchOptions(module="pkg.model", workdir=str(tmp_path)))
     assert code == CodeSpec("tar", "pkg.model", str(tmp_path), str(tmp_path))
     plan = plan_of(LaunchOptions(module="pkg.model"), code=code)
-    assert plan.nodes[0].argv[-2:] == ("-m", "pkg.model")
+    assert plan.argv(plan.nodes[0])[-2:] == ("-m", "pkg.model")
     assert plan.nodes[0].cwd == plan.nodes[0].workspace
     assert plan.nodes[0].cwd.startswith(f"/scratch/sshddp/work/{tmp_path.name}-")
 

@@ -39,10 +39,11 @@ def test_the_pick_reaches_every_node_argv_and_spec() -> None:
     after = with_port(inv, SCRIPT, before, 29502)
     assert after.rdzv_port == 29502 and after.peer_port == 29503
     for node in after.nodes:
-        argv = list(node.argv)
+        argv = list(after.argv(node))
         assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29502"
         spec = after.spec(node)
-        assert spec["peers"]["port"] == 29503 and "10.0.0.1:29502" in spec["argv"]
+        assert spec["peers"]["port"] == 29503
+        assert spec["torchrun"]["rdzv_endpoint"] == "10.0.0.1:29502"
     fixed = LaunchOptions(script="train.py", port=29400)
     before_pick = plan(fixed)
     assert with_port(inv, fixed, before_pick, 29400) == before_pick
@@ -53,7 +54,7 @@ def test_the_pick_reaches_a_node_launchers_environment_and_placeholders() -> Non
     node = LaunchOptions(launcher="node", command=("run", "--port", "{master_port}"))
     after = with_port(inv, node, plan(node), 29502)
     for n in after.nodes:
-        assert n.env["MASTER_PORT"] == "29502" and n.argv[-2:] == ("--port", "29502")
+        assert n.env["MASTER_PORT"] == "29502" and after.argv(n)[-2:] == ("--port", "29502")
 
 
 def test_port_auto_on_the_command_line_overrides_the_inventory() -> None:

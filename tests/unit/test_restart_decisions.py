@@ -142,7 +142,7 @@ def test_logread_chunks_stop_at_an_end(tmp_path: Path) -> None:
 
 def test_torchrun_never_restarts_alone_and_the_spec_carries_the_restarts() -> None:
     p = plan_of(LaunchOptions(script="t.py", max_restarts=2))
-    argv = list(p.nodes[1].argv)
+    argv = list(p.argv(p.nodes[1]))
     assert argv[argv.index("--max-restarts") + 1] == "0"
     assert p.spec(p.nodes[1])["restarts"] == 2
 

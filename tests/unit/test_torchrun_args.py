@@ -10,19 +10,23 @@ import pytest
 
 from cli_helpers import assert_clean_failure, sshddp
 from sshddp.errors import ExitCode, UsageError
-from sshddp.model.commands import torchrun_argv
+from sshddp.model.commands import Program, TorchrunOptions
 from sshddp.model.torchrun import DOCUMENTED, OWNED, owned_by_sshddp, torchrun_args
+from sshddp.remote import compose, contract
+from sshddp.remote.contract import SpecRecord
 
-ARGV = dict(
-    python="python3",
-    node_rank=1,
-    nnodes=2,
-    nproc=2,
-    rdzv=("10.0.0.1", 29500),
-    run_id="r1",
-    max_restarts=0,
-    rundir="/w/runs/r1/n1",
-)
+
+def torchrun_argv(
+    program: tuple[str, ...], options: tuple[str, ...] = (), local_rank_arg: bool = False
+) -> tuple[str, ...]:
+    """Node 1 of 2's command line, as its host composes it."""
+    run = TorchrunOptions(2, 1, 2, "10.0.0.1:29500", "r1", 0, options, local_rank_arg)
+    spec: SpecRecord = {
+        "launcher": contract.LAUNCH_TORCHRUN,
+        "torchrun": run.record(),
+        "program": Program("script", program[0], program[1:]).record(),
+    }
+    return tuple(compose.node_argv(spec, "python3", "/w/runs/r1/n1"))
 
 
 @pytest.mark.parametrize(
@@ -94,21 +98,21 @@ def test_the_documented_options_are_not_owned() -> None:
 
 
 def test_options_go_before_the_program_and_win_over_sshddp_defaults() -> None:
-    argv = torchrun_argv(**ARGV, program=("train.py", "--lr", "$x"), options=("--tee=3",))
+    argv = torchrun_argv(("train.py", "--lr", "$x"), ("--tee=3",))
     assert argv[argv.index("--no-python") - 1] == "--tee=3"
     assert argv[-3:] == ("train.py", "--lr", "$$x")
     # torchrun keeps the last value given: a passed --rdzv-backend overrides sshddp's static
-    argv = torchrun_argv(**ARGV, program=("t.py",), options=("--rdzv-backend=c10d",))
+    argv = torchrun_argv(("t.py",), ("--rdzv-backend=c10d",))
     assert argv.index("--rdzv-backend=c10d") > argv.index("static")
 
 
 def test_local_rank_arg_is_the_one_argument_torchrun_templates() -> None:
-    argv = torchrun_argv(**ARGV, program=("t.py", "${local_rank}"), local_rank_arg=True)
+    argv = torchrun_argv(("t.py", "${local_rank}"), local_rank_arg=True)
     assert argv[-2:] == ("$${local_rank}", "--local_rank=${local_rank}")
     # what torchrun does to each worker's arguments (torch.distributed.elastic.utils.api)
     worker = [Template(a).safe_substitute(local_rank="3") for a in argv[-3:]]
     assert worker == ["t.py", "${local_rank}", "--local_rank=3"]
-    assert "--local_rank" not in " ".join(torchrun_argv(**ARGV, program=("t.py",)))
+    assert "--local_rank" not in " ".join(torchrun_argv(("t.py",)))
 
 
 def test_launch_shows_them_in_the_dry_run(tmp_path: Path) -> None:

@@ -1,21 +1,22 @@
 """Pure: every argv and shell string sshddp sends to a host, each value quoted.
 
 Two kinds: the remote command line that runs shipped host-side code with the host's
-interpreter (``python_command``, with its ``BOOTSTRAP``), and the torchrun command a node's
-supervisor starts (``torchrun_argv``). Nothing here connects anywhere.
+interpreter (``python_command``, with its ``BOOTSTRAP``), and what a node's supervisor starts,
+as structure (``TorchrunOptions``, ``Program``): spec.json carries it, and
+``sshddp.remote.compose`` makes it a command line, on the host and for ``--dry-run`` alike.
+Nothing here connects anywhere.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 from sshddp.remote import contract
 
-#: For --local-rank-arg: torchrun puts each worker's local rank in it (the one argument
-#: sshddp lets torchrun template).
-LOCAL_RANK_ARG = "--local_rank=${local_rank}"
+ProgramKind = Literal["script", "module", "command"]  #: contract.PROGRAM_*
 
 # The ``python -c`` program that runs shipped code: it reads one JSON header line from stdin
 # and hands it to the shipped importer (sshddp/remote/importer.py). Kept free of single
@@ -59,62 +60,45 @@ def endpoint(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr and not addr.startswith("[") else f"{addr}:{port}"
 
 
-def torchrun_argv(
-    python: str,
-    node_rank: int,
-    nnodes: int,
-    nproc: int,
-    rdzv: tuple[str, int],
-    run_id: str,
-    max_restarts: int,
-    rundir: str,
-    program: tuple[str, ...],
-    options: tuple[str, ...] = (),
-    local_rank_arg: bool = False,
-) -> tuple[str, ...]:
-    """torchrun with a static rendezvous, so host i gets node rank i deterministically.
+@dataclass(frozen=True)
+class TorchrunOptions:
+    """torchrun's options for one node: a static rendezvous, so host i is node rank i."""
 
-    ``program`` is the script and its arguments (or ``-m MODULE`` and its arguments), as the
-    script must receive them. ``options`` are the user's own torchrun options (checked by
-    ``model.torchrun``), placed before the program; ``local_rank_arg`` appends
-    ``--local_rank=N`` for scripts written for ``torch.distributed.launch``. Ranks start
-    through ``rank.py`` in the run directory rather than torchrun's default ``python -u``:
-    it runs the script unchanged but line-buffers stdout and stderr, so each line is one
-    write and lines of the ranks sharing the node's log pipe never mix.
-    """
-    argv = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(nnodes),
-        "--node-rank",
-        str(node_rank),
-        "--nproc-per-node",
-        str(nproc),
-        "--rdzv-backend",
-        "static",
-        "--rdzv-endpoint",
-        endpoint(*rdzv),
-        "--rdzv-id",
-        run_id,
-        "--max-restarts",
-        str(max_restarts),
-        *options,
-        "--no-python",
-        python,
-        f"{rundir}/{contract.RANK_SHIM}",
-    ]
-    # The one argument torchrun may template: it puts each worker's local rank in it.
-    last = (LOCAL_RANK_ARG,) if local_rank_arg else ()
-    return (*argv, *(torchrun_literal(a) for a in program), *last)
+    nnodes: int
+    node_rank: int
+    nproc: int  #: --nproc-per-node
+    rdzv_endpoint: str  #: node 0's ``host:port`` (``endpoint``)
+    rdzv_id: str  #: the run id
+    #: the supervisors restart the whole run (``remote/restarts.py``), never torchrun alone
+    max_restarts: int = 0
+    #: the user's own options (checked by ``model.torchrun``), after sshddp's
+    options: tuple[str, ...] = ()
+    local_rank_arg: bool = False  #: the script also gets ``--local_rank=N``
+    rdzv_backend: str = "static"
+
+    def record(self) -> contract.TorchrunSpec:
+        """spec.json's ``torchrun``."""
+        return {
+            "nnodes": self.nnodes,
+            "node_rank": self.node_rank,
+            "nproc": self.nproc,
+            "rdzv_backend": self.rdzv_backend,
+            "rdzv_endpoint": self.rdzv_endpoint,
+            "rdzv_id": self.rdzv_id,
+            "max_restarts": self.max_restarts,
+            "options": list(self.options),
+            "local_rank_arg": self.local_rank_arg,
+        }
 
 
-def torchrun_literal(arg: str) -> str:
-    """``arg`` as torchrun must receive it for the script to get exactly ``arg``.
+@dataclass(frozen=True)
+class Program:
+    """What a node runs: a script, ``-m MODULE``, or a command, and its arguments."""
 
-    torchrun passes every argument after the program through ``string.Template``
-    (``safe_substitute(local_rank=...)``), so ``$$`` would arrive as ``$`` and
-    ``${local_rank}`` as ``0``; with every ``$`` doubled it gives back the text unchanged.
-    """
-    return arg.replace("$", "$$")
+    kind: ProgramKind
+    target: str  #: the script's path, the module's name, or the command's executable
+    args: tuple[str, ...] = ()  #: exactly as the program must receive them
+
+    def record(self) -> contract.ProgramSpec:
+        """spec.json's ``program``."""
+        return {"kind": self.kind, "target": self.target, "args": list(self.args)}

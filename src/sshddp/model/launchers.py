@@ -92,18 +92,8 @@ def _expand_one(arg: str, index: int, values: Mapping[str, str]) -> str:
     return _TOKEN.sub(replace, arg)
 
 
-def node_argv(
-    python: str, rundir: str, program: tuple[str, ...], command: tuple[str, ...]
-) -> tuple[str, ...]:
-    """What a node launcher's supervisor starts: the script (or ``-m MODULE``) through the
-    rank shim with the host's python, or the expanded ``-- COMMAND`` as it is."""
-    if command:
-        return command
-    return (python, f"{rundir}/{contract.RANK_SHIM}", *program)
-
-
 def spec_launcher(launcher: Launcher, command: tuple[str, ...]) -> str:
-    """How the supervisor reads spec.json's argv (``contract.SpecRecord.launcher``)."""
+    """What runs the node: spec.json's ``launcher`` (``contract.SpecRecord``)."""
     if launcher == "torchrun":
         return contract.LAUNCH_TORCHRUN
     return contract.LAUNCH_COMMAND if command else contract.LAUNCH_NODE

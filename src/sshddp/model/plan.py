@@ -22,7 +22,7 @@ from typing import Callable, Literal, Optional, Protocol
 from sshddp import defaults
 from sshddp.errors import UsageError
 from sshddp.model import envvars
-from sshddp.model.commands import endpoint, torchrun_argv
+from sshddp.model.commands import Program, TorchrunOptions, endpoint
 from sshddp.model.envvars import MASK, EnvPairs
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.launchers import (
@@ -30,13 +30,12 @@ from sshddp.model.launchers import (
     NodeFigures,
     expand,
     launcher_env,
-    node_argv,
     spec_launcher,
 )
 from sshddp.model.layout import NodeLayout, RunLayout
 from sshddp.model.share import normalized, share_problem
 from sshddp.model.torchrun import torchrun_args
-from sshddp.remote import contract
+from sshddp.remote import compose, contract
 
 #: what the ranks get when the user's console is a terminal: rich (Lightning's progress bar)
 #: then redraws its live display over the ranks' pipe as it would on a terminal, and the
@@ -100,8 +99,9 @@ class NodePlan(NodeLayout):
     """One host's part of the run: its layout, and how the launch starts it there."""
 
     env: Mapping[str, str]  #: inventory env, then ``--env``; the supervisor adds SSHDDP_*
-    argv: tuple[str, ...]  #: the torchrun command (argv[0] is the host's python)
+    program: Program  #: what the node runs (through torchrun, or its own launcher)
     workspace: Optional[str] = None  #: the cwd when it outlives the run: code is linked in
+    torchrun: Optional[TorchrunOptions] = None  #: torchrun's options; None: no torchrun
 
     @property
     def layout(self) -> NodeLayout:
@@ -157,13 +157,19 @@ class LaunchPlan:
         """``env`` as it may be shown: secret values replaced by ``***``."""
         return envvars.masked(env, self.secret_names)
 
+    def argv(self, node: NodePlan) -> tuple[str, ...]:
+        """The command line ``node``'s supervisor starts, composed from its spec.json as the
+        host composes it (the host uses the interpreter the inventory's python resolves
+        to, and the run directory with ``~`` expanded)."""
+        return tuple(compose.node_argv(self.spec(node), node.host.python, node.rundir))
+
     def spec(self, node: NodePlan) -> contract.SpecRecord:
         """What the node's spec.json holds (the host contract)."""
-        return {
+        spec: contract.SpecRecord = {
             "schema": contract.SCHEMA,
             "run_id": self.run_id,
             "node_rank": node.node_rank,
-            "argv": list(node.argv),
+            "program": node.program.record(),
             "cwd": node.cwd,
             "grace": self.grace,
             "mark": self.mark(node),
@@ -185,6 +191,9 @@ class LaunchPlan:
             },
             "restarts": self.max_restarts,
         }
+        if node.torchrun is not None:
+            spec["torchrun"] = node.torchrun.record()
+        return spec
 
 
 def new_run_id() -> str:
@@ -266,37 +275,34 @@ def _node(
         first_rank=first_rank,
         rundir=rundir,
         env=MappingProxyType(env),
-        argv=_argv(options, code, figures, rundir, host.python, run_id),
+        program=_program(options, code, figures),
         cwd=space or _cwd(code, rundir),
         workspace=space,
+        torchrun=_torchrun(options, figures, run_id),
     )
 
 
-def _argv(
-    options: LaunchOptions,
-    code: CodeSpec,
-    node: NodeFigures,
-    rundir: str,
-    python: str,
-    run_id: str,
-) -> tuple[str, ...]:
-    """The node's command: torchrun, or the node's own launcher (its placeholders filled)."""
-    program = (*(["-m", code.target] if options.module else [code.target]), *options.script_args)
-    if options.launcher == "node":
+def _program(options: LaunchOptions, code: CodeSpec, node: NodeFigures) -> Program:
+    """What the node runs: the script or module, or a node launcher's command (its
+    placeholders filled)."""
+    if options.launcher == "node" and options.command:
         command = expand(options.command, node.placeholders())
-        return node_argv(python, rundir, program, command)
-    return torchrun_argv(
-        python,
-        node.node_rank,
-        node.nnodes,
-        node.nproc,
-        (node.master_addr, node.master_port),
-        run_id,
-        0,  # the supervisors restart the whole run (``remote/restarts.py``), never torchrun alone
-        rundir,
-        program,
-        options.torchrun_args,
-        options.local_rank_arg,
+        return Program("command", command[0], command[1:])
+    return Program("module" if options.module else "script", code.target, options.script_args)
+
+
+def _torchrun(options: LaunchOptions, node: NodeFigures, run_id: str) -> Optional[TorchrunOptions]:
+    """torchrun's options for the node; None for a node launcher."""
+    if options.launcher == "node":
+        return None
+    return TorchrunOptions(
+        nnodes=node.nnodes,
+        node_rank=node.node_rank,
+        nproc=node.nproc,
+        rdzv_endpoint=endpoint(node.master_addr, node.master_port),
+        rdzv_id=run_id,
+        options=options.torchrun_args,
+        local_rank_arg=options.local_rank_arg,
     )
 
 
@@ -468,13 +474,17 @@ def describe(plan: LaunchPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _shown_argv(plan: LaunchPlan, node: NodePlan) -> tuple[str, ...]:
-    """The node's torchrun command as --dry-run shows it: an endpoint still to be picked
-    reads ``addr:auto``."""
-    if plan.rdzv_port != defaults.AUTO_PORT:
-        return node.argv
-    placeholder = endpoint(plan.rdzv_addr, plan.rdzv_port)
-    return tuple(_auto_endpoint(plan) if a == placeholder else a for a in node.argv)
+def _shown_argv(plan: LaunchPlan, node: NodePlan) -> list[str]:
+    """The node's command as --dry-run shows it: the composer's (``compose.node_argv``),
+    where an endpoint still to be picked reads ``addr:auto``."""
+    spec = plan.spec(node)
+    if plan.rdzv_port == defaults.AUTO_PORT:
+        picked, auto = endpoint(plan.rdzv_addr, plan.rdzv_port), _auto_endpoint(plan)
+        if "torchrun" in spec:
+            spec["torchrun"]["rdzv_endpoint"] = auto
+        args = spec["program"]["args"]
+        spec["program"]["args"] = [auto if a == picked else a for a in args]
+    return compose.node_argv(spec, node.host.python, node.rundir)
 
 
 def _auto_endpoint(plan: LaunchPlan) -> str:

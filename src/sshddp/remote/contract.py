@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 5  #: 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
+SCHEMA = 6  #: 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`
+# 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
 # no env.json or peers.key (Secrets, in memory); spec.json's paths resolved
 # 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
 # `earlier`, `offsets`; node.idx and out/ (each line's rank) (remote/ranksite.py, which
@@ -74,10 +75,14 @@ INDEX_RECORD = "<QIi"  #: struct format: offset (u64), length (u32), source (i32
 INDEX_BYTES = 16
 SOURCE_NODE = -1
 
-# What spec.json's argv is (SpecRecord.launcher); a spec without it is torchrun's.
-LAUNCH_TORCHRUN = "torchrun"  #: torchrun; its ``--no-python`` is followed by python and rank.py
+# What runs a node (SpecRecord.launcher); a spec without it is torchrun's.
+LAUNCH_TORCHRUN = "torchrun"  #: torchrun (SpecRecord.torchrun), its ranks through rank.py
 LAUNCH_NODE = "node"  #: the node's one process: python, rank.py, then the script or -m MODULE
 LAUNCH_COMMAND = "command"  #: a user's command, run as it is (``--launcher node -- CMD``)
+# What the program is (ProgramSpec.kind).
+PROGRAM_SCRIPT = "script"  #: ``python SCRIPT ARGS...``
+PROGRAM_MODULE = "module"  #: ``python -m MODULE ARGS...``
+PROGRAM_COMMAND = "command"  #: an executable and its arguments (LAUNCH_COMMAND)
 #: Every Python process of a node dumps its threads' stacks into STACKS on SIGRTMIN + this
 #: (``remote/ranksite.py``, which stands alone, repeats it as DUMP_SIGNAL_OFFSET).
 STACKS_SIGNAL_OFFSET = 6
@@ -122,13 +127,36 @@ class WatchSpec(TypedDict):
     nprocs: list[int]  #: every node's count of ranks, by node rank (the world's shape)
 
 
+class TorchrunSpec(TypedDict):
+    """torchrun's options for one node (spec.json's ``torchrun``, with LAUNCH_TORCHRUN)."""
+
+    nnodes: int
+    node_rank: int
+    nproc: int  #: --nproc-per-node
+    rdzv_backend: str  #: "static": host i is node rank i
+    rdzv_endpoint: str  #: node 0's ``host:port`` (``[addr]:port`` for IPv6)
+    rdzv_id: str  #: the run id
+    max_restarts: int  #: torchrun's own; the supervisors restart the whole run instead
+    options: list[str]  #: the user's own torchrun options (``--torchrun-arg``), as given
+    local_rank_arg: bool  #: the script also gets ``--local_rank=N`` (torch.distributed.launch)
+
+
+class ProgramSpec(TypedDict):
+    """What the node runs (spec.json's ``program``)."""
+
+    kind: str  #: PROGRAM_SCRIPT, PROGRAM_MODULE or PROGRAM_COMMAND
+    target: str  #: the script's path, the module's name, or the command's executable
+    args: list[str]  #: its arguments, exactly as it must receive them
+
+
 class SpecRecord(TypedDict, total=False):
-    """spec.json: what the supervisor runs."""
+    """spec.json: what the supervisor runs (its command line: ``compose.node_argv``)."""
 
     schema: int
     run_id: str
     node_rank: int
-    argv: list[str]  #: torchrun's command; argv[0] is replaced by the running interpreter
+    torchrun: TorchrunSpec  #: with LAUNCH_TORCHRUN (schema 6)
+    program: ProgramSpec  #: (schema 6)
     cwd: Optional[str]
     grace: float  #: seconds from SIGTERM to SIGKILL at teardown
     mark: str  #: the value of SSHDDP_NODE_MARK in every process of the node

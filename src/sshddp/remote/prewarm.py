@@ -36,7 +36,6 @@ import sys
 from typing import Any, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.agent import MODULE as TORCHRUN
 from sshddp.remote.common import temp_dir, try_lock
 from sshddp.remote.contract import Secrets
 from sshddp.remote.workdir import Unsafe, make_rundir, resolve_rundir
@@ -58,8 +57,8 @@ class Prewarm:
         cold: not torchrun, no slot free on this machine, or the run directory cannot be
         made (the stage says why)."""
         rundir = os.path.expanduser(args["rundir"])
-        if args["spec"]["argv"][1:3] != ["-m", TORCHRUN]:  # (the supervisor's code is
-            return None  # imported by the waiter, off this session's way)
+        if args["spec"].get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
+            return None  # (the supervisor's code is imported by the waiter, off this session's way)
         slot = take_slot()
         if slot is None:
             return None

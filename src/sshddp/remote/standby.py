@@ -139,9 +139,14 @@ class Spare:
     or ended with the node (``end``)."""
 
     def __init__(
-        self, argv: list[str], cwd: Optional[str], standby: Optional[Standby] = None
+        self,
+        argv: list[str],
+        cwd: Optional[str],
+        standby: Optional[Standby] = None,
+        ahead: bool = False,
     ) -> None:
-        self.argv = argv  #: torchrun as the supervisor runs it
+        self.argv = argv  #: torchrun as the supervisor runs it (``compose.node_argv``)
+        self.ahead = ahead  #: the node runs torchrun: the next attempt's may start ahead
         self.cwd = cwd
         self.standby = standby
         self.warm = False  #: the current attempt's torchrun was a standby
@@ -157,7 +162,7 @@ class Spare:
         if proc is None:
             proc, failed = fresh()
         restarts.started(warm)
-        if proc is not None and restarts.more() and self.argv[1].endswith(contract.AGENT_SHIM):
+        if proc is not None and restarts.more() and self.ahead:
             attempt = restarts.attempt + 1
             ahead = {**env, contract.ATTEMPT_VAR: str(attempt)}  # the go replaces it all
             self.standby = Standby.start(self.argv, ahead, self.cwd, attempt)

@@ -27,7 +27,7 @@ import time
 from types import FrameType
 from typing import Any, Optional
 
-from sshddp.remote import agent, contract
+from sshddp.remote import compose, contract
 from sshddp.remote.bound import session_gone
 from sshddp.remote.common import (
     Group,
@@ -106,7 +106,7 @@ class Supervisor:
         self.watchdog = Watchdog(rundir, self.spec, self.started)
         self.restarts = Restarts(rundir, self.spec, self.peers)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
-        self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"), warm)
+        self.spare = spare_for(rundir, self.spec, warm)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.stop_signal != signal.SIGUSR1:
@@ -347,22 +347,15 @@ def node_env(rundir: str, spec: SpecRecord, extra: dict[str, str]) -> dict[str, 
 
 
 def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
-    """The planned torchrun command, with this interpreter and this run directory's shim.
-    A node launcher's script starts the same way, without torchrun; its command as it is."""
-    argv = list(spec["argv"])
-    launcher = spec.get("launcher", contract.LAUNCH_TORCHRUN)
-    if launcher == contract.LAUNCH_COMMAND:
-        return argv
-    argv[0] = sys.executable  # the host's configured interpreter, resolved by the shell
-    if launcher == contract.LAUNCH_NODE:
-        argv[1] = os.path.join(rundir, contract.RANK_SHIM)
-        return argv
-    if argv[1:3] == ["-m", agent.MODULE]:  # torchrun, through the agent shim (agent.py)
-        argv[1:3] = [os.path.join(rundir, contract.AGENT_SHIM)]
-    if "--no-python" in argv:  # ... then the rank shim, in this run directory
-        at = argv.index("--no-python")
-        argv[at + 1 : at + 3] = [sys.executable, os.path.join(rundir, contract.RANK_SHIM)]
-    return argv
+    """The node's planned command (torchrun, a node launcher's script, or its command), with
+    this interpreter and this run directory's shims."""
+    return compose.node_argv(spec, sys.executable, rundir)
+
+
+def spare_for(rundir: str, spec: SpecRecord, warm: Warm) -> Spare:
+    """The node's standby holder: ``warm``, the first attempt's, if any; the next attempt's
+    torchrun may start ahead where the node runs torchrun."""
+    return Spare(torchrun_argv(rundir, spec), spec.get("cwd"), warm, runs_torchrun(spec))
 
 
 def start_torchrun(
