@@ -125,7 +125,7 @@ def encode(msg: PeerMessage) -> dict[str, Any]:
 
 
 def _text(raw: dict[str, Any], key: str, most: int) -> Optional[str]:
-    value = raw.get(key, "")
+    value = raw.get(key)
     return value[:most] if isinstance(value, str) else None
 
 
@@ -163,12 +163,12 @@ def _hang(raw: dict[str, Any]) -> Optional[PeerMessage]:
 
 
 def _restart(raw: dict[str, Any]) -> Optional[PeerMessage]:
-    attempt, reason = _number(raw, "attempt"), _text(raw, "reason", MAX_WHY)
+    tag, attempt = raw["t"], _number(raw, "attempt")
+    if tag == "halted" and attempt is not None:
+        return halted(attempt)
+    reason = _text(raw, "reason", MAX_WHY)
     if attempt is None or reason is None:
         return None
-    tag = raw["t"]
-    if tag == "halted":
-        return halted(attempt)
     if tag == "fail":
         return fail(attempt, reason)
     return halt(attempt, reason) if tag == "halt" else again(attempt, reason)
