@@ -204,35 +204,35 @@ class Supervisor:
             self._linger()
             return
         self.peers.start()
-        state, reason = self._attempts()  # one without restarts
+        ended, reason = self._attempts()  # one without restarts
         assert self.proc is not None
-        self.finish(state, self.proc.returncode, noted(reason, unwatched(self.peers, state)))
-        self.peers.report(state, reason)
+        self.finish(ended, self.proc.returncode, noted(reason, unwatched(self.peers, ended)))
+        self.peers.report(ended, reason)
         self._linger()
 
     def _attempts(self) -> tuple[str, str]:
         """Run the node's attempts (the first one runs) until the node ends; its final
         state and why."""
         while True:
-            state, reason = self._exited() if self._watch() else self._stopped()
-            if not self._again(state, reason):
+            ended, reason = self._exited() if self._watch() else self._stopped()
+            if not self._again(ended, reason):
                 break
             failed = self.spawn()
             if failed:
                 return contract.FAILED, failed
         self._drain()
         full = self.output is not None and self.output.full
-        if halting(self.state) and state in (contract.STOPPED, contract.FAILED) and not full:
+        if halting(self.state) and ended in (contract.STOPPED, contract.FAILED) and not full:
             abort = self.state.abort  # stopped for a restart that never came
             default = "stopped: " + abort if abort else "stopped on request"
             return contract.STOPPED, stop_reason(self.rundir, default)
-        return state, reason
+        return ended, reason
 
-    def _again(self, state: str, reason: str) -> bool:
-        """The attempt ended in ``state``: True once every node is to start the next one;
-        False when the node ends here (no restarts, none left, or the run is stopping)."""
+    def _again(self, ended: str, reason: str) -> bool:
+        """The attempt ended in state ``ended``: True once every node is to start the next
+        one; False when the node ends here (no restarts, none left, or the run is stopping)."""
         self._drain()
-        word = word_to_node_0(self.state, state)
+        word = word_to_node_0(self.state, ended)
         if word is None:
             return False
         k = self.state.attempt
@@ -270,16 +270,17 @@ class Supervisor:
         self.proc.wait()
         self.escaped = self.output.drain()
         self._drain()
-        abort, now = self.state.abort, self.state
-        state, reason = (
+        now = self.state
+        abort = now.abort
+        ended, reason = (
             contract.STOPPED,
             stop_reason(self.rundir, "stopped: " + abort if abort else "stopped on request"),
         )
         if now.verdict is not None:
-            state, reason = contract.STALLED, now.verdict[1]
+            ended, reason = contract.STALLED, now.verdict[1]
         if self.output.full and not abort and now.stop_signal is None:
-            state, reason = contract.FAILED, self.output.full
-        return state, reason
+            ended, reason = contract.FAILED, self.output.full
+        return ended, reason
 
     def _exited(self) -> tuple[str, str]:
         """torchrun is gone: children that escaped into their own session must not outlive
