@@ -26,6 +26,10 @@ TOP_LEVEL = {"sshddp", "sshddp.__main__"}  # the package itself and `python -m s
 SHARED = {"sshddp.remote.contract", "sshddp.remote.compose"}
 MAX_FUNCTION_LINES = 50
 MAX_CLASS_LINES = 150
+#: classes allowed past MAX_CLASS_LINES, and why
+LONG_CLASSES = {
+    "Supervisor": "one loop over one inbox: the node's whole life reads in one place (issue 37)",
+}
 
 
 @cache
@@ -127,7 +131,11 @@ def test_functions_and_classes_stay_short() -> None:
                 and size > MAX_FUNCTION_LINES
             ):
                 long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {size} lines")
-            if isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+            if (
+                isinstance(node, ast.ClassDef)
+                and size > MAX_CLASS_LINES
+                and node.name not in LONG_CLASSES
+            ):
                 long.append(
                     f"{path.relative_to(SRC)}:{node.lineno} class {node.name}: {size} lines"
                 )

@@ -91,10 +91,10 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def hub() -> Iterator[peers.Hub]:
+def hub() -> Iterator[peers.PeerServer]:
     port = free_port()
     hub = peers.peers_for(spec(0, port, 10.0), KEY)
-    assert isinstance(hub, peers.Hub)
+    assert isinstance(hub, peers.PeerServer)
     hub.start()
     deadline = time.monotonic() + 30
     while True:  # until it listens
@@ -107,7 +107,7 @@ def hub() -> Iterator[peers.Hub]:
     yield hub
 
 
-def test_strangers_holding_every_slot_never_keep_a_node_out(hub: peers.Hub) -> None:
+def test_strangers_holding_every_slot_never_keep_a_node_out(hub: peers.PeerServer) -> None:
     """Twice MAX_PENDING strangers connect and trickle a byte every 0.2 s, so every slot is
     taken well within the hub's handshake deadline. Node 1's supervisor still gets in, long
     before its own deadline (2 x the heartbeat timeout): the newest connection evicts the
@@ -120,7 +120,7 @@ def test_strangers_holding_every_slot_never_keep_a_node_out(hub: peers.Hub) -> N
     trickle.thread.start()
     try:
         spoke = peers.peers_for(spec(1, hub.port, 10.0), KEY)
-        assert isinstance(spoke, peers.Spoke)
+        assert isinstance(spoke, peers.PeerClient)
         spoke.start()
         assert spoke.connected.wait(30)
         assert spoke.conn is not None, spoke.abort

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import common, output, peers, wire, workdir
+from sshddp.remote import common, output, peer_messages, peers, wire, workdir
 from wire_specs import KEY, free_port, spec
 
 # ------------------------------------------------------------------ files and directories
@@ -221,7 +221,7 @@ def test_a_spoke_of_another_run_says_whose_port_it_reached() -> None:
 def test_the_hub_obeys_only_its_run_and_a_node_reports_for_itself() -> None:
     port = free_port()
     hub = peers.peers_for(spec(0, port), KEY)
-    assert isinstance(hub, peers.Hub)
+    assert isinstance(hub, peers.PeerServer)
     hub.start()
     time.sleep(0.3)
     with socket.create_connection(("127.0.0.1", port)) as stranger:
@@ -229,13 +229,14 @@ def test_the_hub_obeys_only_its_run_and_a_node_reports_for_itself() -> None:
         stranger.sendall(b'{"done": 2, "state": "failed", "reason": "forged"}\n')
         stranger.recv(4096)  # until the hub hangs up
     spoke = peers.peers_for(spec(1, port), KEY)
-    assert isinstance(spoke, peers.Spoke)
+    assert isinstance(spoke, peers.PeerClient)
     spoke.start()
     deadline = time.monotonic() + 30
     while spoke.conn is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert spoke.conn.send({"done": 2, "state": "succeeded", "reason": ""})  # claims rank 2
+    claim = peer_messages.encode(peer_messages.done(2, "succeeded", ""))  # claims rank 2
+    assert spoke.conn.send(claim)
     deadline = time.monotonic() + 30
     while 1 not in hub.done:
         assert time.monotonic() < deadline

@@ -242,21 +242,28 @@ def test_a_node_records_its_hang_then_stops_only_when_told_to_stop(tmp_path: Pat
     """The watchdog's node side, on this host: hang.json with the node's stacks (no process
     runs here) and its facts; "report" leaves the node running, "stop" sets the verdict
     and wakes the supervisor."""
+    from sshddp.remote.node_events import Hang, decide, initial
+    from sshddp.remote.node_inbox import Inbox
     from sshddp.remote.watchdog import Watchdog
 
     spec = {"schema": 3, "run_id": "r", "node_rank": 1, "mark": "r/n1/x", "watch": watch(stall=5)}
     (tmp_path / contract.SPEC).write_text(json.dumps(spec))
-    woken: list[bool] = []
-    dog = Watchdog(str(tmp_path), spec, time.time())  # type: ignore[arg-type]
-    dog.on_verdict = lambda: woken.append(True)
+    inbox = Inbox()
+    dog = Watchdog(str(tmp_path), spec, time.time(), inbox)  # type: ignore[arg-type]
+    node = decide(initial(spec), Hang(contract.HANG_STALL, "quiet", "report"))[0]  # type: ignore[arg-type]
+    assert node.stacks
     dog.hang(contract.HANG_STALL, "quiet", contract.ON_STALL_REPORT)
     record = json.loads((tmp_path / contract.HANG).read_text())
     assert record["kind"] == "stall" and record["action"] == "report" and record["node_rank"] == 1
     assert record["stacks"]["node_rank"] == 1 and record["stacks"]["processes"] == []
     assert record["watch"]["entered"] == [] and record["nccl"] == []
-    assert dog.verdict is None and not dog.busy.is_set()
+    woken = inbox.take()
+    node = decide(node, woken[0])[0]
+    assert node.verdict is None and not node.stacks
     dog.hang(contract.HANG_INIT, "no world", contract.ON_STALL_STOP)
-    assert dog.verdict == (contract.HANG_INIT, "no world") and woken == [True, True]
+    woken += inbox.take()
+    node = decide(node, woken[1])[0]
+    assert node.verdict == (contract.HANG_INIT, "no world") and len(woken) == 2
     assert json.loads((tmp_path / contract.HANG).read_text())["kind"] == "init"
 
 

@@ -1,23 +1,23 @@
 """The supervisors of one run watch each other, so a run needs no laptop to stop.
 
-Node 0's supervisor is the ``Hub``: it listens on the rendezvous port + 1. Every other
-node's supervisor is a ``Spoke`` holding one TCP connection to it, and both sides send a
-heartbeat line every interval. A node whose run ends other than "succeeded", a connection
+Node 0's supervisor runs the ``PeerServer``: it listens on the rendezvous port + 1. Every
+other node's supervisor is a ``PeerClient`` holding one TCP connection to it, and both sides
+send a heartbeat every interval. A node whose run ends other than "succeeded", a connection
 that drops before its node said it was done (its supervisor was killed: the kernel closes
-the socket), or silence longer than the timeout (host powered off, network cut): the hub
-broadcasts an abort and every supervisor stops its node. Messages: {"hb": r} (from a
-spoke with "w": its ``NodeWatch`` facts, for the watchdog), {"done": r, "state": s,
-"reason": t}, {"abort": reason}, {"hang": kind, "reason": t, "action": a} (the watchdog
-fired: collect the stacks, then stop or go on), {"bye": 0}.
+the socket), or silence longer than the timeout (host powered off, network cut): the server
+broadcasts an abort and every supervisor stops its node. The messages are
+``peer_messages``'; what a supervisor must act on (an abort, a hang, node 0's word on a
+restart, another node's end or failure) is posted to its loop's inbox as an event
+(``node_events``), never acted on here.
 
 Every connection is authenticated with the run's key and every message with a MAC
 (``wire``): a stranger's connection, or another run's supervisor that reached this port,
-is noise, logged and never obeyed. The hub serves at most one connection per node and
+is noise, logged and never obeyed. The server serves at most one connection per node and
 MAX_PENDING connections that have yet to authenticate, each for one handshake deadline
 (``wire.HANDSHAKE_TIMEOUT``) in all. A new connection beyond those takes the slot of the
 oldest: a node's supervisor answers the challenge at once, so strangers that hold their
 connections open (to crowd the port) are the ones that go, never a node of the run.
-A spoke that never reached the hub says so in its exit record (``settle``).
+A client that never reached the server says so in its exit record (``settle``).
 """
 
 from __future__ import annotations
@@ -27,19 +27,30 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from sshddp.remote import peer_messages as pm
 from sshddp.remote import wire
 from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
+from sshddp.remote.node_events import Again, Event, Halt, Hang, Message, PeerAbort
+from sshddp.remote.node_inbox import Inbox
 
-#: seconds a spoke's last try to connect may run past its deadline (connect and handshake)
+#: seconds a client's last try to connect may run past its deadline (connect and handshake)
 CONNECT_SLACK = 2 + wire.HANDSHAKE_TIMEOUT
-MAX_PENDING = 64  # connections awaiting authentication at the hub; a newer one evicts the oldest
+MAX_PENDING = 64  # connections awaiting authentication at the server; a newer one evicts the oldest
 
 
 class Peers:
     """This node's view of the others. The base class serves a run of one node, or one
-    with no hub address: there is no one to watch, and every call does nothing."""
+    with no server address: there is no one to watch, and every call does nothing.
+    ``inbox``: where the supervisor's loop hears what it must act on; ``facts``: this
+    node's watchdog facts, sent with a client's heartbeats."""
 
-    def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
+    def __init__(
+        self,
+        spec: SpecRecord,
+        key: Optional[bytes] = None,
+        inbox: Optional[Inbox] = None,
+        facts: Optional[Callable[[], NodeWatch]] = None,
+    ) -> None:
         conf: dict[str, Any] = dict(spec.get("peers") or {})
         self.key = key or b""  #: the run's shared secret; with none, nobody authenticates
         self.run = str(spec.get("run_id", ""))
@@ -51,14 +62,13 @@ class Peers:
         self.interval = min(1.0, self.timeout / 5.0)
         self.names = list(conf.get("hosts") or [])
         self.abort: Optional[str] = None  # set once: why this node must stop
-        self.on_abort: Optional[Callable[[], None]] = None  # wakes the supervisor's loop
-        self.watch_facts: Optional[Callable[[], NodeWatch]] = None  # a spoke's, for the hub
-        self.on_hang: Optional[Callable[[str, str, str], None]] = None  # told by the hub
-        self.facts: dict[int, NodeWatch] = {}  # the hub's: the spokes' latest facts
-        #: every message from a peer, with the sender's rank (``restarts``)
-        self.on_message: Optional[Callable[[int, dict[str, Any]], None]] = None
-        self.done: dict[int, tuple[Optional[str], str]] = {}  # the hub's: rank -> (state, reason)
-        self.conns: dict[int, wire.Conn] = {}  # the hub's: the spokes' connections
+        self.inbox = inbox if inbox is not None else Inbox()
+        self.watch_facts = facts
+        self.facts: dict[int, NodeWatch] = {}  # the server's: the clients' latest facts
+        #: the server's: rank -> (state, reason)
+        self.done: dict[int, tuple[Optional[str], str]] = {}
+        self.conns: dict[int, wire.Conn] = {}  # the server's: the clients' connections
+        self.pending = Pending()  # the server's: connections not yet authenticated
         self.lock = threading.Lock()
 
     def name(self, rank: int) -> str:
@@ -71,8 +81,13 @@ class Peers:
     def report(self, state: str, reason: str) -> None:
         """Tell the others how this node ended."""
 
-    def wait_others(self) -> None:
-        """Stay up as long as the others need this node (the hub relays aborts)."""
+    def released(self) -> bool:
+        """The others no longer need this node (node 0's server relays aborts until every
+        node reported its end)."""
+        return True
+
+    def farewell(self) -> None:
+        """Say goodbye to the others, once released (the server's)."""
 
     def settle(self) -> str:
         """What this node's exit record must say of its link to node 0's supervisor once
@@ -80,56 +95,56 @@ class Peers:
         return ""
 
     def known(self) -> dict[int, NodeWatch]:
-        """The other nodes' latest watchdog facts (the hub's)."""
+        """The other nodes' latest watchdog facts (the server's)."""
         with self.lock:
             return dict(self.facts)
 
-    def remember(self, rank: int, msg: dict[str, Any]) -> None:
-        """Keep the watchdog facts a spoke's heartbeat carries."""
-        if isinstance(msg.get("w"), dict):
+    def remember(self, rank: int, msg: pm.Beat) -> None:
+        """Keep the watchdog facts a client's heartbeat carries."""
+        if "w" in msg:
             with self.lock:
                 self.facts[rank] = msg["w"]
 
     def links(self) -> list[wire.Conn]:
-        """The connections to the other nodes' supervisors (the hub's)."""
+        """The connections to the other nodes' supervisors (the server's)."""
         return []
 
     def heard(self) -> set[int]:
-        """The nodes this one hears from, itself included (the hub's view)."""
+        """The nodes this one hears from, itself included (the server's view)."""
         with self.lock:
             return {self.rank, *self.conns}
 
     def ended(self) -> set[int]:
-        """The nodes that reported their end (the hub's view)."""
+        """The nodes that reported their end (the server's view)."""
         with self.lock:
             return set(self.done)
 
-    def end_node(self, rank: int, reason: str) -> None:
-        """Node ``rank`` failed for good: the run stops (the hub tells every node)."""
-        self.broadcast_abort(f"{self.name(rank)} failed: {reason}")
+    def tell_node_0(self, msg: pm.PeerMessage) -> None:
+        """Send node 0's supervisor ``msg`` (a client's)."""
 
-    def tell_hub(self, msg: dict[str, Any]) -> None:
-        """Send node 0's supervisor ``msg`` (a spoke's)."""
+    def tell_all(self, msg: pm.PeerMessage) -> None:
+        """Send ``msg`` to every other node (the server's)."""
+        for conn in self.links():
+            conn.send(pm.encode(msg))
 
     def broadcast_abort(self, reason: str) -> None:
-        """Stop every node (the hub tells the others)."""
+        """Stop every node (the server tells the others)."""
         self._set_abort(reason)
 
-    def tell_hang(self, kind: str, reason: str, action: str) -> None:
-        """Tell the other nodes the run hung (the hub's)."""
-        for conn in self.links():
-            conn.send({"hang": kind, "reason": reason[: wire.MAX_TEXT], "action": action})
+    def _post(self, event: Event) -> None:
+        self.inbox.post(event)
 
     def _set_abort(self, reason: str) -> None:
         with self.lock:
-            if self.abort is None:
+            first = self.abort is None
+            if first:
                 self.abort = reason
-        if self.on_abort is not None:
-            self.on_abort()
+        if first:
+            self._post(PeerAbort(reason))
 
 
 class Pending:
-    """The hub's connections that have yet to authenticate, oldest first: at most
+    """The server's connections that have yet to authenticate, oldest first: at most
     MAX_PENDING, a newer one evicting the oldest."""
 
     def __init__(self) -> None:
@@ -166,12 +181,8 @@ class Pending:
             sock.close()
 
 
-class Hub(Peers):
+class PeerServer(Peers):
     """Node 0: every other supervisor connects here; an abort goes out to all of them."""
-
-    def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
-        super().__init__(spec, key)
-        self.pending = Pending()  #: connections not yet authenticated
 
     def start(self) -> None:
         threading.Thread(target=self._serve, daemon=True).start()
@@ -230,7 +241,7 @@ class Hub(Peers):
             sock.close()  # claimed: no eviction can reach it
             return None
         if late:
-            conn.send({"abort": late})
+            conn.send(pm.encode(pm.abort(late)))
         return conn, rank
 
     def _reader(self, sock: socket.socket, peer: str) -> None:
@@ -246,12 +257,7 @@ class Hub(Peers):
                 msg = None
             if msg is None:
                 break
-            self.remember(rank, msg)
-            if self.on_message is not None:
-                self.on_message(rank, msg)
-            if "done" in msg:  # a node reports for itself only
-                reason = str(msg.get("reason") or "")[: wire.MAX_TEXT]
-                self.node_done(rank, str(msg.get("state")), reason)
+            self._heard(rank, msg, peer)
         with self.lock:
             if self.conns.get(rank) is conn:
                 del self.conns[rank]
@@ -259,19 +265,37 @@ class Hub(Peers):
         if rank not in self.done:
             self.node_done(rank, "lost", f"{self.name(rank)} went silent or lost its supervisor")
 
+    def _heard(self, rank: int, raw: wire.Message, peer: str) -> None:
+        """A client's message: facts kept; a failure, a halt or an end goes to the loop (a
+        node reports for itself only: the connection's rank, never the message's)."""
+        msg = pm.decode(raw)
+        if msg is None:
+            wire.noise(peer, f"not a message of the supervisors': {ascii(raw)[:200]}")
+        elif msg["t"] == "hb":
+            self.remember(rank, msg)
+        elif msg["t"] == "done":
+            self.record_done(rank, msg["state"], msg["reason"])
+            self._post(Message(rank, msg))  # the loop decides whether the run stops
+        elif msg["t"] in ("fail", "halted"):
+            self._post(Message(rank, msg))
+
     def _heartbeat(self) -> None:
         while True:
             time.sleep(self.interval)
-            with self.lock:
-                conns = list(self.conns.values())
-            for conn in conns:
-                conn.send({"hb": 0})
+            self.tell_all(pm.beat(0))
 
-    def node_done(self, rank: int, state: Optional[str], reason: str) -> None:
+    def record_done(self, rank: int, state: Optional[str], reason: str) -> bool:
+        """Note how node ``rank`` ended; False when it had said so already."""
         with self.lock:
             if rank in self.done:
-                return
+                return False
             self.done[rank] = (state, reason)
+            return True
+
+    def node_done(self, rank: int, state: Optional[str], reason: str) -> None:
+        """Node ``rank`` ended (this node, or a lost one): unless it succeeded, the run stops."""
+        if not self.record_done(rank, state, reason):
+            return
         if state != SUCCEEDED:
             why = f"{self.name(rank)} {state}"
             self.broadcast_abort(why + (": " + reason if reason else ""))
@@ -281,7 +305,7 @@ class Hub(Peers):
         with self.lock:
             conns = list(self.conns.values())
         for conn in conns:
-            conn.send({"abort": reason[: wire.MAX_TEXT]})
+            conn.send(pm.encode(pm.abort(reason)))
 
     def links(self) -> list[wire.Conn]:
         with self.lock:
@@ -294,25 +318,30 @@ class Hub(Peers):
     def report(self, state: str, reason: str) -> None:
         self.node_done(0, state, reason)
 
-    def wait_others(self) -> None:
-        """Stay up (relaying aborts) until every node has reported, then say goodbye."""
-        while not self.all_done():
-            with self.lock:
-                live = bool(self.conns)
-            if not live and self.abort is not None:
-                return
-            time.sleep(0.05)
+    def released(self) -> bool:
+        """Every node has reported, or none is left to hear an abort."""
+        if self.all_done():
+            return True
         with self.lock:
-            conns = list(self.conns.values())
-        for conn in conns:
-            conn.send({"bye": 0})
+            live = bool(self.conns)
+        return not live and self.abort is not None
+
+    def farewell(self) -> None:
+        if self.all_done():
+            self.tell_all(pm.bye())
 
 
-class Spoke(Peers):
-    """A node other than 0: one connection to the hub, heartbeats both ways."""
+class PeerClient(Peers):
+    """A node other than 0: one connection to node 0's server, heartbeats both ways."""
 
-    def __init__(self, spec: SpecRecord, key: Optional[bytes] = None) -> None:
-        super().__init__(spec, key)
+    def __init__(
+        self,
+        spec: SpecRecord,
+        key: Optional[bytes] = None,
+        inbox: Optional[Inbox] = None,
+        facts: Optional[Callable[[], NodeWatch]] = None,
+    ) -> None:
+        super().__init__(spec, key, inbox, facts)
         self.conn: Optional[wire.Conn] = None
         self.connected = threading.Event()  # set once connected, or given up
 
@@ -320,7 +349,7 @@ class Spoke(Peers):
         threading.Thread(target=self._client, daemon=True).start()
 
     def _connect(self) -> Optional[wire.Conn]:
-        """An authenticated connection to this run's hub; None (and the abort set) when
+        """An authenticated connection to this run's server; None (and the abort set) when
         there is none in time, or the port is held by something that is not it."""
         where = f"{self.addr}:{self.port}"
         deadline = time.time() + self.timeout * 2
@@ -351,7 +380,7 @@ class Spoke(Peers):
         self.connected.set()
         if conn is None:
             return
-        conn.send({"hb": self.rank})
+        conn.send(pm.encode(pm.beat(self.rank)))
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
         conn.lines.sock.settimeout(self.timeout)
         while True:
@@ -362,28 +391,35 @@ class Spoke(Peers):
                 return
             if msg is None:
                 break
-            if "abort" in msg:
-                self._set_abort(str(msg["abort"])[: wire.MAX_TEXT])
-            if "hang" in msg and self.on_hang is not None:
-                self.on_hang(str(msg["hang"]), str(msg.get("reason")), str(msg.get("action")))
-            if self.on_message is not None:
-                self.on_message(0, msg)
-            if "bye" in msg:
+            if self._told(msg):
                 return  # node 0 is done and leaves; nothing is lost
         self._set_abort(f"lost the connection to {self.name(0)} (its host or supervisor is gone)")
 
+    def _told(self, raw: wire.Message) -> bool:
+        """Node 0's message, posted to the loop where it must act; True for its goodbye."""
+        msg = pm.decode(raw)
+        if msg is None:
+            wire.noise(self.name(0), f"not a message of the supervisors': {ascii(raw)[:200]}")
+        elif msg["t"] == "abort":
+            self._set_abort(msg["reason"])
+        elif msg["t"] == "hang":
+            self._post(Hang(msg["kind"], msg["reason"], msg["action"]))
+        elif msg["t"] == "halt":
+            self._post(Halt(msg["attempt"], msg["reason"]))
+        elif msg["t"] == "again":
+            self._post(Again(msg["attempt"], msg["reason"]))
+        return msg is not None and msg["t"] == "bye"
+
     def _heartbeat(self, conn: wire.Conn) -> None:
-        while conn.send(self._beat()):
+        while conn.send(pm.encode(self._beat())):
             time.sleep(self.interval)
 
-    def _beat(self) -> dict[str, Any]:
-        if self.watch_facts is None:
-            return {"hb": self.rank}
-        return {"hb": self.rank, "w": self.watch_facts()}
+    def _beat(self) -> pm.Beat:
+        return pm.beat(self.rank, self.watch_facts() if self.watch_facts else None)
 
-    def tell_hub(self, msg: dict[str, Any]) -> None:
+    def tell_node_0(self, msg: pm.PeerMessage) -> None:
         if self.conn is not None:
-            self.conn.send(msg)
+            self.conn.send(pm.encode(msg))
 
     def settle(self) -> str:
         """Wait for the connection to node 0's supervisor (a node that ended at once is
@@ -400,14 +436,19 @@ class Spoke(Peers):
     def report(self, state: str, reason: str) -> None:
         self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting
         if self.conn is not None:
-            done = {"done": self.rank, "state": state, "reason": reason[: wire.MAX_TEXT]}
-            self.conn.send(done)
+            self.conn.send(pm.encode(pm.done(self.rank, state, reason)))
 
 
-def peers_for(spec: SpecRecord, key: Optional[bytes]) -> Peers:
-    """The hub for node 0, a spoke for the others, both holding the run's ``key``; nothing
-    to watch for a single node."""
-    peers = Peers(spec, key)
+def peers_for(
+    spec: SpecRecord,
+    key: Optional[bytes],
+    inbox: Optional[Inbox] = None,
+    facts: Optional[Callable[[], NodeWatch]] = None,
+) -> Peers:
+    """The server for node 0, a client for the others, both holding the run's ``key`` and
+    posting to ``inbox``; nothing to watch for a single node."""
+    peers = Peers(spec, key, inbox, facts)
     if peers.nnodes <= 1 or not peers.addr or peers.port <= 0:
         return peers
-    return Hub(spec, key) if peers.rank == 0 else Spoke(spec, key)
+    kind = PeerServer if peers.rank == 0 else PeerClient
+    return kind(spec, key, inbox, facts)

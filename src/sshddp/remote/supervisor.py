@@ -23,7 +23,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 from types import FrameType
 from typing import Any, Optional
 
@@ -41,50 +43,47 @@ from sshddp.remote.common import (
 )
 from sshddp.remote.contract import Escaped, ExitRecord, Secrets, SpecRecord
 from sshddp.remote.joined import node_world
+from sshddp.remote.node_events import (
+    EXITED,
+    WATCH,
+    Begun,
+    EndRun,
+    Event,
+    Exited,
+    Message,
+    OutputFull,
+    SessionGone,
+    Signal,
+    Tell,
+    decide,
+    going,
+    halting,
+    initial,
+    outcome,
+    stopping,
+    word_to_node_0,
+)
+from sshddp.remote.node_inbox import Inbox
 from sshddp.remote.output import NodeOutput, node_output
+from sshddp.remote.peer_messages import fail, halted
 from sshddp.remote.peers import Peers, peers_for
-from sshddp.remote.restarts import Restarts, stop_reason
+from sshddp.remote.restarts import WAIT_TICK, Restarts, stop_reason
 from sshddp.remote.standby import Spare, Standby
-from sshddp.remote.watchdog import Watchdog, arm, nccl_env
+from sshddp.remote.watchdog import Watchdog, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
 POLL_WAIT = 0.02  # the loop's sleep where no wakeup pipe could be set up (not the main thread)
-
-
-class Wakeup:
-    """A pipe the loop sleeps on with the output: a signal (SIGCHLD included: torchrun
-    exited) or a peer's abort writes a byte to it. An idle node then costs its host one
-    wakeup a second, not fifty."""
-
-    def __init__(self) -> None:
-        self.fd: Optional[int] = None
-        self._write: Optional[int] = None
-        read, write = os.pipe()
-        os.set_blocking(read, False)
-        os.set_blocking(write, False)
-        try:
-            signal.signal(signal.SIGCHLD, _ignore)
-            signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread (in-process tests): the loop polls
-            os.close(read)
-            os.close(write)
-            return
-        self.fd = read
-        self._write = write
-
-    def poke(self) -> None:
-        if self._write is None:
-            return
-        try:
-            os.write(self._write, b"!")
-        except OSError:
-            pass
-
+LINGER_TICK = 0.05  # the loop's sleep while node 0's server waits for the others' ends
 
 Warm = Optional[Standby]  #: the first attempt's torchrun, started by the launch session
 
 
 class Supervisor:
+    """One node's supervisor: one loop over one inbox of events (``node_events``), its
+    decisions pure; the peers' threads, the watchdog's and the signal handlers only post.
+    The loop runs the node's attempts (``_attempts``: watch, stop or handle the exit, wait
+    for node 0's word), then stays while node 0's server relays the others' ends."""
+
     def __init__(
         self,
         rundir: str,
@@ -95,33 +94,28 @@ class Supervisor:
         self.rundir = rundir
         self.parent = parent  #: the launch session it is bound to (over srun), if any
         self.spec: SpecRecord = read_json(os.path.join(rundir, contract.SPEC))
-        self.stop_signal: Optional[int] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.output: Optional[NodeOutput] = None
-        self.wake: Optional[Wakeup] = None
-        self.peers: Peers = peers_for(self.spec, peer_key(secrets))
+        self.inbox = Inbox()
+        self.state = initial(self.spec)
         self.started = time.time()
+        self.watchdog = Watchdog(rundir, self.spec, self.started, self.inbox)
+        self.peers: Peers = peers_for(self.spec, peer_key(secrets), self.inbox, self.watchdog.mine)
         self.group: Optional[Group] = None  #: torchrun's process group, once it runs
         self.escaped: list[Escaped] = []
-        self.watchdog = Watchdog(rundir, self.spec, self.started)
-        self.restarts = Restarts(rundir, self.spec, self.peers)
+        self.restarts = Restarts(rundir, self.spec)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
         self.spare = spare_for(rundir, self.spec, warm)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        if self.stop_signal != signal.SIGUSR1:
-            self.stop_signal = signum
+        self.inbox.post(Signal(signum))
 
     def start(self) -> bool:
         """Start torchrun; False (and exit.json written) when it could not be started."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        self.wake = Wakeup()
-        if self.wake.fd is not None:
-            self.peers.on_abort = self.wake.poke
-        arm(self.watchdog, self.peers, self.wake.poke)
-        self.restarts.on_wake = self.wake.poke
+        self.inbox.open()
         try:
             self.output = node_output(self.rundir, self.spec)
         except OSError as exc:  # a file planted in the run directory, say
@@ -134,9 +128,12 @@ class Supervisor:
         return not failed
 
     def spawn(self) -> str:
-        """Start the attempt's torchrun (``Spare``: the standby's, if one waits); why not."""
+        """Start the attempt's torchrun (``Spare``: the standby's, if one waits); why not.
+        The world forms anew, so the watchdog watches from now."""
         assert self.output is not None
-        self.restarts.begin(self.output, self.spec, self.watchdog)
+        self.restarts.begin(self.output, self.spec, self.state.go)
+        self._apply(Begun(self.restarts.attempt))
+        self.watchdog.restart(self.peers.known)
         env = {**self.env, **self.output.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
         fresh = functools.partial(start_torchrun, self.rundir, self.spec, env, self.output)
         proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
@@ -157,26 +154,46 @@ class Supervisor:
 
     def _pump(self, timeout: float) -> bool:
         assert self.output is not None
-        wake = self.wake.fd if self.wake is not None else None
-        return self.output.pump(timeout, wake)
+        return self.output.pump(timeout, self.inbox.fd)
 
-    def loop(self) -> bool:
+    def _drain(self) -> None:
+        """Everything that happened since the last look: what the loop sees itself
+        (torchrun's exit, a full disk), then the inbox's events, in order."""
+        seen: list[Event] = []
+        if self.proc is not None and not self.state.exited and exited(self.proc):
+            seen.append(Exited())
+        if self.output is not None and self.output.full and self.state.full is None:
+            seen.append(OutputFull(self.output.full))
+        for event in seen + self.inbox.take():
+            self._apply(event)
+
+    def _apply(self, event: Event) -> None:
+        if isinstance(event, Message):  # node 0 decides with its view of the others
+            self.state = replace(
+                self.state, heard=frozenset(self.peers.heard()), ended=frozenset(self.peers.ended())
+            )
+        self.state, actions = decide(self.state, event)
+        for action in actions:
+            if isinstance(action, Tell):
+                self.peers.tell_all(action.msg)
+            elif isinstance(action, EndRun):
+                self.peers.broadcast_abort(action.reason)
+            else:
+                args = (action.kind, action.reason, action.action)
+                threading.Thread(target=self.watchdog.hang, args=args, daemon=True).start()
+
+    def _watch(self) -> bool:
         """Copy output until torchrun exits (True) or the node must stop (False)."""
         assert self.proc is not None and self.output is not None
-        wake = self.wake is not None and self.wake.fd is not None
-        wait = IDLE_WAIT if wake else POLL_WAIT
+        wait = IDLE_WAIT if self.inbox.fd is not None else POLL_WAIT
         while True:
-            if exited(self.proc):
-                return True
-            if self.stop_signal is not None or self.output.full or self.watchdog.verdict:
-                return False
-            if self.restarts.halting():
-                return False  # node 0 restarts the run: every node stops this attempt
-            if self.peers.abort is not None and not self.watchdog.busy.is_set():
-                return False  # (while this node's stacks are taken, its ranks stay)
+            self._drain()
+            next_step = outcome(self.state)
+            if next_step != WATCH:
+                return next_step == EXITED
             if session_gone(self.rundir, self.parent):
-                self.stop_signal = signal.SIGTERM  # stopped as if signalled
-                return False
+                self._apply(SessionGone())
+                continue
             if not self._pump(wait):
                 time.sleep(0.02)
 
@@ -184,34 +201,86 @@ class Supervisor:
         if not self.start():
             self.peers.start()
             self.peers.report(contract.FAILED, "torchrun did not start")
-            self.peers.wait_others()
+            self._linger()
             return
         self.peers.start()
-        state, reason = self.restarts.run(self)  # the attempts: one without restarts
+        ended, reason = self._attempts()  # one without restarts
         assert self.proc is not None
-        self.finish(state, self.proc.returncode, noted(reason, unwatched(self.peers, state)))
-        self.peers.report(state, reason)
-        self.peers.wait_others()
+        self.finish(ended, self.proc.returncode, noted(reason, unwatched(self.peers, ended)))
+        self.peers.report(ended, reason)
+        self._linger()
+
+    def _attempts(self) -> tuple[str, str]:
+        """Run the node's attempts (the first one runs) until the node ends; its final
+        state and why."""
+        while True:
+            ended, reason = self._exited() if self._watch() else self._stopped()
+            if not self._again(ended, reason):
+                break
+            failed = self.spawn()
+            if failed:
+                return contract.FAILED, failed
+        self._drain()
+        full = self.output is not None and self.output.full
+        if halting(self.state) and ended in (contract.STOPPED, contract.FAILED) and not full:
+            abort = self.state.abort  # stopped for a restart that never came
+            default = "stopped: " + abort if abort else "stopped on request"
+            return contract.STOPPED, stop_reason(self.rundir, default)
+        return ended, reason
+
+    def _again(self, ended: str, reason: str) -> bool:
+        """The attempt ended in state ``ended``: True once every node is to start the next
+        one; False when the node ends here (no restarts, none left, or the run is stopping)."""
+        self._drain()
+        word = word_to_node_0(self.state, ended)
+        if word is None:
+            return False
+        k = self.state.attempt
+        said = halted(k) if word == "halted" else fail(k, self.restarts.failure(reason))
+        if self.state.rank == 0:
+            self._apply(Message(0, said))
+        else:
+            self.peers.tell_node_0(said)
+        while not stopping(self.state):
+            if going(self.state):
+                return True
+            self.inbox.sleep(WAIT_TICK)
+            self._drain()
+        return False
+
+    def _linger(self) -> None:
+        """Stay up as long as the others need this node (node 0's server relays their
+        ends), still deciding on what they say; then say goodbye."""
+        while not self.peers.released():
+            self.inbox.sleep(LINGER_TICK)
+            self._drain()
+        self.peers.farewell()
+
+    def _hurried(self) -> bool:
+        """A SIGUSR1 came since the stop began: the rest of the grace is skipped."""
+        self._drain()
+        return self.state.stop_signal == signal.SIGUSR1
 
     def _stopped(self) -> tuple[str, str]:
         """Stop the node's processes (asked to, or aborted by a peer); its final state."""
         assert self.proc is not None and self.output is not None
-        grace = 0.0 if self.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
+        grace = 0.0 if self.state.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
         agent = runs_torchrun(self.spec)
-        hurry = functools.partial(hurried, self)
-        kill_run(self.group, self.spec["mark"], grace, self.reap, hurry, agent=agent)
+        kill_run(self.group, self.spec["mark"], grace, self.reap, self._hurried, agent=agent)
         self.proc.wait()
         self.escaped = self.output.drain()
-        abort = self.peers.abort
-        state, reason = (
+        self._drain()
+        now = self.state
+        abort = now.abort
+        ended, reason = (
             contract.STOPPED,
             stop_reason(self.rundir, "stopped: " + abort if abort else "stopped on request"),
         )
-        if self.watchdog.verdict is not None:
-            state, reason = contract.STALLED, self.watchdog.verdict[1]
-        if self.output.full and not abort and self.stop_signal is None:
-            state, reason = contract.FAILED, self.output.full
-        return state, reason
+        if now.verdict is not None:
+            ended, reason = contract.STALLED, now.verdict[1]
+        if self.output.full and not abort and now.stop_signal is None:
+            ended, reason = contract.FAILED, self.output.full
+        return ended, reason
 
     def _exited(self) -> tuple[str, str]:
         """torchrun is gone: children that escaped into their own session must not outlive
@@ -244,11 +313,6 @@ def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
     if world is not None:
         facts["world"] = world
     return facts
-
-
-def hurried(supervisor: Supervisor) -> bool:
-    """A SIGUSR1 came since the stop began: the rest of the grace is skipped."""
-    return supervisor.stop_signal == signal.SIGUSR1
 
 
 def unwatched(peers: Peers, state: str) -> str:
@@ -416,10 +480,6 @@ def write_exit(
         return  # a full disk even after the reserve went: the peers still hear the reason
     if not final:  # `sshddp stop` ended the node while this supervisor was frozen
         print(f"sshddp supervisor: exit.json is final already; not {state}", file=sys.stderr)
-
-
-def _ignore(signum: int, frame: Optional[FrameType]) -> None:
-    pass
 
 
 def _signame(num: int) -> str:

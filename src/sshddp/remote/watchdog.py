@@ -14,10 +14,11 @@ theirs to node 0 with every heartbeat (``peers``). Node 0's supervisor decides
   world forms: before, the init watchdog is in charge (importing torch can take minutes),
   and a run that never forms a world never stalls.
 
-Then every node, told over the peers' wire, collects the stacks of its processes
+Node 0's watchdog posts the hang to its supervisor's loop (``node_events.Hang``), which
+tells the other nodes. Then every node collects the stacks of its processes
 (``stacks.collect``) and the NCCL flight recorder's dumps into RUNDIR/hang.json
-(``contract.HangRecord``); with the action "stop" it then stops its node, which ends in
-state STALLED.
+(``contract.HangRecord``) and posts ``StacksTaken``; with the action "stop" its loop then
+stops the node, which ends in state STALLED.
 """
 
 from __future__ import annotations
@@ -26,17 +27,19 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from sshddp.remote import contract, flight
 from sshddp.remote.common import atomic_write_json
 from sshddp.remote.contract import HangRecord, NodeStacks, NodeWatch, SpecRecord, WatchSpec
 from sshddp.remote.joined import node_watch
-from sshddp.remote.peers import Peers
+from sshddp.remote.node_events import Hang, StacksTaken
+from sshddp.remote.node_inbox import Inbox
 
 TICK = 1.0  #: seconds between the watchdog's looks (the heartbeat's own interval)
 
 Verdict = Tuple[str, str]  # (kind, reason)
+Facts = Callable[[], Dict[int, NodeWatch]]  #: the other nodes' latest facts (node 0's server)
 
 
 #: Device nodes of a GPU driver whose collectives are NCCL's (RCCL's on ROCm).
@@ -150,19 +153,16 @@ def verdict(
 
 
 class Watchdog:
-    """A node's part: its facts for the heartbeat, and what it does when the run hangs.
-    On node 0 it also decides (``start``)."""
+    """A node's part: its facts for the heartbeat, and its stacks when the run hangs. On
+    node 0 it also decides (``restart``). It posts what it finds to ``inbox``."""
 
-    def __init__(self, rundir: str, spec: SpecRecord, since: float) -> None:
+    def __init__(self, rundir: str, spec: SpecRecord, since: float, inbox: Inbox) -> None:
         self.rundir = rundir
         self.spec = spec
         self.watch: Optional[WatchSpec] = spec.get("watch")
         self.since = since
-        self.busy = threading.Event()  #: stacks are being collected: teardown waits
-        self.verdict: Optional[Verdict] = None  #: set when the node must stop as hung
-        self.on_verdict: Callable[[], None] = lambda: None  #: wakes the supervisor's loop
-        self.facts: Callable[[], dict[int, NodeWatch]] = dict  #: the other nodes' facts
-        self.tell: Callable[[str, str, str], None] = lambda kind, reason, action: None
+        self.inbox = inbox
+        self.facts: Facts = dict  #: the other nodes' facts (given by ``restart``)
         self.thread: Optional[threading.Thread] = None  #: node 0's deciding thread
         self.formed_at: Optional[float] = None  #: when node 0 saw the world formed
 
@@ -170,7 +170,7 @@ class Watchdog:
         nprocs = self.watch["nprocs"] if self.watch else None
         return node_watch(self.rundir, self.since, world=sum(nprocs) if nprocs else None)
 
-    def start(self) -> None:
+    def _start(self) -> None:
         """Node 0: decide, every TICK, in a background thread."""
         if self.watch is None or int(self.spec["node_rank"]) != 0:
             return
@@ -179,12 +179,14 @@ class Watchdog:
         self.thread = threading.Thread(target=self._decide, daemon=True, name="watchdog")
         self.thread.start()
 
-    def restart(self) -> None:
-        """The run starts again (``restarts``): the world forms anew, watched from now."""
+    def restart(self, facts: Facts) -> None:
+        """An attempt starts (the first, or again: ``restarts``): the world forms anew,
+        watched from now, with the other nodes' ``facts``."""
         self.since = time.time()
         self.formed_at = None
+        self.facts = facts
         if self.thread is None or not self.thread.is_alive():
-            self.start()
+            self._start()
 
     def _decide(self) -> None:
         assert self.watch is not None
@@ -192,7 +194,7 @@ class Watchdog:
         peers = self.spec.get("peers")
         hosts = list(peers["hosts"]) if peers else []
         reported_at = 0.0
-        while self.verdict is None:
+        while True:
             time.sleep(TICK)
             facts = dict(self.facts())
             facts[0] = self.mine()
@@ -207,8 +209,9 @@ class Watchdog:
                 continue
             kind, reason = found
             action = self._action(kind)
-            self.tell(kind, reason, action)
-            self.hang(kind, reason, action)
+            self.inbox.post(Hang(kind, reason, action))  # the loop tells the others
+            if action == contract.ON_STALL_STOP:
+                return  # the node stops as hung
             reported_at = time.time()
 
     def _stall(self) -> float:
@@ -220,8 +223,8 @@ class Watchdog:
         return str(self.watch["on_stall"] or contract.ON_STALL_STOP)
 
     def hang(self, kind: str, reason: str, action: str) -> None:
-        """The run hung: record this node's stacks, then stop the node (action "stop")."""
-        self.busy.set()
+        """The run hung: record this node's stacks, then say so (``StacksTaken``: with
+        action "stop", the loop stops the node)."""
         try:
             record = self._record(kind, reason, action)
             try:
@@ -229,11 +232,8 @@ class Watchdog:
             except OSError as exc:
                 print(f"sshddp watchdog: cannot write {contract.HANG}: {exc}", file=sys.stderr)
             print(f"sshddp watchdog: {kind}: {reason} ({action})", file=sys.stderr, flush=True)
-            if action == contract.ON_STALL_STOP:
-                self.verdict = (kind, reason)
         finally:
-            self.busy.clear()
-        self.on_verdict()
+            self.inbox.post(StacksTaken(kind, reason, action))
 
     def _record(self, kind: str, reason: str, action: str) -> HangRecord:
         from sshddp.remote.stacks import collect  # only a hung run pays for it
@@ -268,18 +268,3 @@ class Watchdog:
             "flight_late": [r for r in asked if r not in got],
             "nccl": flight.dumps(self.rundir),
         }
-
-
-def arm(watchdog: Watchdog, peers: Peers, wake: Callable[[], None]) -> None:
-    """Join a node's watchdog to its peers: its facts go out with the heartbeat, node 0
-    reads the others' and tells them when the run hangs; a verdict wakes the supervisor."""
-    peers.watch_facts = watchdog.mine
-    watchdog.facts = peers.known
-    watchdog.tell = peers.tell_hang
-    watchdog.on_verdict = wake
-
-    def told(kind: str, reason: str, action: str) -> None:
-        watchdog.busy.set()  # before the hub's next message (an abort) is read
-        threading.Thread(target=watchdog.hang, args=(kind, reason, action), daemon=True).start()
-
-    peers.on_hang = told
