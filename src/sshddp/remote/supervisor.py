@@ -81,15 +81,12 @@ class Wakeup:
             pass
 
 
-Warm = Optional[Standby]  #: the first attempt's torchrun, started by the launch session
-
-
 class Supervisor:
     def __init__(
         self,
         rundir: str,
         parent: Optional[int] = None,
-        warm: Warm = None,
+        standby: Optional[Standby] = None,
         secrets: Optional[Secrets] = None,
     ) -> None:
         self.rundir = rundir
@@ -106,7 +103,7 @@ class Supervisor:
         self.watchdog = Watchdog(rundir, self.spec, self.started)
         self.restarts = Restarts(rundir, self.spec, self.peers)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
-        self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"), warm)
+        self.spare = Spare(torchrun_argv(rundir, self.spec), self.spec.get("cwd"), standby)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.stop_signal != signal.SIGUSR1:
@@ -148,7 +145,7 @@ class Supervisor:
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
         self.group = (pid, started) if started is not None else self.group
-        record = state_record(pid, started, self.started, self.spare.warm)
+        record = state_record(pid, started, self.started, self.spare.was_standby)
         atomic_write_json(os.path.join(self.rundir, contract.STATE), record)
 
     def reap(self) -> None:
@@ -269,10 +266,10 @@ def runs_torchrun(spec: SpecRecord) -> bool:
 
 
 def state_record(
-    pid: int, started: Optional[int], since: float, warm: bool = False
+    pid: int, started: Optional[int], since: float, standby: bool = False
 ) -> dict[str, Any]:
-    """state.json: this supervisor and torchrun, each named by pid and start time (``warm``:
-    that torchrun was a standby, torch imported before the attempt began)."""
+    """state.json: this supervisor and torchrun, each named by pid and start time
+    (``standby``: that torchrun was a standby, torch imported before the attempt began)."""
     me = os.getpid()
     return {
         "schema": contract.SCHEMA,
@@ -284,7 +281,7 @@ def state_record(
         "pid_start": started,
         "boot_id": boot_id(),
         "started": since,
-        "warm": warm,
+        "standby": standby,
     }
 
 
@@ -443,10 +440,13 @@ def _describe(rc: int, what: str = "torchrun") -> str:
 
 
 def run_supervisor(
-    rundir: str, parent: Optional[int] = None, warm: Warm = None, secrets: Optional[Secrets] = None
+    rundir: str,
+    parent: Optional[int] = None,
+    standby: Optional[Standby] = None,
+    secrets: Optional[Secrets] = None,
 ) -> None:
     os.umask(0o077)
-    Supervisor(rundir, parent, warm, secrets).run()
+    Supervisor(rundir, parent, standby, secrets).run()
 
 
 def main(args: dict[str, Any]) -> None:
