@@ -39,9 +39,8 @@ def _order() -> Optional[wire.Order]:
 
 
 def _say(message: wire.Reply) -> None:
-    sys.stdout.flush()  # (nothing else writes here before the log: the order is kept)
-    sys.stdout.buffer.write(wire.encode(message))
-    sys.stdout.buffer.flush()
+    sys.stdout.write(wire.encode(message).decode("utf-8"))
+    sys.stdout.flush()
 
 
 def _answer(order: wire.Ask) -> wire.Answer:
