@@ -63,10 +63,10 @@ class HostSession:
         self.closed = False
         self.started = False  #: told to start its node: the run is the follower's from here
 
-    def answer(self, what: str) -> dict[str, Any]:
-        """What the session's next line says of step ``what`` (``REPLY_KIND``, or a question
-        asked), or a ``RemoteError`` / ``InterpreterMissing`` saying why not. The session's
-        first line, its clock, is taken as ``first_clock`` on the way."""
+    def answer(self, what: str, kind: str = "") -> dict[str, Any]:
+        """What the session's next line, a reply of ``kind`` (by default step ``what``'s,
+        ``REPLY_KIND``), says of ``what``, or a ``RemoteError`` / ``InterpreterMissing``
+        saying why not. The first line, the session's clock, is taken as ``first_clock``."""
         if not self._first_read:
             self._first_read = True
             first = self._line(what)
@@ -78,7 +78,7 @@ class HostSession:
                 "offset": float(clock["clock"]) - (self._sent + back) / 2,
                 "rtt": back - self._sent,
             }
-        return _carried(self.transport, what, self._line(what))
+        return _carried(self.transport, what, kind or REPLY_KIND[what], self._line(what))
 
     def _line(self, what: str) -> dict[str, Any]:
         while b"\n" not in self._buffer:
@@ -98,7 +98,7 @@ class HostSession:
         args = dict(question)
         name = str(args.pop("ask"))
         self.proc.write(wire.encode(wire.ask(name, args)))
-        return self.answer(name)
+        return self.answer(name, "answer")
 
     def clock(self, samples: int) -> dict[str, float]:
         """The host's clock against ours, NTP-style: ``offset`` (seconds it is ahead) from
@@ -179,11 +179,10 @@ class HostSession:
             pass
 
 
-def _carried(transport: Transport, what: str, line: dict[str, Any]) -> dict[str, Any]:
-    """What the session's reply ``line`` tells step ``what``; a ``RemoteError`` when it is
-    not the reply that step waits for."""
+def _carried(transport: Transport, what: str, kind: str, line: dict[str, Any]) -> dict[str, Any]:
+    """What the session's reply ``line`` tells ``what``; a ``RemoteError`` when it is not
+    a reply of ``kind`` (an answer: to ``what``)."""
     reply = wire.reply_of(line)
-    kind = REPLY_KIND.get(what, "answer")
     if reply is None or not wire.replies_to(reply, kind, what):
         said = json.dumps(line)[:200]
         raise RemoteError(f"{transport.label}: the session answered {what} with {said}")
