@@ -151,8 +151,8 @@ def has_node_mark(pid: int, mark: str) -> bool:
     return any(entry.startswith(prefix) for entry in env)
 
 
-def warm_slots(nodes: int) -> int:
-    """How many of ``nodes`` nodes of one run on this machine start torchrun early: the
+def standby_slots(nodes: int) -> int:
+    """How many of ``nodes`` nodes of one run on this machine start a first standby: the
     machine's slots for an early torch import (remote/prewarm.py), one per two cores."""
     from sshddp.remote.prewarm import slot_count
 

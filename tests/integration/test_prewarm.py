@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from launch_helpers import JOB, Run, sshddp, warm_slots, write_inventory
+from launch_helpers import JOB, Run, sshddp, standby_slots, write_inventory
 
 from sshddp.remote.prewarm import slot_count, take_slot
 from sshddp_lab.sshd import SshdCluster
@@ -35,28 +35,29 @@ def test_first_attempt_runs_on_the_standby_with_the_final_port_and_argv(
     ssh_env: SshdCluster, tmp_path: Path, run_no_leak: Callable[..., None]
 ) -> None:
     """With --port auto the port is picked by node 0's probe, after the standbys started:
-    the go gives torchrun its final command line. A warm node's torchrun was started before
-    its supervisor began (its process is older); as many nodes start warm as this machine
-    has slots (both hosts are this machine); the job's results are right on every node."""
+    the go gives torchrun its final command line. A standby node's torchrun was started
+    before its supervisor began (its process is older); as many nodes start on a standby as
+    this machine has slots (both hosts are this machine); the job's results are right on
+    every node."""
     inv, workdir = write_inventory(ssh_env, tmp_path, 29500, hosts=[1, 2], nproc=2)
-    args: list[str | Path] = ["--name", "warm1", "--port", "auto", inv, JOB, "argv", "a b"]
+    args: list[str | Path] = ["--name", "standby1", "--port", "auto", inv, JOB, "argv", "a b"]
     args += ["--flag=1", "ü"]
     got = sshddp(ssh_env, tmp_path, "launch", *args)
     assert got.returncode == 0, got.stderr
-    run = Run(0, got.stdout, got.stderr, "warm1", tmp_path, workdir)
-    warm = []
+    run = Run(0, got.stdout, got.stderr, "standby1", tmp_path, workdir)
+    standby = []
     for node in range(2):
         summaries = [j for j in run.json_lines(node) if "argv" in j]
         assert sorted(s["rank"] for s in summaries) == [2 * node, 2 * node + 1], summaries
         assert all(s["argv"] == ["a b", "--flag=1", "ü"] and s["world"] == 4 for s in summaries)
-        state = _state(workdir, "warm1", node)
-        warm.append(state["warm"])
-        if state["warm"]:
+        state = _state(workdir, "standby1", node)
+        standby.append(state["standby"])
+        if state["standby"]:
             assert _epoch_of(state["pid_start"]) < state["started"], state  # torchrun first
         log = run.local_log(node).read_text()
         assert "RuntimeWarning" not in log, log  # torchrun's module ran as with -m
-    assert sum(warm) == warm_slots(2), warm
-    run_no_leak("warm1")
+    assert sum(standby) == standby_slots(2), standby
+    run_no_leak("standby1")
 
 
 def test_a_machine_with_no_slot_free_starts_torchrun_cold(
@@ -77,7 +78,7 @@ def test_a_machine_with_no_slot_free_starts_torchrun_cold(
         for fd in held:
             if fd is not None:
                 os.close(fd)
-    assert _state(workdir, "cold2", 0)["warm"] is False
+    assert _state(workdir, "cold2", 0)["standby"] is False
     run_no_leak("cold2")
 
 

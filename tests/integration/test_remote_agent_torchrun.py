@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sshddp.hosts import shipped
+from sshddp.remote import contract
 from sshddp.remote.standby import Spare, Standby
 
 WORKER = r"""
@@ -30,6 +31,8 @@ if sys.argv[1] == "fail" and rank == 1:
 def shim(tmp_path: Path) -> Path:
     path = tmp_path / "agent.py"
     path.write_text(shipped.source("sshddp.remote.agent"))
+    # the standby reads its go with the wire's module beside it, as in a run directory
+    (tmp_path / contract.STANDBY_WIRE).write_text(shipped.source("sshddp.remote.standby_messages"))
     (tmp_path / "worker.py").write_text(WORKER)
     return path
 

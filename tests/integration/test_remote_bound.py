@@ -22,6 +22,7 @@ from test_remote_session import answer, boot_args, session_clock
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
+from sshddp.remote import session_messages as wire
 from sshddp.remote.bound import COORDINATOR_GONE, SESSION_GONE
 from sshddp.remote.common import pid_alive
 
@@ -46,14 +47,14 @@ def start_node(
     assert proc.stdin is not None and proc.stdout is not None
     sent = time.time()
     proc.stdin.write(shipped.header("session", {"probe": None}))
-    proc.stdin.write(json.dumps({"go": True, "boot": args}).encode() + b"\n" + script)
+    proc.stdin.write(wire.encode(wire.go(args)) + script)
     proc.stdin.flush()
     session_clock(proc.stdout, sent)
-    assert answer(proc.stdout) == {"released": True}
-    assert answer(proc.stdout)["ok"]
-    proc.stdin.write(b'{"start": true}\n')
+    assert answer(proc.stdout, "released") == {}
+    assert answer(proc.stdout, "staged")["ok"]
+    proc.stdin.write(wire.encode(wire.start(True)))
     proc.stdin.flush()
-    started = answer(proc.stdout)
+    started = answer(proc.stdout, "started")
     assert started["ok"] and started["state"]["state"] == "running", started
     assert proc.stdout.readline() == b"Rup\n"  # the node's log, streamed (R: no index)
     return proc, started["state"]

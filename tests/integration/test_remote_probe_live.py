@@ -4,7 +4,6 @@ Python and on Python 3.8 through the bootstrap."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from port_binds import bound
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
 from sshddp.remote import imports, network
+from sshddp.remote import session_messages as wire
 
 
 def own_ipv4() -> list[str]:
@@ -99,11 +99,20 @@ def session(python: str, probe_args: dict[str, Any]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def ask(proc: subprocess.Popen[bytes], question: dict[str, Any]) -> dict[str, Any]:
+def ask(proc: subprocess.Popen[bytes], question: str, **args: Any) -> dict[str, Any]:
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(question).encode() + b"\n")
+    proc.stdin.write(wire.encode(wire.ask(question, args)))
     proc.stdin.flush()
-    return dict(json.loads(proc.stdout.readline()))
+    return reply(proc, "answer")
+
+
+def reply(proc: subprocess.Popen[bytes], kind: str) -> dict[str, Any]:
+    """The session's next line, a reply of ``kind``: what it carries."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    message = wire.decode_reply(line)
+    assert message is not None and message["kind"] == kind, line
+    return wire.carried(message)
 
 
 @pytest.mark.parametrize("which", ["this", "3.8"])
@@ -126,17 +135,18 @@ def test_the_session_answers_the_new_questions(
     proc = session(python, args)
     try:
         assert proc.stdout is not None
-        first = json.loads(proc.stdout.readline())  # the session's clock, before the probe
-        assert set(first) == {"clock"} and sent <= first["clock"] <= time.time(), first
-        facts = json.loads(proc.stdout.readline())
+        first = wire.decode_reply(proc.stdout.readline())  # its clock, before the probe
+        assert first is not None and first["kind"] == "clock", first
+        assert sent <= first["clock"] <= time.time(), first
+        facts = reply(proc, "facts")
         assert facts["port"]["port"] == port and facts["port"]["free"], facts["port"]
         assert facts["net"]["route"]["dev"] == "lo"
         assert facts["imports"]["found"] == {"json": True, "shipped_here": True, "nope_xyz": False}
         assert "NODE_RANK" not in facts["login_env"]  # env values are never echoed back
         before = time.time()
-        clock = ask(proc, {"ask": "clock"})["clock"]
+        clock = ask(proc, "clock")["clock"]
         assert before - 1 < clock < time.time() + 1
-        rdzv = ask(proc, {"ask": "connect", "connect": ["127.0.0.1", port], "timeout": 5})
+        rdzv = ask(proc, "connect", connect=["127.0.0.1", port], timeout=5)
         assert rdzv == {"rendezvous": {"ok": True, "addr": "127.0.0.1", "port": port}}
         assert not bound(port + 1, reuse=True)  # still reserved for the supervisors
         proc.stdin.close()  # type: ignore[union-attr]

@@ -17,23 +17,28 @@ import pytest
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
+from sshddp.remote import session_messages as wire
 from standin_specs import torchrun_node
 
 STAND_IN = "import runpy\nrunpy.run_path('train.py', run_name='__main__')\n"
 SCRIPT = b"import sys\nprint('hello from', sys.version_info[:2])\nprint('no newline', end='')\n"
 
 
-def answer(stream: IO[bytes]) -> dict[str, Any]:
+def answer(stream: IO[bytes], kind: str) -> dict[str, Any]:
+    """The session's next line, a reply of ``kind``: what it carries."""
     line = stream.readline()
     assert line.endswith(b"\n"), line
-    return dict(json.loads(line))
+    reply = wire.decode_reply(line)
+    assert reply is not None and reply["kind"] == kind, line
+    return wire.carried(reply)
 
 
 def session_clock(stream: IO[bytes], sent: float) -> float:
     """The session's first line, its clock, read at once: the host's time.time() between
     ``sent`` (before the header was written) and now; returned."""
-    first = answer(stream)
-    assert set(first) == {"clock"}, first
+    line = stream.readline()
+    first = wire.decode_reply(line)
+    assert first is not None and first["kind"] == "clock", line
     assert sent <= first["clock"] <= time.time(), first
     return float(first["clock"])
 
@@ -61,6 +66,7 @@ def boot_args(rundir: Path) -> dict[str, Any]:
         "supervisor": shipped.standalone("supervisor"),
         "rank": shipped.source("sshddp.remote.rank"),
         "agent": STAND_IN,  # the node's torchrun: it runs train.py as python would
+        "wire": shipped.source("sshddp.remote.standby_messages"),
         "site": shipped.source("sshddp.remote.ranksite"),
         "remote_script": None,
         "keep_runs": 50,
@@ -97,20 +103,19 @@ def test_a_node_lives_and_ends_through_its_session(
         proc.stdin.write(shipped.header("session", {"probe": probe}))
         proc.stdin.flush()
         session_clock(proc.stdout, sent)  # before the probe, which would take time
-        facts = answer(proc.stdout)
+        facts = answer(proc.stdout, "facts")
         expected = subprocess.check_output([python, "--version"], text=True).split()[1]
         assert facts["python"]["version"] == expected, facts
 
-        go = {"go": True, "boot": boot_args(rundir)}
-        proc.stdin.write(json.dumps(go).encode() + b"\n" + SCRIPT)
+        proc.stdin.write(wire.encode(wire.go(boot_args(rundir))) + SCRIPT)
         proc.stdin.flush()
-        assert answer(proc.stdout) == {"released": True}
-        assert answer(proc.stdout) == {"ok": True, "rundir": str(rundir)}
+        assert answer(proc.stdout, "released") == {}
+        assert answer(proc.stdout, "staged") == {"ok": True, "rundir": str(rundir)}
         assert (rundir / "code" / "train.py").read_bytes() == SCRIPT
 
-        proc.stdin.write(b'{"start": true}\n')
+        proc.stdin.write(wire.encode(wire.start(True)))
         proc.stdin.flush()
-        started = answer(proc.stdout)
+        started = answer(proc.stdout, "started")
         assert started["ok"] and started["state"]["state"] in ("running", "succeeded"), started
 
         log = proc.stdout.read()  # the node's log, streamed until the node has ended
@@ -134,27 +139,27 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     tmp_path: Path, oldest_python: Path, which: str
 ) -> None:
     """A torchrun node's session starts torchrun importing torch before its probe
-    (remote/prewarm.py): at the start its waiter becomes the supervisor and the standby runs
-    torchrun. On Python 3.8, which has no torch here, the standby cannot import it: it runs
-    all the same, and torchrun fails into the node's log, saying why."""
+    (remote/prewarm.py): at the start its supervisor-to-be becomes the supervisor and the
+    standby runs torchrun. On Python 3.8, which has no torch here, the standby cannot import
+    it: it runs all the same, and torchrun fails into the node's log, saying why."""
     python = sys.executable if which == "this" else str(oldest_python)
     rundir = tmp_path / "runs" / "r1" / "n0"
     args = boot_args(rundir)
     args["spec"]["torchrun"]["options"] = ["--standalone"]
     args["agent"] = shipped.source("sshddp.remote.agent")  # torchrun itself
-    warm = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site")}
+    standby = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site", "wire")}
     proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         sent = time.time()
-        proc.stdin.write(shipped.header("session", {"probe": None, "warm": warm}))
-        go = {"go": True, "boot": args}
-        proc.stdin.write(json.dumps(go).encode() + b"\n" + SCRIPT + b'{"start": true}\n')
+        proc.stdin.write(shipped.header("session", {"probe": None, "standby": standby}))
+        go = wire.encode(wire.go(args))
+        proc.stdin.write(go + SCRIPT + wire.encode(wire.start(True)))
         proc.stdin.flush()
         session_clock(proc.stdout, sent)
-        assert answer(proc.stdout) == {"released": True}
-        assert answer(proc.stdout) == {"ok": True, "rundir": str(rundir)}
-        started = answer(proc.stdout)
+        assert answer(proc.stdout, "released") == {}
+        assert answer(proc.stdout, "staged") == {"ok": True, "rundir": str(rundir)}
+        started = answer(proc.stdout, "started")
         assert started["ok"], started
         log = proc.stdout.read()
         record = json.loads(proc.stderr.read().decode().strip().splitlines()[-1])
@@ -163,7 +168,7 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     finally:
         proc.kill()
     state = json.loads((rundir / "state.json").read_text())
-    assert state["warm"] is True, state
+    assert state["standby"] is True, state
     if which == "this":
         assert b"hello from" in log and record["state"] == "succeeded", (log, record)
     else:

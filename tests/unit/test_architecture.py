@@ -3,9 +3,10 @@ host-side code that imports only the standard library and itself, and short func
 
 Layers, top to bottom: cli -> run -> hosts -> model -> (errors, defaults, trace). The host-side
 package ``sshddp.remote`` is shipped to the hosts, not imported by them from here: the layers
-may import only its ``contract`` (the files the hosts write) and ``compose`` (a node's command
-line from spec.json, so ``--dry-run`` shows what the host runs), and ``hosts.shipped`` reads its
-sources as text.
+may import only what both sides share (``SHARED``: the contract, the files the hosts write;
+``compose``, a node's command line from spec.json, so ``--dry-run`` shows what the host runs;
+and the protocol modules of the wires the coordinator is an end of), and ``hosts.shipped``
+reads its sources as text.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+#: the host-side modules the layers may import: what both sides of a wire read and write
+SHARED = {
+    "sshddp.remote.compose",
+    "sshddp.remote.contract",
+    "sshddp.remote.session_messages",
+    "sshddp.remote.standby_messages",
+}
 PACKAGE = SRC / "sshddp"
 LAYERS = {"cli": 4, "run": 3, "hosts": 2, "model": 1, "errors": 0, "defaults": 0, "trace": 0}
 TOP_LEVEL = {"sshddp", "sshddp.__main__"}  # the package itself and `python -m sshddp`
@@ -83,7 +91,9 @@ def test_imports_point_down(name: str) -> None:
         if mine == "remote":
             assert theirs == "remote", f"{where}: host-side code imports only itself"
         elif theirs == "remote":
-            assert target in SHARED, f"{where}: only the contract and the composer"
+            assert target in SHARED, (
+                f"{where}: only the contract, the composer and the wires' messages"
+            )
         else:
             assert LAYERS[theirs] <= LAYERS[mine], f"{where}: an import pointing up"
 

@@ -60,7 +60,7 @@ def test_threads_asking_at_once_build_the_host_code_once(
     assert built == ["supervisor"]
     assert len(set(answers)) == 1
     files = json.loads(zlib.decompress(answers[0]))
-    assert sorted(files) == ["agent", "rank", "site", "supervisor"]
+    assert sorted(files) == ["agent", "rank", "site", "supervisor", "wire"]
     assert files["supervisor"] == real("supervisor")
 
 

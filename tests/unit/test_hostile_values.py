@@ -41,6 +41,7 @@ from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
 from sshddp.remote import compose, contract
+from sshddp.remote import session_messages as wire
 from sshddp.remote.contract import Secrets
 from sshddp.remote.importer import unpack
 from sshddp.remote.supervisor import Supervisor
@@ -248,7 +249,7 @@ class _InProcessCommand(ScriptedOutput):
         assert body["main"] == "sshddp.remote.session"
         body["modules"]["sshddp.remote.follow"] += "\n\ndef main(args):\n    return None\n"
         # The start line the coordinator sends once every node staged comes at the end.
-        stdin = json.dumps(body).encode() + b"\n" + rest + b'{"start": true}\n'
+        stdin = json.dumps(body).encode() + b"\n" + rest + wire.encode(wire.start(True))
         fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))
         out = io.StringIO()
         with (

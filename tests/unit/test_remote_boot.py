@@ -45,6 +45,7 @@ def stage(tmp_path: Path, data: bytes) -> dict[str, Any]:
         "rank": "# rank shim\n",
         "agent": "# agent shim\n",
         "site": "# the ranks' sitecustomize\n",
+        "wire": "# the standby wire's module\n",
         "remote_script": None,
     }
     answer: dict[str, Any] = boot.stage(args, io.BytesIO(data))
@@ -87,7 +88,7 @@ def test_a_damaged_archive_is_refused(tmp_path: Path) -> None:
 def test_the_files_after_the_go_are_unpacked_into_the_args() -> None:
     """A launch sends the supervisor, rank shim, agent shim and sitecustomize packed after
     the go line; args that carry them inline are taken as they are."""
-    files = {"supervisor": "S", "rank": "R", "agent": "A", "site": "T"}
+    files = {"supervisor": "S", "rank": "R", "agent": "A", "site": "T", "wire": "W"}
     packed = zlib.compress(json.dumps(files).encode())
     stream = io.BytesIO(packed + b"CODE")
     args = boot.unpack_files({"rundir": "r", "packed": len(packed)}, stream)

@@ -93,6 +93,7 @@ def test_staging_fills_the_workspace_and_a_refusal_fails_the_stage(tmp_path: Pat
             "rank": "# rank shim\n",
             "agent": "# agent shim\n",
             "site": "# sitecustomize\n",
+            "wire": "# the standby wire's module\n",
             "remote_script": None,
             "workspace": str(space),
         }

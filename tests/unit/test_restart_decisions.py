@@ -65,8 +65,8 @@ def test_failure_text_names_the_rank_from_torchruns_summary_of_this_attempt(
 
 def test_attempts_summary_from_the_record_and_nothing_from_a_broken_one(tmp_path: Path) -> None:
     history: list[contract.AttemptRecord] = [
-        {"attempt": 1, "offset": 0, "started": 1.0, "reason": "", "warm": False},
-        {"attempt": 2, "offset": 120, "started": 9.0, "reason": "node 2 (h3) x", "warm": True},
+        {"attempt": 1, "offset": 0, "started": 1.0, "reason": "", "standby": False},
+        {"attempt": 2, "offset": 120, "started": 9.0, "reason": "node 2 (h3) x", "standby": True},
     ]
     assert summary(1, history) == {}
     expected = {"attempt": 2, "attempts": 3, "earlier": ["node 2 (h3) x"]}

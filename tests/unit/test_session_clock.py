@@ -16,9 +16,13 @@ import pytest
 from fake_process import ScriptedOutput
 
 from sshddp import defaults
+from sshddp.errors import RemoteError
 from sshddp.hosts.session import HostSession
 from sshddp.model.inventory import Host
+from sshddp.remote import session_messages as wire
 from sshddp.run import preflight
+
+FACTS = wire.facts({"hostname": "h1"})
 
 
 class _Host(ScriptedOutput):
@@ -38,16 +42,16 @@ class _Host(ScriptedOutput):
     def write(self, data: bytes) -> None:
         if data.startswith(b'{"importer"'):  # the header: the session starts
             if self.early:
-                self._say({"clock": time.time() + self.ahead})
+                self._say(wire.clock(time.time() + self.ahead))
             for line in self.lines:
                 self._say(line)
             return
-        question = json.loads(data)
+        question = wire.decode_order(data)
+        assert question == wire.ask("clock"), data
         self.asked.append(question)
-        assert question == {"ask": "clock"}
-        self._say({"clock": time.time() + self.ahead})
+        self._say(wire.answer("clock", {"clock": time.time() + self.ahead}))
 
-    def _say(self, obj: dict[str, Any]) -> None:
+    def _say(self, obj: Any) -> None:
         self.out += json.dumps(obj).encode() + b"\n"
 
 
@@ -56,7 +60,7 @@ def _session(host: _Host) -> HostSession:
 
 
 def test_the_first_line_is_a_clock_sample_around_the_header() -> None:
-    host = _Host(ahead=0.0, lines=[{"hostname": "h1"}])
+    host = _Host(ahead=0.0, lines=[FACTS])
     before = time.time()
     session = _session(host)
     assert session.answer("probe") == {"hostname": "h1"}
@@ -67,7 +71,7 @@ def test_the_first_line_is_a_clock_sample_around_the_header() -> None:
 
 @pytest.mark.parametrize("ahead", [5.0, -90.0])
 def test_the_offset_is_the_hosts(ahead: float) -> None:
-    session = _session(_Host(ahead=ahead, lines=[{"hostname": "h1"}]))
+    session = _session(_Host(ahead=ahead, lines=[FACTS]))
     session.answer("probe")
     assert session.first_clock is not None
     assert session.first_clock["offset"] == pytest.approx(ahead, abs=0.5)
@@ -81,8 +85,17 @@ def test_a_host_without_a_session_answers_first() -> None:
     assert session.first_clock is None
 
 
+def test_a_line_that_is_not_the_reply_a_step_waits_for_is_an_error() -> None:
+    """An untagged line, or a reply of another kind, is never taken for the probe's facts:
+    a RemoteError names the host, the step and what came."""
+    for line in ({"hostname": "h1"}, wire.released()):
+        session = _session(_Host(ahead=0.0, lines=[line]))
+        with pytest.raises(RemoteError, match=r"h1: the session answered probe with .*"):
+            session.answer("probe")
+
+
 def test_a_launch_takes_no_more_samples_of_a_clock_in_sync() -> None:
-    host = _Host(ahead=0.0, lines=[{"hostname": "h1"}])
+    host = _Host(ahead=0.0, lines=[FACTS])
     session = _session(host)
     session.answer("probe")
     assert preflight._clock(session, deep=False) == session.first_clock
@@ -91,7 +104,7 @@ def test_a_launch_takes_no_more_samples_of_a_clock_in_sync() -> None:
 
 @pytest.mark.parametrize("ahead", [2 * defaults.CLOCK_WARN, -90.0])
 def test_a_launch_takes_one_more_sample_of_a_clock_off(ahead: float) -> None:
-    host = _Host(ahead=ahead, lines=[{"hostname": "h1"}])
+    host = _Host(ahead=ahead, lines=[FACTS])
     session = _session(host)
     session.answer("probe")
     clock = preflight._clock(session, deep=False)
@@ -101,7 +114,7 @@ def test_a_launch_takes_one_more_sample_of_a_clock_off(ahead: float) -> None:
 
 
 def test_doctor_takes_its_samples_and_keeps_the_best() -> None:
-    host = _Host(ahead=0.0, lines=[{"hostname": "h1"}])
+    host = _Host(ahead=0.0, lines=[FACTS])
     session = _session(host)
     session.answer("probe")
     clock = preflight._clock(session, deep=True)

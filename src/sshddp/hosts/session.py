@@ -18,10 +18,16 @@ from collections.abc import Iterable
 from typing import Any, Optional
 
 from sshddp import defaults, trace
+from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.model.commands import python_command
 from sshddp.remote import contract
+from sshddp.remote import session_messages as wire
+from sshddp.remote.standby_messages import StandbyArgs
+
+#: the reply each step waits for (``answer``'s ``what``), and what of it the caller gets
+REPLY_KIND = {"probe": "facts", "release": "released", "stage": "staged", "start": "started"}
 
 
 class HostSession:
@@ -33,11 +39,11 @@ class HostSession:
         run_id: str,
         rundir: str,
         probe: Optional[dict[str, Any]],
-        warm: Optional[dict[str, Any]] = None,
+        standby: Optional[StandbyArgs] = None,
     ) -> None:
         """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing.
-        ``warm``: for a launch's torchrun node, what its torchrun needs to start importing
-        torch at once (``remote/prewarm.py``)."""
+        ``standby``: for a launch's torchrun node, the args of the standby the session starts
+        at once, importing torch while the preflight runs (``remote/prewarm.py``)."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
@@ -48,7 +54,7 @@ class HostSession:
         # The first clock sample runs from here to the session's first line: the host reads
         # this header before it looks at its clock, so the interval holds that moment.
         self._sent = time.time()
-        self.proc.write(shipped.header("session", {"probe": probe, "warm": warm}))
+        self.proc.write(shipped.header("session", {"probe": probe, "standby": standby}))
         #: the host's clock from that sample ({"offset", "rtt"}, as ``clock``); None until the
         #: first answer was read, or if the session never ran (its first line was not one)
         self.first_clock: Optional[dict[str, float]] = None
@@ -57,20 +63,22 @@ class HostSession:
         self.closed = False
         self.started = False  #: told to start its node: the run is the follower's from here
 
-    def answer(self, what: str) -> dict[str, Any]:
-        """The next JSON line, or a ``RemoteError`` / ``InterpreterMissing`` saying why not.
-        The session's first line, its clock, is taken as ``first_clock`` on the way."""
+    def answer(self, what: str, kind: str = "") -> dict[str, Any]:
+        """What the session's next line, a reply of ``kind`` (by default step ``what``'s,
+        ``REPLY_KIND``), says of ``what``, or a ``RemoteError`` / ``InterpreterMissing``
+        saying why not. The first line, the session's clock, is taken as ``first_clock``."""
         if not self._first_read:
             self._first_read = True
             first = self._line(what)
             back = time.time()
-            if set(first) != {"clock"}:  # no session ran: the bootstrap's "too_old", say
-                return first
+            clock = wire.reply_of(first)
+            if clock is None or clock["kind"] != "clock":  # no session ran: the bootstrap's
+                return first  # "too_old", say
             self.first_clock = {
-                "offset": float(first["clock"]) - (self._sent + back) / 2,
+                "offset": float(clock["clock"]) - (self._sent + back) / 2,
                 "rtt": back - self._sent,
             }
-        return self._line(what)
+        return _carried(self.transport, what, kind or REPLY_KIND[what], self._line(what))
 
     def _line(self, what: str) -> dict[str, Any]:
         while b"\n" not in self._buffer:
@@ -86,9 +94,11 @@ class HostSession:
         return shipped.decode(self.transport, what, line, b"", None)
 
     def ask(self, question: dict[str, Any]) -> dict[str, Any]:
-        """Ask the host a question about its probe (before the go): its answer."""
-        self.proc.write(json.dumps(question, separators=(",", ":")).encode() + b"\n")
-        return self.answer(str(question.get("ask")))
+        """Ask the host a question (``{"ask": name, ...its args}``): its answer."""
+        args = dict(question)
+        name = str(args.pop("ask"))
+        self.proc.write(wire.encode(wire.ask(name, args)))
+        return self.answer(name, "answer")
 
     def clock(self, samples: int) -> dict[str, float]:
         """The host's clock against ours, NTP-style: ``offset`` (seconds it is ahead) from
@@ -107,8 +117,7 @@ class HostSession:
         """Tell the host to boot: its probe lets go of the rendezvous port first, then it
         stages the code that ``send_code`` streams. ``packed``: the bytes that follow the go
         line (boot args ``"packed"``: their size)."""
-        order = {"go": True, "boot": boot_args}
-        self.proc.write(json.dumps(order, separators=(",", ":")).encode() + b"\n" + packed)
+        self.proc.write(wire.encode(wire.go(boot_args)) + packed)
 
     def send_code(self, chunks: Iterable[bytes]) -> None:
         """Stream the code after the go, one bounded chunk at a time: one write of the whole
@@ -120,7 +129,7 @@ class HostSession:
         """Every node staged its code: start the node (True), or remove what it staged."""
         self.started = start
         trace.log.info("session %s: %s", self.transport.host.host, "start" if start else "discard")
-        self.proc.write(json.dumps({"start": start}).encode() + b"\n")
+        self.proc.write(wire.encode(wire.start(start)))
 
     def discard(self) -> None:
         """Have the host remove what it staged, and wait until it has."""
@@ -168,6 +177,16 @@ class HostSession:
             self.proc.close()
         except Exception:
             pass
+
+
+def _carried(transport: Transport, what: str, kind: str, line: dict[str, Any]) -> dict[str, Any]:
+    """What the session's reply ``line`` tells ``what``; a ``RemoteError`` when it is not
+    a reply of ``kind`` (an answer: to ``what``)."""
+    reply = wire.reply_of(line)
+    if reply is None or not wire.replies_to(reply, kind, what):
+        said = json.dumps(line)[:200]
+        raise RemoteError(f"{transport.label}: the session answered {what} with {said}")
+    return wire.carried(reply)
 
 
 def _drain(proc: RemoteProcess) -> None:

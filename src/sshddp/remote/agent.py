@@ -15,11 +15,12 @@ The ranks themselves end the normal way: their objects' finalizers are theirs to
 
 Standby (STANDBY_VAR set, with ``--max-restarts``): the supervisor starts the next attempt's
 torchrun ahead. It imports torchrun (about a second, most of a fresh torchrun's start),
-then waits on its stdin, a socket, for the supervisor's go: the attempt's environment as
-JSON, and the node's output as a descriptor (SCM_RIGHTS). It takes them and runs torchrun
-at once, with the command line and in the working directory the go names (a launch's
-first attempt starts its standby before either is final: ``prewarm.py``). Without a go (the
-socket ends: no restart, or the supervisor is gone) it leaves.
+then waits on its stdin, a socket, for the supervisor's go (``standby_messages``, read from
+beside this file: the attempt's environment, and the node's output as a descriptor). It
+takes them and runs torchrun at once, with the command line and in the working directory
+the go names (a launch's first attempt starts its standby before either is final:
+``prewarm.py``). Without a go (the socket ends: no restart, or the supervisor is gone) it
+leaves.
 
 Node 0's store first (static rendezvous, every node but node 0): torchrun's rendezvous
 connects to the store node 0's torchrun serves at the endpoint, and while nothing listens
@@ -41,7 +42,7 @@ torchrun's failure summary (``NAME FAILED``) names the program it started, by it
 the first argument of python's that is no option: the rank shim, for every sshddp run. Once
 torchrun is imported, its rule is wrapped to name the script (or ``-m`` module) the shim
 runs instead (``program_name``).
-Standalone: it imports nothing of sshddp.
+Standalone: it imports nothing of sshddp (the standby wire's module it loads by its path).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from __future__ import annotations
 import array
 import atexit
 import importlib
-import json
+import importlib.util
 import os
 import runpy
 import signal
@@ -57,7 +58,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 MODULE = "torch.distributed.run"
 STANDBY_VAR = "SSHDDP_AGENT_STANDBY"  #: set: wait for the supervisor's go (see above)
@@ -67,6 +68,8 @@ STORE_STEP = 0.025  #: most seconds between tries of node 0's store while it is 
 #: at most this much later than without the wait)
 STORE_WAIT = 10.0
 RANK_SHIM = "rank.py"  #: the rank shim's file (sshddp.remote.contract.RANK_SHIM)
+#: the standby wire's module beside this file (sshddp.remote.contract.STANDBY_WIRE)
+STANDBY_WIRE = "standby_messages.py"
 LAUNCHER_API = "torch.distributed.launcher.api"  #: where torchrun names its program
 
 
@@ -208,7 +211,10 @@ def standby() -> bool:
     os.close(null)
     if not data or len(fds) != 1:
         return False
-    go = json.loads(data.decode())
+    go = standby_wire().decode_go(data)
+    if go is None:  # no torchrun runs: the node's output says why (not what: the environment
+        os.write(fds[0], b"sshddp: the standby's go was not one\n")  # may hold secrets)
+        os._exit(1)
     os.environ.clear()
     os.environ.update(go["env"])
     for fd in (1, 2):
@@ -221,6 +227,17 @@ def standby() -> bool:
         os.chdir(go["cwd"])
         sys.path[0] = os.getcwd()  # as `python -m` has it there
     return True
+
+
+def standby_wire() -> Any:
+    """The standby wire's module (``standby_messages``), from beside this file: a run
+    directory holds it next to the shim, and loading it by path puts no name on the ranks'
+    import path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), STANDBY_WIRE)
+    spec = importlib.util.spec_from_file_location("sshddp_standby_messages", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def main() -> None:

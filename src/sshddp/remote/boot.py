@@ -8,10 +8,11 @@ args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"t
        "remote_script": path|None, "keep_runs": int, "rank": source of rank.py,
        "agent": source of agent.py (torchrun starts through it, remote/agent.py),
        "site": source of the ranks' sitecustomize.py (remote/ranksite.py),
+       "wire": source of standby_messages.py (the agent shim reads its go with it),
        "bound": the node ends with this session (over srun; see bound.py),
        "workspace": the ranks' cwd when it outlives the run (remote/workspace.py), or None,
        "peer_key": the supervisors' shared secret (hex)}
-"supervisor", "rank", "agent" and "site" come inline or, with "packed": N, as the N bytes
+"supervisor", "rank", "agent", "site" and "wire" come inline or, with "packed": N, as the N bytes
 after the go line (``unpack_files``): 238 KB of text are 64 KB so, per host and launch.
 The code stream holds exactly payload["size"] bytes; it is stored as it arrives.
 """
@@ -24,7 +25,7 @@ import os
 import sys
 import time
 import zlib
-from typing import IO, TYPE_CHECKING, Any, Dict, Optional, Protocol
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import (
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from sshddp.remote.standby import Standby
 
 Answer = Dict[str, Any]
+#: a first standby's ``hand_over`` (prewarm.py): its supervisor-to-be becomes the supervisor
+HandOver = Callable[[Optional[int], Secrets], bool]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
 CHUNK = 1 << 20  # the code is read, hashed and stored in chunks of this size
 READ_BYTES = 1 << 16  # tarfile's reads and copies (its stream joins its buffer per read)
@@ -51,15 +54,6 @@ READ_BYTES = 1 << 16  # tarfile's reads and copies (its stream joins its buffer 
 
 class BootError(Exception):
     pass
-
-
-class Waiter(Protocol):
-    """A launch session's supervisor-to-be, forked before the probe (``prewarm.Prewarm``)."""
-
-    rundir: str  #: the run directory it made
-
-    def hand_over(self, parent: Optional[int], secrets: Secrets) -> bool:
-        """Become the node's supervisor, given ``secrets``; False if it is gone."""
 
 
 class _Code:
@@ -152,7 +146,8 @@ def _hold_staging(rundir: str) -> None:
     _STAGING.append(fd)
 
 
-ABANDONED_AFTER = 60.0  #: seconds: prewarm makes a node directory just before staging locks it
+#: seconds: a first standby's run directory is made just before staging locks it (prewarm.py)
+ABANDONED_AFTER = 60.0
 
 
 def _abandoned(node: str, now: float) -> bool:
@@ -199,12 +194,13 @@ def _start_supervisor(
     standalone: str,
     secrets: Secrets,
     bound: bool = False,
-    warm: Optional[Waiter] = None,
+    hand_over: Optional[HandOver] = None,
 ) -> dict[str, Any]:
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
-    With a waiter (``warm``, prewarm.py) the waiter, forked earlier, becomes it instead.
+    With a first standby (``hand_over``, prewarm.py) its supervisor-to-be, forked earlier,
+    becomes it instead.
     Its code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``). This
     process carries the run id in its environment, so the supervisor's /proc shows it too."""
     write_new(os.path.join(rundir, contract.SUPERVISOR), standalone.encode())
@@ -213,7 +209,7 @@ def _start_supervisor(
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid() if bound else None
-    handed = warm is not None and warm.hand_over(parent, secrets)
+    handed = hand_over is not None and hand_over(parent, secrets)
     if not handed and os.fork() == 0:
         supervise(rundir, log, parent, secrets=secrets)  # never returns
     os.close(log)
@@ -276,7 +272,7 @@ def supervise(
 
 def unpack_files(args: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
     """``args`` with the files that follow the go line on ``stream`` when ``args["packed"]``
-    counts them ("supervisor", "rank", "agent", "site", as zlib-compressed JSON); else as
+    counts them ("supervisor", "rank", "agent", "site", "wire", as zlib-compressed JSON); else as
     they are (the files given inline)."""
     size = args.get("packed")
     if not size:
@@ -287,19 +283,20 @@ def unpack_files(args: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
     return {**args, **json.loads(zlib.decompress(data).decode("utf-8"))}
 
 
-def stage(args: dict[str, Any], stream: IO[bytes], warm: Optional[Waiter] = None) -> Answer:
+def stage(args: dict[str, Any], stream: IO[bytes], made_by_standby: str = "") -> Answer:
     """Put the run directory in place: a new one (an existing one is refused, as are a
     workdir or runs/ that others may write to or move), then the code from ``stream`` (its
     SHA-256 checked), the rank shim and spec.json, every file new and owner-only; no secret
     (``start`` hands those to the supervisor in memory). Nothing runs yet, and a failed stage
-    leaves nothing. With a waiter (``warm``), the run directory and the shims it needs are
-    there already. The answer: {"ok": true, "rundir": its real path, the only one used
-    from here on} or {"ok": false, "error", "rundir"}."""
+    leaves nothing. Where a first standby made the run directory (``made_by_standby``, its
+    real path), it and the shims the standby needs are there already. The answer: {"ok":
+    true, "rundir": its real path, the only one used from here on} or {"ok": false,
+    "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
     try:
         real = resolve_rundir(rundir)
-        made = warm is not None and warm.rundir == real
+        made = bool(made_by_standby) and made_by_standby == real
         if not made:
             real = make_rundir(rundir)
     except Unsafe as exc:  # nothing of ours is there to remove
@@ -339,15 +336,17 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: boo
     if remote and not os.path.isfile(home_path(remote)):
         raise BootError(f"the script {remote} does not exist on this host")
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
-    if not made:  # (else the waiter's standby runs them already: prewarm.py)
+    if not made:  # (else the first standby runs them already: prewarm.py)
         put_torchrun_shims(rundir, args)
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
 
 
-def put_torchrun_shims(rundir: str, args: dict[str, Any]) -> None:
-    """What torchrun starts with, in a run directory made just now: the agent shim and the
-    ranks' sitecustomize (``args["agent"]``, ``args["site"]``)."""
+def put_torchrun_shims(rundir: str, args: Mapping[str, Any]) -> None:
+    """What torchrun starts with, in a run directory made just now: the agent shim, the
+    standby wire's module beside it and the ranks' sitecustomize (``args["agent"]``,
+    ``args["wire"]``, ``args["site"]``)."""
     write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
+    write_new(os.path.join(rundir, contract.STANDBY_WIRE), args["wire"].encode())
     os.mkdir(os.path.join(rundir, contract.SITE), 0o700)
     write_new(os.path.join(rundir, contract.SITE, "sitecustomize.py"), args["site"].encode())
 
@@ -363,7 +362,7 @@ def discard(rundir: str) -> None:
         pass
 
 
-def start(args: dict[str, Any], rundir: str, warm: Optional[Waiter] = None) -> Answer:
+def start(args: dict[str, Any], rundir: str, hand_over: Optional[HandOver] = None) -> Answer:
     """Start the supervisor of the node staged in ``rundir`` (stage()'s answer), handing it
     the node's environment and the peers' key in memory. The answer: {"ok": true, "state",
     "rundir"} or {"ok": false, "error", "rundir"}."""
@@ -372,7 +371,7 @@ def start(args: dict[str, Any], rundir: str, warm: Optional[Waiter] = None) -> A
         if read_json(os.path.join(rundir, contract.SPEC)) is None:
             raise BootError(f"run directory {rundir} is not staged")
         bound = bool(args.get("bound"))
-        state = _start_supervisor(rundir, args["supervisor"], secrets, bound, warm)
+        state = _start_supervisor(rundir, args["supervisor"], secrets, bound, hand_over)
         # The retention count includes this run: once it ends the host holds keep_runs.
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args["keep_runs"]) - 1)
         return {"ok": True, "state": state, "rundir": rundir}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 6  #: 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`
+SCHEMA = 6  #: 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
+# state.json and attempts.json `standby` (was `warm`); agent's standby_messages.py
 # 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
 # no env.json or peers.key (Secrets, in memory); spec.json's paths resolved
 # 4: spec.json `restarts`; attempts.json; exit.json `attempt`, `attempts`, ...
@@ -43,6 +44,8 @@ SUPERVISOR = "supervisor.py"  #: ``python -S supervisor.py RUNDIR`` runs the sup
 SUPERVISOR_LOG = "supervisor.log"  #: the supervisor's own stdout and stderr
 RANK_SHIM = "rank.py"  #: every rank's interpreter starts through it
 AGENT_SHIM = "agent.py"  #: torchrun starts through it (``agent``): no slow interpreter exit
+#: the standby wire's module (``standby_messages``), beside the agent shim, which reads its go
+STANDBY_WIRE = "standby_messages.py"
 SITE = "site"  #: first on the ranks' PYTHONPATH: its sitecustomize.py sets up every process
 CODE = "code"  #: the shipped code, unpacked; the ranks' cwd with --fresh-cwd
 CODE_SHA256 = "code.sha256"  #: the SHA-256 of the shipped bytes, checked as they arrived
@@ -272,7 +275,7 @@ class AttemptRecord(TypedDict):
     offset: int  #: node.log's size when the attempt started: its first byte
     started: float  #: epoch seconds
     reason: str  #: why the attempt before it ended ("" for the first)
-    warm: bool  #: its torchrun was the standby started ahead (``standby``), not a fresh one
+    standby: bool  #: its torchrun was a standby (``standby_messages``), not a fresh one
 
 
 class AttemptsRecord(TypedDict):
@@ -295,7 +298,7 @@ class StateRecord(TypedDict):
     pid_start: Optional[int]  #: torchrun's start time: what stop checks before the group
     boot_id: Optional[str]  #: the host's boot: start times name a process only on it
     started: float
-    warm: bool  #: torchrun was a standby: torch imported before the attempt began (standby.py)
+    standby: bool  #: torchrun was a standby: torch imported before the attempt began
 
 
 class Escaped(TypedDict):

@@ -1,18 +1,19 @@
-"""A launch session's torchrun, importing torch while the preflight runs: the first
-attempt's warm standby.
+"""A launch session's first standby: the first attempt's torchrun, importing torch while the
+preflight runs (``standby_messages`` holds the vocabulary and the messages).
 
 A fresh torchrun spends about a second (1.4 s on a busy 2-core machine) importing torch
 before it does anything, and the preflight, the code copy and the supervisor's start come
-before it. So a launch session for a torchrun node starts that import first. Before its
-probe, it makes the node's run directory (``workdir.make_rundir``, the same checks a stage
-makes), puts the agent shim and the ranks' sitecustomize in it, and forks a *waiter*, the
-node's supervisor-to-be. The waiter starts the agent shim in standby mode
-(``standby.Standby``) with the environment and command line torchrun will get, then waits
-on a pipe for the session:
+before it. So a launch session given standby args (``StandbyArgs``: a torchrun node) starts
+that import first. Before its probe, it makes the node's run directory
+(``workdir.make_rundir``, the same checks a stage makes), puts the agent shim, the standby
+wire's module and the ranks' sitecustomize in it, and forks the node's *supervisor-to-be*.
+That process starts the standby (``standby.Standby``) with the environment and command line
+torchrun will get, then waits on a pipe for the session:
 
-* at the start (``hand_over``) it becomes the node's supervisor, as the forked supervisor
-  of a session without a waiter would, and the first attempt's torchrun is its standby's
-  (``Spare.take``), so torchrun has imported torch by the time the node starts;
+* at the start (``hand_over``: a ``supervise`` message) it becomes the node's supervisor,
+  as the forked supervisor of a session without a first standby would, and the first
+  attempt's torchrun is its standby (``Spare.take``), so torchrun has imported torch by the
+  time the node starts;
 * when the session ends without a start (a failed check, a node that failed to stage, the
   coordinator gone: the pipe closes) it ends the standby and removes the run directory.
 
@@ -30,21 +31,23 @@ so what torch saw at import is always what torchrun would have seen.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 from sshddp.remote import contract
+from sshddp.remote import standby_messages as wire
 from sshddp.remote.common import temp_dir, try_lock
 from sshddp.remote.contract import Secrets
+from sshddp.remote.standby_messages import StandbyArgs
 from sshddp.remote.workdir import Unsafe, make_rundir, resolve_rundir
 
 SUPERVISOR_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
-class Prewarm:
-    """The session's end of its waiter (see the module's text)."""
+class FirstStandby:
+    """The session's end of its first standby: the pipe to the supervisor-to-be that holds
+    it (see the module's text)."""
 
     def __init__(self, rundir: str, pid: int, pipe: int) -> None:
         self.rundir = rundir
@@ -52,10 +55,10 @@ class Prewarm:
         self._pipe: Optional[int] = pipe
 
     @classmethod
-    def begin(cls, args: dict[str, Any]) -> Optional[Prewarm]:
-        """Make the run directory and fork the waiter; None when the node's torchrun starts
-        cold: not torchrun, no slot free on this machine, or the run directory cannot be
-        made (the stage says why)."""
+    def begin(cls, args: StandbyArgs) -> Optional[FirstStandby]:
+        """Make the run directory and fork the supervisor-to-be; None when the node's
+        torchrun starts without a standby: not torchrun, no slot free on this machine, or
+        the run directory cannot be made (the stage says why)."""
         rundir = os.path.expanduser(args["rundir"])
         if args["spec"].get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
             return None  # (the supervisor's code is imported by the waiter, off this session's way)
@@ -65,10 +68,10 @@ class Prewarm:
         try:
             return cls._begin(rundir, args, slot)
         finally:
-            os.close(slot)  # the waiter holds the slot from here, until the start
+            os.close(slot)  # the supervisor-to-be holds the slot from here, until the start
 
     @classmethod
-    def _begin(cls, rundir: str, args: dict[str, Any], slot: int) -> Optional[Prewarm]:
+    def _begin(cls, rundir: str, args: StandbyArgs, slot: int) -> Optional[FirstStandby]:
         os.umask(0o077)
         try:
             runs = os.path.dirname(os.path.dirname(resolve_rundir(rundir)))
@@ -95,15 +98,15 @@ class Prewarm:
         return cls(rundir, pid, write)
 
     def hand_over(self, parent: Optional[int], secrets: Secrets) -> bool:
-        """Make the waiter the node's supervisor (bound to ``parent``, over srun), handing
-        it ``secrets`` down the pipe, never through a file; False if it is gone (the caller
-        forks one)."""
+        """Make the supervisor-to-be the node's supervisor (bound to ``parent``, over srun),
+        handing it ``secrets`` down the pipe, never through a file; False if it is gone (the
+        caller forks one)."""
         pipe, self._pipe = self._pipe, None
         if pipe is None:
             return False
-        order = json.dumps({"parent": parent, "secrets": secrets}).encode() + b"\n"
+        order = wire.encode(wire.supervise(parent, secrets))
         try:
-            while order:  # (more than a pipe's buffer of environment: the waiter reads on)
+            while order:  # (more than a pipe's buffer of environment: the other end reads on)
                 order = order[os.write(pipe, order) :]
             return True
         except OSError:
@@ -112,8 +115,8 @@ class Prewarm:
             os.close(pipe)
 
     def cancel(self) -> None:
-        """No start: the waiter ends its standby and removes the run directory (unless it
-        became the supervisor already); wait for it."""
+        """No start: the supervisor-to-be ends the standby and removes the run directory
+        (unless it became the supervisor already); wait for it."""
         pipe, self._pipe = self._pipe, None
         if pipe is None:
             return
@@ -124,8 +127,9 @@ class Prewarm:
             pass
 
 
-def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int, slot: int) -> None:
-    """The forked waiter: start the standby, then become the supervisor or clean up."""
+def _wait(rundir: str, made: list[str], args: StandbyArgs, pipe: int, slot: int) -> None:
+    """The forked supervisor-to-be: start the standby, then become the supervisor or clean
+    up."""
     status = 1
     try:
         null = os.open(os.devnull, os.O_RDWR)
@@ -136,17 +140,16 @@ def _wait(rundir: str, made: list[str], args: dict[str, Any], pipe: int, slot: i
         from sshddp.remote.supervisor import node_env, torchrun_argv
 
         argv = torchrun_argv(rundir, args["spec"])
-        env = {**node_env(rundir, args["spec"], args["env"]), contract.ATTEMPT_VAR: "1"}
+        env = node_env(rundir, args["spec"], args["env"])
         standby = Standby.start(argv, env, os.path.expanduser("~"), 1, marked=True)
-        order = _read_line(pipe)
+        order = wire.decode_supervise(_read_line(pipe))
         os.close(pipe)
         os.close(slot)  # the preflight is over: the core is torchrun's now
         if order is not None:
             log = os.open(os.path.join(rundir, contract.SUPERVISOR_LOG), SUPERVISOR_LOG_FLAGS)
             from sshddp.remote.boot import supervise
 
-            secrets = order.get("secrets")
-            supervise(rundir, log, order.get("parent"), standby, secrets)  # never returns
+            supervise(rundir, log, order["parent"], standby, order["secrets"])  # never returns
         if standby is not None:
             standby.discard()
         _remove(rundir, made)
@@ -163,7 +166,7 @@ def slot_count() -> int:
 def take_slot() -> Optional[int]:
     """A lock on one of this machine's ``cpu_count // 2`` slots for an early import (see
     above), as an open descriptor; None when every slot is held."""
-    base = os.path.join(temp_dir(), f"sshddp-warm-{os.getuid()}-")
+    base = os.path.join(temp_dir(), f"sshddp-standby-{os.getuid()}-")
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
     for slot in range(slot_count()):
         try:
@@ -175,22 +178,18 @@ def take_slot() -> Optional[int]:
     return None
 
 
-def _read_line(pipe: int) -> Optional[dict[str, Any]]:
-    """The session's order, or None when it closed the pipe without one."""
+def _read_line(pipe: int) -> bytes:
+    """The session's line, or b"" when it closed the pipe without one."""
     data = b""
     while not data.endswith(b"\n"):
         try:
             chunk = os.read(pipe, 4096)
         except OSError:
-            return None
+            return b""
         if not chunk:
-            return None
+            return b""
         data += chunk
-    try:
-        order = json.loads(data.decode())
-    except ValueError:
-        return None
-    return order if isinstance(order, dict) else None
+    return data
 
 
 def _remove(rundir: str, made: list[str]) -> None:

@@ -116,16 +116,16 @@ class Restarts:
                 "offset": offset,
                 "started": time.time(),
                 "reason": why,
-                "warm": False,
+                "standby": False,
             }
         )
 
-    def started(self, warm: bool) -> None:
-        """The attempt's torchrun runs (``warm``: it was the standby): attempts.json says
+    def started(self, standby: bool) -> None:
+        """The attempt's torchrun runs (``standby``: it was a standby): attempts.json says
         so."""
         if not self.history:
             return
-        self.history[-1]["warm"] = warm
+        self.history[-1]["standby"] = standby
         record = {"schema": contract.SCHEMA, "max_attempts": self.max_attempts}
         atomic_write_json(
             os.path.join(self.rundir, contract.ATTEMPTS), {**record, "attempts": self.history}

@@ -1,4 +1,5 @@
-"""The next attempt's torchrun, started ahead (``--max-restarts``): a warm standby.
+"""The next attempt's torchrun, started ahead (``--max-restarts``): a standby
+(``standby_messages`` holds the vocabulary and the messages).
 
 A restart's fresh torchrun spends about a second importing torch before it can rendezvous.
 While an attempt runs and another may follow, the supervisor keeps one agent shim
@@ -6,11 +7,12 @@ While an attempt runs and another may follow, the supervisor keeps one agent shi
 (``Standby.go``): the attempt's environment, and the node's output as a descriptor; the
 standby runs torchrun at once, as the attempt's torchrun.
 
-A launch starts the first attempt's torchrun the same way, from the session's waiter, while
-the preflight runs (``prewarm.py``). The go also carries torchrun's command line and working
-directory: the standby started before the port was picked (``--port auto``) and before its
-working directory was staged. A standby started with an environment other than the
-attempt's (``fits``) is not used: what torch read as it was imported must be what it reads.
+A launch starts the first attempt's standby the same way, from the session's
+supervisor-to-be, while the preflight runs (``prewarm.py``). The go also carries torchrun's
+command line and working directory: the standby started before the port was picked
+(``--port auto``) and before its working directory was staged. A standby started with an
+environment other than the attempt's (``fits``) is not used: what torch read as it was
+imported must be what it reads.
 
 Until its go, a standby is not part of the run: it carries no node mark, so stopping an
 attempt (``common.kill_run``) leaves it waiting, and it writes nowhere. Its environment
@@ -22,7 +24,6 @@ since its socket then closes.
 from __future__ import annotations
 
 import array
-import json
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ import subprocess
 from typing import Callable, Optional
 
 from sshddp.remote import agent, contract
+from sshddp.remote import standby_messages as wire
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.restarts import Restarts
 
@@ -71,13 +73,14 @@ class Standby:
         attempt: int,
         marked: bool = False,
     ) -> Optional[Standby]:
-        """The standby for ``attempt`` (torchrun's ``argv`` and ``env``), or None when it
-        could not start (the restart then starts torchrun afresh). Without the node's mark
-        unless ``marked``: a launch's first standby, which no earlier attempt's stop could
-        end, carries it from the start, as a fresh torchrun would (teardown and the
-        process table find it by it)."""
+        """The standby for ``attempt`` (torchrun's ``argv``, and ``env`` but for the
+        attempt's number, set here), or None when it could not start (the restart then
+        starts torchrun afresh). Without the node's mark unless ``marked``: a launch's first
+        standby, which no earlier attempt's stop could end, carries it from the start, as a
+        fresh torchrun would (teardown and the process table find it by it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         waiting = {k: v for k, v in env.items() if marked or k != contract.MARK_VAR}
+        waiting[contract.ATTEMPT_VAR] = str(attempt)  # (the go replaces the whole environment)
         waiting[agent.STANDBY_VAR] = "1"
         try:
             proc = subprocess.Popen(
@@ -101,7 +104,7 @@ class Standby:
     ) -> Optional[subprocess.Popen[bytes]]:
         """Start torchrun in the standby with ``env`` and ``argv`` in ``cwd``, writing to
         ``output``; None when the standby is gone or did not take it (it is then ended)."""
-        data = json.dumps({"env": env, "argv": argv, "cwd": cwd}).encode()
+        data = wire.encode(wire.go(env, argv, cwd))
         fds = array.array("i", [output])
         try:
             if self.proc.poll() is not None:
@@ -149,7 +152,7 @@ class Spare:
         self.ahead = ahead  #: the node runs torchrun: the next attempt's may start ahead
         self.cwd = cwd
         self.standby = standby
-        self.warm = False  #: the current attempt's torchrun was a standby
+        self.was_standby = False  #: the current attempt's torchrun was a standby
 
     def run(
         self, restarts: Restarts, env: dict[str, str], output: NodeOutput, fresh: Fresh
@@ -157,11 +160,10 @@ class Spare:
         """torchrun for the current attempt: the standby's, else ``fresh()``; the process
         (None if it did not start) and why not. Then the next attempt's standby starts."""
         proc = self.take(restarts.attempt, env, output)
-        warm, failed = proc is not None, ""
-        self.warm = warm
+        self.was_standby, failed = proc is not None, ""
         if proc is None:
             proc, failed = fresh()
-        restarts.started(warm)
+        restarts.started(self.was_standby)
         if proc is not None and restarts.more() and self.ahead:
             attempt = restarts.attempt + 1
             ahead = {**env, contract.ATTEMPT_VAR: str(attempt)}  # the go replaces it all

@@ -75,8 +75,6 @@ IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit an
 POLL_WAIT = 0.02  # the loop's sleep where no wakeup pipe could be set up (not the main thread)
 LINGER_TICK = 0.05  # the loop's sleep while node 0's server waits for the others' ends
 
-Warm = Optional[Standby]  #: the first attempt's torchrun, started by the launch session
-
 
 class Supervisor:
     """One node's supervisor: one loop over one inbox of events (``node_events``), its
@@ -88,7 +86,7 @@ class Supervisor:
         self,
         rundir: str,
         parent: Optional[int] = None,
-        warm: Warm = None,
+        standby: Optional[Standby] = None,
         secrets: Optional[Secrets] = None,
     ) -> None:
         self.rundir = rundir
@@ -105,7 +103,7 @@ class Supervisor:
         self.escaped: list[Escaped] = []
         self.restarts = Restarts(rundir, self.spec)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
-        self.spare = spare_for(rundir, self.spec, warm)
+        self.spare = spare_for(rundir, self.spec, standby)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         self.inbox.post(Signal(signum))
@@ -145,7 +143,7 @@ class Supervisor:
     def _record_state(self, pid: int) -> None:
         started = start_time(pid)  # not reaped before teardown: it names torchrun
         self.group = (pid, started) if started is not None else self.group
-        record = state_record(pid, started, self.started, self.spare.warm)
+        record = state_record(pid, started, self.started, self.spare.was_standby)
         atomic_write_json(os.path.join(self.rundir, contract.STATE), record)
 
     def reap(self) -> None:
@@ -333,10 +331,10 @@ def runs_torchrun(spec: SpecRecord) -> bool:
 
 
 def state_record(
-    pid: int, started: Optional[int], since: float, warm: bool = False
+    pid: int, started: Optional[int], since: float, standby: bool = False
 ) -> dict[str, Any]:
-    """state.json: this supervisor and torchrun, each named by pid and start time (``warm``:
-    that torchrun was a standby, torch imported before the attempt began)."""
+    """state.json: this supervisor and torchrun, each named by pid and start time
+    (``standby``: that torchrun was a standby, torch imported before the attempt began)."""
     me = os.getpid()
     return {
         "schema": contract.SCHEMA,
@@ -348,7 +346,7 @@ def state_record(
         "pid_start": started,
         "boot_id": boot_id(),
         "started": since,
-        "warm": warm,
+        "standby": standby,
     }
 
 
@@ -416,10 +414,10 @@ def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
     return compose.node_argv(spec, sys.executable, rundir)
 
 
-def spare_for(rundir: str, spec: SpecRecord, warm: Warm) -> Spare:
-    """The node's standby holder: ``warm``, the first attempt's, if any; the next attempt's
+def spare_for(rundir: str, spec: SpecRecord, standby: Optional[Standby]) -> Spare:
+    """The node's standby holder: ``standby``, the first attempt's, if any; the next attempt's
     torchrun may start ahead where the node runs torchrun."""
-    return Spare(torchrun_argv(rundir, spec), spec.get("cwd"), warm, runs_torchrun(spec))
+    return Spare(torchrun_argv(rundir, spec), spec.get("cwd"), standby, runs_torchrun(spec))
 
 
 def start_torchrun(
@@ -496,10 +494,13 @@ def _describe(rc: int, what: str = "torchrun") -> str:
 
 
 def run_supervisor(
-    rundir: str, parent: Optional[int] = None, warm: Warm = None, secrets: Optional[Secrets] = None
+    rundir: str,
+    parent: Optional[int] = None,
+    standby: Optional[Standby] = None,
+    secrets: Optional[Secrets] = None,
 ) -> None:
     os.umask(0o077)
-    Supervisor(rundir, parent, warm, secrets).run()
+    Supervisor(rundir, parent, standby, secrets).run()
 
 
 def main(args: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from sshddp.hosts.session import HostSession
 from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
 from sshddp.remote import contract
+from sshddp.remote.standby_messages import StandbyArgs
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import LaunchState
 from sshddp.run.share import Share
@@ -68,7 +69,7 @@ def pack_soon() -> Optional[threading.Thread]:
     return thread
 
 
-def host_code() -> tuple[str, str, str, str]:
+def host_code() -> tuple[str, str, str, str, str]:
     """``_host_code()``, built once whichever thread asks first."""
     with _BUILDING:
         return _host_code()
@@ -81,36 +82,46 @@ def packed_host_code() -> bytes:
 
 
 @cache
-def _host_code() -> tuple[str, str, str, str]:
+def _host_code() -> tuple[str, str, str, str, str]:
     """The supervisor file left in every run directory, the rank shim, the ranks'
-    sitecustomize and torchrun's agent shim."""
+    sitecustomize, torchrun's agent shim and the standby wire's module it reads."""
     return (
         shipped.standalone("supervisor"),
         shipped.source("sshddp.remote.rank"),
         shipped.source("sshddp.remote.ranksite"),
         shipped.source("sshddp.remote.agent"),
+        shipped.source("sshddp.remote.standby_messages"),
     )
 
 
 @cache
 def _packed_host_code() -> bytes:
-    """Those four files as the bytes that follow every host's go: zlib-compressed JSON,
-    made once a launch (238 KB of text, 64 KB packed, per host, from a laptop's uplink)."""
-    supervisor, rank_shim, site, agent = host_code()
+    """Those files as the bytes that follow every host's go: zlib-compressed JSON, made
+    once a launch (238 KB of text, 64 KB packed, per host, from a laptop's uplink)."""
+    supervisor, rank_shim, site, agent, wire = host_code()
     files = {"supervisor": supervisor, "rank": rank_shim, "agent": agent, "site": site}
+    files["wire"] = wire
     return zlib.compress(json.dumps(files, separators=(",", ":")).encode(), shipped.PACK_LEVEL)
 
 
-def warm_args(plan: LaunchPlan, node: NodePlan) -> Optional[dict[str, Any]]:
-    """What a torchrun node's launch session needs to start torchrun importing torch at
-    once, while the preflight runs (``remote/prewarm.py``); None for a node without torchrun.
-    The same values as the boot args (``Boot._boot_args``)."""
+def standby_args(plan: LaunchPlan, node: NodePlan) -> Optional[StandbyArgs]:
+    """The standby args of a torchrun node: what its launch session needs to start the
+    first attempt's standby at once, importing torch while the preflight runs
+    (``remote/prewarm.py``); None for a node without torchrun. The same values as the
+    boot args (``Boot._boot_args``)."""
     spec = plan.spec(node)
     if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
         return None
-    _, _, site, agent = host_code()
+    _, _, site, agent, wire = host_code()
     env = dict(node.env)
-    return {"rundir": node.rundir, "spec": spec, "env": env, "agent": agent, "site": site}
+    return {
+        "rundir": node.rundir,
+        "spec": spec,
+        "env": env,
+        "agent": agent,
+        "site": site,
+        "wire": wire,
+    }
 
 
 class Boot:
@@ -199,7 +210,7 @@ class Boot:
             "spec": plan.spec(node),
             "env": dict(node.env),
             "payload": self.payload.header(),
-            "packed": len(packed_host_code()),  # supervisor, rank, agent, site: after the go
+            "packed": len(packed_host_code()),  # supervisor, rank, agent, site, wire: after the go
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
             "bound": node.host.transport == "srun",  # the node ends with its job step

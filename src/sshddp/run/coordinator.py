@@ -42,7 +42,7 @@ from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.remote.contract import ExitRecord
 from sshddp.run import preflight, registry
 from sshddp.run.attempts import AttemptWatch
-from sshddp.run.boot import Boot, pack_soon, warm_args
+from sshddp.run.boot import Boot, pack_soon, standby_args
 from sshddp.run.follow import Followers
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
@@ -439,8 +439,8 @@ def _session_opener(pool: HostPool, plan: LaunchPlan) -> preflight.SessionOpener
 
     def open_session(host: Host, probe: Optional[dict[str, Any]]) -> HostSession:
         node = nodes[host.index]
-        warm = warm_args(plan, node)
-        session = HostSession(pool.transport(host), plan.run_id, node.rundir, probe, warm)
+        standby = standby_args(plan, node)
+        session = HostSession(pool.transport(host), plan.run_id, node.rundir, probe, standby)
         pack_soon()  # what the go carries, packed while the probes run
         return session
 
