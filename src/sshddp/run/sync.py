@@ -1,0 +1,120 @@
+"""``sshddp sync``: every host gets the virtual environment a uv project's lock describes.
+
+Each host answers in one call (``remote/envsync.py``): its environment for this lock is
+there, or it builds it and says so, or says what failed. A host without our uv answers
+``need_uv`` and gets a second call carrying the laptop's uv binary (the ``uv`` package
+sshddp depends on), when the host's platform is the laptop's. Hosts run in the pool's
+threads (at most ``fanout`` at once); one failing never stops the others.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import sysconfig
+import time
+import zlib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from sshddp.errors import SshddpError, UsageError
+from sshddp.hosts import shipped
+from sshddp.hosts.pool import HostPool
+from sshddp.hosts.transport import SshOptions
+from sshddp.model import sync as model
+from sshddp.model.inventory import Host, Inventory
+from sshddp.model.sync import HostSync, Project, SyncStatus
+
+UV_LEVEL = 1  #: zlib level of the uv binary sent: 38 MB -> 17 MB in a fraction of a second
+
+
+def uv_version() -> str:
+    return metadata.version("uv")
+
+
+def load_project(path: str) -> Project:
+    """The uv project in directory ``path``, or ``UsageError``."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UsageError(f"PROJECT {path}: not a directory (a uv project: pyproject.toml, uv.lock)")
+    files = {}
+    for name in model.PROJECT_FILES:
+        try:
+            files[name] = (root / name).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{root / name}: cannot be read: {exc}") from None
+    return model.project(str(root), files, uv_version())
+
+
+def sync_hosts(
+    inventory: Inventory, project: Project, ssh: SshOptions, fanout: int, check: bool = False
+) -> list[HostSync]:
+    """Sync (or with ``check`` only look at) every host's environment, in host order."""
+    with HostPool(inventory.hosts, ssh, fanout) as pool:
+
+        def one(host: Host) -> HostSync:
+            start = time.monotonic()
+            try:
+                answer = _call(pool, host, project, check)
+            except SshddpError as exc:
+                status = SyncStatus.UNREACHABLE
+                return HostSync(host.index, host.host, status, error=_said(exc))
+            return model.outcome(host.index, host.host, answer, time.monotonic() - start)
+
+        outcomes = pool.map(one, inventory.hosts)
+    results = []
+    for host in inventory.hosts:
+        outcome = outcomes[host.index]
+        if outcome.value is not None:
+            results.append(outcome.value)
+        else:
+            error = getattr(outcome.error, "message", None) or f"{outcome.error}"
+            results.append(HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=error))
+    return results
+
+
+def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str, Any]:
+    transport = pool.transport(host)
+    transport.connect()
+    args = {
+        "workdir": host.workdir,
+        "digest": project.digest,
+        "files": dict(project.files),
+        "python": project.python,
+        "uv": uv_version(),
+        "env": dict(host.env),
+        "check": check,
+    }
+    answer: dict[str, Any] = shipped.call(transport, "envsync", args)
+    if answer.get("status") != "need_uv":
+        return answer
+    if answer.get("platform") != local_platform():
+        return {
+            "status": "failed",
+            "error": f"no uv there, and this machine's uv is for {local_platform()}, not "
+            f"{answer.get('platform')}: install uv {uv_version()} on the host "
+            "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
+        }
+    result: dict[str, Any] = shipped.call(transport, "envsync", args, _uv_packed())
+    return result
+
+
+def local_platform() -> str:
+    """This machine's platform as ``remote/envsync.host_platform`` says a host's."""
+    libc, version = platform.libc_ver()
+    return f"{sysconfig.get_platform()}-{libc or 'nolibc'}{version}"
+
+
+@functools.cache
+def _uv_packed() -> bytes:
+    import uv
+
+    return zlib.compress(Path(uv.find_uv_bin()).read_bytes(), UV_LEVEL)
+
+
+def _said(exc: SshddpError) -> str:
+    hint = getattr(exc, "hint", "")
+    return exc.message + (f" (fix: {hint})" if hint else "")

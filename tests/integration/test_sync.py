@@ -1,0 +1,175 @@
+"""``sshddp sync`` against real sshd hosts, each with its own workdir, with real uv.
+
+The projects install offline-capably from this machine's local indexes (/opt/pypi*) and
+wheels (/opt/wheels: torch's CPU build). The hosts share one uv cache, given through the
+inventory's ``env`` (which applies to the install), so each package is unpacked once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli_helpers import Result, assert_clean_failure, sshddp
+from sshddp.errors import ExitCode
+from sshddp_lab.sshd import SshdCluster
+
+UV = Path(__import__("uv").find_uv_bin())
+INDEXES = """
+[tool.uv]
+package = false
+find-links = ["/opt/wheels"]
+index-strategy = "unsafe-best-match"
+
+[[tool.uv.index]]
+url = "file:///opt/pypi/simple"
+default = true
+
+[[tool.uv.index]]
+url = "file:///opt/pypi-more/simple"
+"""
+
+
+def make_project(folder: Path, deps: list[str], cache: Path, python: str = ">=3.11") -> Path:
+    """A uv project pinning ``deps``, locked with this machine's uv against local indexes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    listed = ", ".join(json.dumps(d) for d in deps)
+    (folder / "pyproject.toml").write_text(
+        f'[project]\nname = "demo"\nversion = "0.1.0"\nrequires-python = "{python}"\n'
+        f"dependencies = [{listed}]\n{INDEXES}"
+    )
+    env = {"UV_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(folder)}
+    subprocess.run([UV, "lock", "--quiet"], cwd=folder, env=env, check=True, timeout=120)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+def inventory(cluster: SshdCluster, tmp: Path, hosts: list[int], cache: Path, **env: str) -> Path:
+    """An inventory of ``hosts``, each with its own workdir (under its own HOME)."""
+    doc = yaml.safe_load(cluster.inventory_yaml(hosts, workdir=f"~/w-{tmp.name}"))
+    doc["defaults"]["env"] = {"UV_CACHE_DIR": str(cache), "GLOO_SOCKET_IFNAME": "lo"}
+    for entry in doc["hosts"]:
+        entry["env"] = {k.replace("__", ":"): v for k, v in env.items() if entry["host"] in k}
+        entry["env"] = {k.split(":")[1]: v for k, v in entry["env"].items()}
+    path = tmp / "inv.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def envs_of(cluster: SshdCluster, tmp: Path, i: int) -> Path:
+    return cluster.home(i) / f"w-{tmp.name}" / "envs"
+
+
+def sync(cluster: SshdCluster, inv: Path, project: Path, *more: str) -> Result:
+    return sshddp(["sync", "--ssh-config", str(cluster.ssh_config), *more, str(inv), str(project)])
+
+
+def keys(result: Result) -> dict[str, str]:
+    """host -> the environment hash its line names."""
+    found = {}
+    for line in result.out.splitlines():
+        host, _, rest = line.partition(": ")
+        if " env " in rest:
+            found[host] = rest.split(" env ")[1].split()[0]
+    return found
+
+
+def test_sync_builds_every_hosts_env_then_answers_ready(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["numpy==2.2.6", "six==1.17.0"], uv_cache)
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+
+    first = sync(ssh_env, inv, project)
+    assert first.code == 0, first.explain()
+    assert [line.split()[1] for line in first.out.splitlines()] == ["built", "built"]
+    key = keys(first)["h1"]
+    assert keys(first) == {"h1": key, "h2": key}  # same lock, platform and Python
+    for i in (1, 2):
+        python = envs_of(ssh_env, tmp_path, i) / key / "bin" / "python"
+        code = "import numpy, six, sys; print(numpy.__version__, six.__version__, sys.prefix)"
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["2.2.6", "1.17.0", str(python.parent.parent)]
+        # sshddp brought its own uv (the lab hosts have none on PATH)
+        assert (ssh_env.home(i) / f"w-{tmp_path.name}" / "tools").is_dir()
+        assert not [p for p in envs_of(ssh_env, tmp_path, i).iterdir() if p.name != key]
+
+    again = sync(ssh_env, inv, project)
+    assert again.code == 0, again.explain()
+    assert [line.split()[1] for line in again.out.splitlines()] == ["ready", "ready"]
+    assert keys(again) == keys(first)
+
+
+def test_a_changed_lock_reaches_every_host_as_a_new_env(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["six==1.17.0"], uv_cache)
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    first = sync(ssh_env, inv, project)
+    assert first.code == 0, first.explain()
+    make_project(project, ["six==1.17.0", "numpy==2.0.2"], uv_cache)
+    second = sync(ssh_env, inv, project)
+    assert second.code == 0, second.explain()
+    assert "built" in second.out and "ready" not in second.out
+    new, old = keys(second)["h1"], keys(first)["h1"]
+    assert new != old and set(keys(second).values()) == {new}
+    for i in (1, 2):
+        python = envs_of(ssh_env, tmp_path, i) / new / "bin" / "python"
+        out = subprocess.run(
+            [python, "-c", "import numpy; print(numpy.__version__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == "2.0.2"
+        assert (envs_of(ssh_env, tmp_path, i) / old).is_dir()  # a run on it keeps it
+
+
+def test_a_python_no_host_has_names_host_wanted_and_found(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["six==1.17.0"], uv_cache)
+    (project / ".python-version").write_text("3.99\n")
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    result = sync(ssh_env, inv, project)
+    assert_clean_failure(result, ExitCode.SYNC_FAILED)
+    for host in ("h1", "h2"):
+        line = next(x for x in result.out.splitlines() if x.startswith(f"{host}: "))
+        assert "no Python 3.99 on this host (found: " in line, result.explain()
+        assert "3.11" in line and "fix: install Python 3.99" in line, result.explain()
+    assert "failed on 2 of 2 host(s)" in result.err
+    assert not envs_of(ssh_env, tmp_path, 1).exists() or not list(
+        envs_of(ssh_env, tmp_path, 1).iterdir()
+    )
+
+
+def test_a_host_that_fails_to_install_is_named_and_the_others_finish(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["six==1.17.0"], uv_cache)
+    # h2's uv may not use six's wheel, and six has no sdist: uv's own message says so
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache, h2__UV_NO_BINARY_PACKAGE="six")
+    result = sync(ssh_env, inv, project)
+    assert_clean_failure(result, ExitCode.SYNC_FAILED)
+    lines = result.out.splitlines()
+    assert lines[0].startswith("h1: built  env "), result.explain()
+    assert lines[1].startswith("h2: failed: "), result.explain()
+    assert "marked as `--no-binary` but has no source distribution" in lines[1], result.explain()
+    assert "failed on 1 of 2 host(s): h2 (failed)" in result.err
+    assert not [p for p in envs_of(ssh_env, tmp_path, 2).iterdir()]  # nothing half-built
+
+
+def test_a_directory_without_a_lock_is_a_clear_error(ssh_env: SshdCluster, tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
+    inv = inventory(ssh_env, tmp_path, [1], tmp_path)
+    result = sync(ssh_env, inv, tmp_path)
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert "no uv.lock there" in result.err and "uv lock" in result.err
