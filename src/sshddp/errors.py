@@ -114,9 +114,12 @@ class StateError(SshddpError):
 
 
 class SyncFailed(SshddpError):
-    """``launch --sync``: a host's environment could not be built; the message names it."""
+    """``launch --sync``: a host's environment could not be built (exit 7), or a host could
+    not be reached (exit 4); the message names each such host."""
 
-    exit_code = ExitCode.SYNC_FAILED
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = ExitCode.UNREACHABLE if unreachable else ExitCode.SYNC_FAILED
 
 
 class NodeFailed(SshddpError):

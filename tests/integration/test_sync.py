@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
+from launch_helpers import SSHDDP, cli_env, run_id_of
 
 from cli_helpers import Result, assert_clean_failure, sshddp
 from sshddp.errors import ExitCode
@@ -173,3 +175,49 @@ def test_a_directory_without_a_lock_is_a_clear_error(ssh_env: SshdCluster, tmp_p
     result = sync(ssh_env, inv, tmp_path)
     assert_clean_failure(result, ExitCode.BAD_INPUT)
     assert "no uv.lock there" in result.err and "uv lock" in result.err
+
+
+RANK_SCRIPT = """
+import json, os, sys
+import numpy, six, torch
+print(json.dumps({"rank": int(os.environ["RANK"]), "prefix": sys.prefix}), flush=True)
+"""
+
+
+def test_launch_sync_runs_every_rank_in_the_synced_env(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    uv_cache: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    deps = ["torch==2.13.0", "numpy==2.2.6", "six==1.17.0"]
+    project = make_project(tmp_path / "proj", deps, uv_cache)
+    inv = inventory(ssh_env, tmp_path, [1, 2, 3], uv_cache)
+    doc = yaml.safe_load(inv.read_text())
+    doc["rendezvous"] = {"port": free_port()}
+    for entry in doc["hosts"]:
+        entry["nproc"] = 1
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    script = tmp_path / "where.py"
+    script.write_text(RANK_SCRIPT)
+    args = ["launch", "--sync", project, "--ssh-config", ssh_env.ssh_config, inv, script]
+    proc = subprocess.run(
+        [*SSHDDP, *map(str, args)],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sshddp: sync: env " in proc.stderr and "on all 3 host(s)" in proc.stderr
+    seen = {}
+    for line in proc.stdout.splitlines():
+        if '"prefix"' in line:
+            record = json.loads(line[line.index("{") :])
+            seen[record["rank"]] = Path(record["prefix"])
+    assert sorted(seen) == [0, 1, 2], proc.stdout
+    for rank, prefix in seen.items():
+        assert prefix.parent == envs_of(ssh_env, tmp_path, rank + 1), prefix
+    run_no_leak(run_id_of(proc.stderr))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sshddp.errors import ExitCode, UsageError
+from sshddp.errors import ExitCode, InventoryError, UsageError
 from sshddp.model import sync as model
+from sshddp.model.inventory import parse_inventory
 from sshddp.model.sync import HostSync, SyncStatus
+from sshddp.run.sync import project_path
 
 PYPROJECT = '[project]\nname = "x"\nrequires-python = ">=3.10"\n\n[tool.uv]\npackage = false\n'
 
@@ -49,3 +53,21 @@ def test_exit_code_says_unreachable_then_sync_failed() -> None:
 def test_an_unknown_answer_is_a_failure() -> None:
     result = model.outcome(0, "a", {"status": "weird", "error": "x"}, 0.1)
     assert result.status is SyncStatus.FAILED and result.error == "x"
+
+
+def test_inventory_sync_key_is_read_from_defaults_and_found_beside_the_file(
+    tmp_path: Path,
+) -> None:
+    inv_file = tmp_path / "inv.yaml"
+    text = "defaults:\n  sync: proj\nhosts:\n  - host: a\n"
+    inventory = parse_inventory(text, str(inv_file))
+    assert inventory.sync == "proj"
+    inv_file.write_text(text)
+    assert project_path(None, inventory) == str(tmp_path / "proj")
+    assert project_path("other", inventory) == "other"  # --sync wins, from the cwd
+    assert project_path(None, parse_inventory("hosts:\n  - host: a\n")) is None
+
+
+def test_inventory_sync_key_is_not_a_hosts() -> None:
+    with pytest.raises(InventoryError, match="sync"):
+        parse_inventory("hosts:\n  - host: a\n    sync: proj\n")

@@ -10,15 +10,13 @@ threads (at most ``fanout`` at once); one failing never stops the others.
 from __future__ import annotations
 
 import functools
-import platform
-import sysconfig
 import time
 import zlib
-from importlib import metadata
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from sshddp.errors import SshddpError, UsageError
+from sshddp.errors import ExitCode, SshddpError, SyncFailed, UsageError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
@@ -30,6 +28,8 @@ UV_LEVEL = 1  #: zlib level of the uv binary sent: 38 MB -> 17 MB in a fraction 
 
 
 def uv_version() -> str:
+    from importlib import metadata  # here: a launch without --sync does without it
+
     return metadata.version("uv")
 
 
@@ -104,6 +104,9 @@ def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str
 
 def local_platform() -> str:
     """This machine's platform as ``remote/envsync.host_platform`` says a host's."""
+    import platform
+    import sysconfig
+
     libc, version = platform.libc_ver()
     return f"{sysconfig.get_platform()}-{libc or 'nolibc'}{version}"
 
@@ -118,3 +121,34 @@ def _uv_packed() -> bytes:
 def _said(exc: SshddpError) -> str:
     hint = getattr(exc, "hint", "")
     return exc.message + (f" (fix: {hint})" if hint else "")
+
+
+def project_path(option: Optional[str], inventory: Inventory) -> Optional[str]:
+    """The project a launch syncs: ``--sync``'s (from the working directory), else the
+    inventory's ``sync:`` (from the inventory file's directory)."""
+    if option:
+        return option
+    if not inventory.sync:
+        return None
+    path = Path(inventory.sync).expanduser()
+    if path.is_absolute() or not Path(inventory.source).is_file():
+        return str(path)
+    return str(Path(inventory.source).parent / path)
+
+
+def synced(
+    inventory: Inventory, path: str, ssh: SshOptions, fanout: int
+) -> tuple[Inventory, list[HostSync]]:
+    """``inventory`` with every host's ``python`` its synced environment's, once synced;
+    ``SyncFailed`` naming every host that has none."""
+    if not inventory.hosts:
+        raise UsageError("--sync / sync: needs the inventory's hosts known before the launch")
+    project = load_project(path)
+    results = sync_hosts(inventory, project, ssh, fanout)
+    pythons = model.pythons(results)
+    if pythons is None:
+        bad = [model.line(r, project.python) for r in results if not r.status.ok]
+        message = f"sync of {path} failed:\n" + "\n".join(bad)
+        raise SyncFailed(message, model.exit_code(results) is ExitCode.UNREACHABLE)
+    hosts = tuple(replace(h, python=pythons[h.index]) for h in inventory.hosts)
+    return replace(inventory, hosts=hosts), results
