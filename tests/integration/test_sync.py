@@ -221,3 +221,31 @@ def test_launch_sync_runs_every_rank_in_the_synced_env(
     for rank, prefix in seen.items():
         assert prefix.parent == envs_of(ssh_env, tmp_path, rank + 1), prefix
     run_no_leak(run_id_of(proc.stderr))
+
+
+def test_doctor_sync_checks_in_the_env_and_shows_the_same_hash_on_all(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path, free_port: Callable[[], int]
+) -> None:
+    deps = ["torch==2.13.0", "numpy==2.2.6", "six==1.17.0"]
+    project = make_project(tmp_path / "proj", deps, uv_cache)
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    doc = yaml.safe_load(inv.read_text())
+    doc["rendezvous"] = {"port": free_port()}
+    doc["defaults"]["sync"] = "proj"  # beside the inventory
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    doctor = ["doctor", "--ssh-config", str(ssh_env.ssh_config), str(inv)]
+
+    before = sshddp(doctor)
+    assert_clean_failure(before, ExitCode.CHECK_FAILED)
+    assert "h1: no env " in before.err and "fix: `sshddp sync`" in before.err, before.explain()
+    assert not envs_of(ssh_env, tmp_path, 1).exists()  # doctor builds nothing
+
+    assert sync(ssh_env, inv, project).code == 0
+    after = sshddp(doctor)
+    assert after.code == 0, after.explain()
+    hashes = {
+        line.split(": ")[0]: line.split(" env ")[1].split()[0]
+        for line in after.err.splitlines()
+        if " env " in line and line.startswith("h")
+    }
+    assert set(hashes) == {"h1", "h2"} and len(set(hashes.values())) == 1, after.explain()

@@ -31,6 +31,7 @@ class SyncStatus(str, Enum):
     BUILT = "built"  #: built now
     NO_PYTHON = "no_python"  #: the host has no interpreter of the version the project asks for
     FAILED = "failed"  #: uv could not install the lock there
+    MISSING = "missing"  #: doctor --sync: the host has no environment for this lock yet
     UNREACHABLE = "unreachable"  #: the host could not be reached
 
     @property
@@ -126,6 +127,8 @@ def line(result: HostSync, wanted: str) -> str:
         return f"{result.host}: ready  env {result.key} ({took})"
     if result.status is SyncStatus.BUILT:
         return f"{result.host}: built  env {result.key} ({took})"
+    if result.status is SyncStatus.MISSING:
+        return f"{result.host}: no env {result.key or 'for this lock'} yet; fix: `sshddp sync`"
     if result.status is SyncStatus.NO_PYTHON:
         found = ", ".join(result.found) or "none"
         return (

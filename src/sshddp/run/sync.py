@@ -91,6 +91,8 @@ def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str
     answer: dict[str, Any] = shipped.call(transport, "envsync", args)
     if answer.get("status") != "need_uv":
         return answer
+    if check:  # doctor changes nothing on a host
+        return {"status": "missing"}
     if answer.get("platform") != local_platform():
         return {
             "status": "failed",
