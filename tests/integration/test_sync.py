@@ -8,7 +8,9 @@ inventory's ``env`` (which applies to the install), so each package is unpacked 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +19,7 @@ import yaml
 from launch_helpers import SSHDDP, cli_env, run_id_of
 
 from cli_helpers import Result, assert_clean_failure, sshddp
+from sshddp.defaults import KEEP_ENVS
 from sshddp.errors import ExitCode
 from sshddp_lab.sshd import SshdCluster
 
@@ -36,12 +39,14 @@ url = "file:///opt/pypi-more/simple"
 """
 
 
-def make_project(folder: Path, deps: list[str], cache: Path, python: str = ">=3.11") -> Path:
+def make_project(
+    folder: Path, deps: list[str], cache: Path, python: str = ">=3.11", version: str = "0.1.0"
+) -> Path:
     """A uv project pinning ``deps``, locked with this machine's uv against local indexes."""
     folder.mkdir(parents=True, exist_ok=True)
     listed = ", ".join(json.dumps(d) for d in deps)
     (folder / "pyproject.toml").write_text(
-        f'[project]\nname = "demo"\nversion = "0.1.0"\nrequires-python = "{python}"\n'
+        f'[project]\nname = "demo"\nversion = "{version}"\nrequires-python = "{python}"\n'
         f"dependencies = [{listed}]\n{INDEXES}"
     )
     env = {"UV_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(folder)}
@@ -249,3 +254,67 @@ def test_doctor_sync_checks_in_the_env_and_shows_the_same_hash_on_all(
         if " env " in line and line.startswith("h")
     }
     assert set(hashes) == {"h1", "h2"} and len(set(hashes.values())) == 1, after.explain()
+
+
+def test_old_envs_are_pruned_but_never_one_in_use(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    inv = inventory(ssh_env, tmp_path, [1], uv_cache)
+    envs = envs_of(ssh_env, tmp_path, 1)
+    made = []
+    for n in range(KEEP_ENVS + 2):
+        project = make_project(tmp_path / f"p{n}", ["six==1.17.0"], uv_cache, version=f"0.{n}")
+        result = sync(ssh_env, inv, project)
+        assert result.code == 0, result.explain()
+        made.append(keys(result)["h1"])
+        if n == 0:  # a run on the first environment holds it
+            busy = subprocess.Popen(
+                [envs / made[0] / "bin" / "python", "-c", "input()"], stdin=subprocess.PIPE
+            )
+    try:
+        # the newest KEEP_ENVS stay, the one in use stays, the one between them went
+        assert sorted(p.name for p in envs.iterdir()) == sorted([made[0], *made[-KEEP_ENVS:]])
+    finally:
+        busy.communicate(b"\n", timeout=30)
+    project = make_project(tmp_path / "last", ["six==1.17.0"], uv_cache, version="1.0")
+    last = sync(ssh_env, inv, project)
+    assert last.code == 0, last.explain()
+    assert sorted(p.name for p in envs.iterdir()) == sorted(
+        [*made[-KEEP_ENVS + 1 :], keys(last)["h1"]]
+    )
+
+
+def test_ctrl_c_during_a_sync_leaves_nothing_a_later_sync_picks_up(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["six==1.17.0", "numpy==1.26.4"], uv_cache)
+    inv = inventory(ssh_env, tmp_path, [1], uv_cache)
+    envs = envs_of(ssh_env, tmp_path, 1)
+    args = ["sync", "--ssh-config", ssh_env.ssh_config, inv, project]
+    proc = subprocess.Popen(
+        [*SSHDDP, *map(str, args)],
+        env=cli_env(ssh_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (envs.is_dir() and any(p.name.startswith(".build-") for p in envs.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    # whatever the host had done by then: no environment a run would use is half-built
+    for path in envs.iterdir():
+        assert path.name.startswith(".build-") or (path / "sshddp-env.json").is_file(), path
+    again = sync(ssh_env, inv, project)
+    assert again.code == 0, again.explain()
+    key = keys(again)["h1"]
+    out = subprocess.run([envs / key / "bin" / "python", "-c", "import numpy, six"])
+    assert out.returncode == 0
+    wait_for_no_builds = time.monotonic() + 60  # the interrupted one's process may still run
+    while any(p.name.startswith(".build-") for p in envs.iterdir()):
+        assert time.monotonic() < wait_for_no_builds, list(envs.iterdir())
+        time.sleep(0.5)
+        sync(ssh_env, inv, project)

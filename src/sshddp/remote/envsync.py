@@ -3,15 +3,19 @@
 args: {"workdir": the host's sshddp workdir, "digest": the laptop's hash of the project's
 files, "files": {name: text} (pyproject.toml, uv.lock, .python-version), "python": the
 version the project asks for ("" for the host's own interpreter), "uv": the uv version,
-"env": the inventory's variables for this host, "check": answer without building}.
+"env": the inventory's variables for this host, "check": answer without building,
+"keep": how many environments to keep}.
 
 The environment is ``<workdir>/envs/<key>``, ``key`` a hash of the digest, this host's
 platform and the real path of the interpreter it is built on: a changed lock, another
 machine type or another Python is another environment, and a run already going keeps its
 own. One that holds ``sshddp-env.json`` is complete and is answered at once (one round
-trip). Otherwise it is built by uv in ``envs/.build-<key>-<pid>-*`` and renamed into place
-(a relocatable venv, so its scripts still work there): an interrupted build leaves only a
-``.build-`` directory no run ever uses, removed by the next sync once its process is gone.
+trip); the marker's time is when a sync last asked for it. Otherwise it is built by uv in
+``envs/.build-<key>-<pid>-*`` and renamed into place (a relocatable venv, so its scripts
+still work there): an interrupted build leaves only a ``.build-`` directory no run ever
+uses, removed by the next sync once its process is gone. Past ``keep`` environments the
+least recently asked for go, but never one a process here runs from (its path in the
+process's command line), and never by halves: the marker goes first.
 
 uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
 coordinator then sends the binary, zlib-compressed, after the modules on stdin.
@@ -63,7 +67,7 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
     envs = _private_dir(os.path.join(workdir, "envs"))
     final = os.path.join(envs, key)
     answer = {"key": key, "python": os.path.join(final, "bin", "python")}
-    if os.path.exists(os.path.join(final, MARKER)):
+    if _touch(os.path.join(final, MARKER)):
         return dict(answer, status="ready")
     if args.get("check"):
         return dict(answer, status="missing")
@@ -71,6 +75,7 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
     error = _build(uv, envs, final, key, python["path"], args, env)
     if error:
         return dict(answer, status="failed", error=error)
+    _prune_envs(envs, int(args.get("keep") or 0), key)
     return dict(answer, status="built")
 
 
@@ -205,6 +210,49 @@ def _prune_builds(envs: str) -> None:
         built_by = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
         if name.startswith(".build-") and built_by and not pid_alive(built_by):
             shutil.rmtree(os.path.join(envs, name), ignore_errors=True)
+
+
+def _touch(marker: str) -> bool:
+    """Mark the environment as just asked for; False when it is not complete."""
+    try:
+        os.utime(marker)
+    except OSError:
+        return False
+    return True
+
+
+def _prune_envs(envs: str, keep: int, current: str) -> None:
+    """Remove the least recently asked-for environments past ``keep``, but none in use."""
+    if keep <= 0:
+        return
+    ages = []
+    for name in os.listdir(envs):
+        try:
+            ages.append((os.stat(os.path.join(envs, name, MARKER)).st_mtime, name))
+        except OSError:
+            continue
+    old = [name for _, name in sorted(ages, reverse=True) if name != current][keep - 1 :]
+    if not old:
+        return
+    busy = _command_lines()
+    for name in old:
+        path = os.path.join(envs, name)
+        if (path + os.sep).encode() not in busy:
+            os.unlink(os.path.join(path, MARKER))  # no longer complete: never picked up again
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _command_lines() -> bytes:
+    """Every process's command line here, joined (what environments are in use)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(os.path.join("/proc", pid, "cmdline"), "rb") as fh:
+                    found.append(fh.read().replace(b"\0", b" "))
+            except OSError:
+                continue
+    return b"\n".join(found)
 
 
 def _private_dir(path: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
+from sshddp import defaults
 from sshddp.errors import ExitCode, SshddpError, SyncFailed, UsageError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
@@ -87,6 +88,7 @@ def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str
         "uv": uv_version(),
         "env": dict(host.env),
         "check": check,
+        "keep": defaults.KEEP_ENVS,
     }
     answer: dict[str, Any] = shipped.call(transport, "envsync", args)
     if answer.get("status") != "need_uv":
