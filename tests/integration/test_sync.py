@@ -318,3 +318,33 @@ def test_ctrl_c_during_a_sync_leaves_nothing_a_later_sync_picks_up(
         assert time.monotonic() < wait_for_no_builds, list(envs.iterdir())
         time.sleep(0.5)
         sync(ssh_env, inv, project)
+
+
+def test_a_loose_requirements_file_gives_every_host_the_same_versions(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("--index-url file:///opt/pypi/simple\nsix\nnumpy<2.1\n")
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    result = sync(ssh_env, inv, requirements)
+    assert result.code == 0, result.explain()
+    key = keys(result)["h1"]
+    assert keys(result) == {"h1": key, "h2": key}
+    code = "import numpy, six; print(numpy.__version__, six.__version__)"
+    versions = set()
+    for i in (1, 2):
+        python = envs_of(ssh_env, tmp_path, i) / key / "bin" / "python"
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+        versions.add(out.stdout.strip())
+    assert versions == {"2.0.2 1.17.0"}  # the newest under the bound, resolved once
+
+
+def test_a_requirements_file_that_cannot_resolve_is_a_clear_error(
+    ssh_env: SshdCluster, tmp_path: Path
+) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("--index-url file:///opt/pypi/simple\nsix>=99\n")
+    inv = inventory(ssh_env, tmp_path, [1], tmp_path)
+    result = sync(ssh_env, inv, requirements)
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert "uv could not resolve it" in result.err and "six" in result.err, result.explain()

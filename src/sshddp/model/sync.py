@@ -1,11 +1,12 @@
 """Pure: what ``sshddp sync`` sends for a project, each host's outcome, and how it prints.
 
 A project is a uv project: ``pyproject.toml`` and ``uv.lock``, with ``.python-version``
-when it has one. Its files travel to every host as text; their ``digest`` (with the uv
-version, which decides how a lock installs) names the environment together with the
-host's platform and interpreter (``remote/envsync.py``). The Python version asked for is
-``.python-version``'s first line, else ``requires-python``; with neither, a host builds on
-its own ``python:``.
+when it has one; or a requirements file, resolved once on the laptop into exact pins for
+every platform (``PINNED``), so that every host installs the same versions. Its files
+travel to every host as text; their ``digest`` (with the uv version, which decides how a
+lock installs) names the environment together with the host's platform and interpreter
+(``remote/envsync.py``). The Python version asked for is ``.python-version``'s first line,
+else ``requires-python``; with neither, a host builds on its own ``python:``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from sshddp.errors import ExitCode, UsageError
 
 #: The files of a uv project that decide its environment, in the order they are hashed.
 PROJECT_FILES = ("pyproject.toml", "uv.lock", ".python-version")
+#: A requirements file, once resolved on the laptop into exact pins (``uv pip compile``)
+PINNED = "requirements.txt"
 REQUIRED = ("pyproject.toml", "uv.lock")
 
 
@@ -65,14 +68,14 @@ class HostSync:
 
 def project(root: str, files: Mapping[str, str], uv_version: str) -> Project:
     """The project of the ``files`` read from ``root``, or ``UsageError`` naming what lacks."""
-    missing = [name for name in REQUIRED if name not in files]
+    missing = [] if PINNED in files else [name for name in REQUIRED if name not in files]
     if missing:
         raise UsageError(
             f"{root}: not a uv project: no {' or '.join(missing)} there "
             "(sync installs a project's lock: run `uv lock` in it first)"
         )
     digest = hashlib.sha256(f"uv {uv_version}\0".encode())
-    for name in PROJECT_FILES:
+    for name in (*PROJECT_FILES, PINNED):
         if name in files:
             digest.update(f"{name}\0{files[name]}\0".encode())
     return Project(root, dict(files), digest.hexdigest()[:16], python_request(files))

@@ -1,7 +1,8 @@
 """``sshddp sync`` on a host: the project's lock made real as a virtual environment.
 
 args: {"workdir": the host's sshddp workdir, "digest": the laptop's hash of the project's
-files, "files": {name: text} (pyproject.toml, uv.lock, .python-version), "python": the
+files, "files": {name: text} (pyproject.toml, uv.lock, .python-version; or a
+requirements.txt of exact pins, installed with ``uv pip sync``), "python": the
 version the project asks for ("" for the host's own interpreter), "uv": the uv version,
 "env": the inventory's variables for this host, "check": answer without building,
 "keep": how many environments to keep}.
@@ -177,10 +178,12 @@ def _build(
                 fh.write(text)
         venv = os.path.join(build, "venv")
         env = dict(env, UV_PROJECT_ENVIRONMENT=venv)
-        for argv in (
-            [uv, "venv", "--relocatable", "--quiet", "--python", python, venv],
-            [uv, "sync", "--frozen", "--no-install-project", "--python", python],
-        ):
+        if "requirements.txt" in args["files"]:  # pins resolved on the laptop
+            install = [uv, "pip", "sync", "--python", os.path.join(venv, "bin", "python")]
+            install.append("requirements.txt")
+        else:
+            install = [uv, "sync", "--frozen", "--no-install-project", "--python", python]
+        for argv in ([uv, "venv", "--relocatable", "--quiet", "--python", python, venv], install):
             proc = _uv_run(argv, env, project)
             if proc.returncode != 0:
                 return _tail(proc.stderr) or f"uv exited {proc.returncode}"

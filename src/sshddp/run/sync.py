@@ -35,10 +35,16 @@ def uv_version() -> str:
 
 
 def load_project(path: str) -> Project:
-    """The uv project in directory ``path``, or ``UsageError``."""
+    """The uv project in directory ``path`` (or the requirements file ``path``, resolved
+    here), or ``UsageError``."""
     root = Path(path).expanduser()
+    if root.is_file() and root.suffix == ".txt":
+        return model.project(str(root), {model.PINNED: _compile(root)}, uv_version())
     if not root.is_dir():
-        raise UsageError(f"PROJECT {path}: not a directory (a uv project: pyproject.toml, uv.lock)")
+        raise UsageError(
+            f"PROJECT {path}: neither a uv project's directory (pyproject.toml, uv.lock) nor "
+            "a requirements file (.txt)"
+        )
     files = {}
     for name in model.PROJECT_FILES:
         try:
@@ -48,6 +54,21 @@ def load_project(path: str) -> Project:
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"{root / name}: cannot be read: {exc}") from None
     return model.project(str(root), files, uv_version())
+
+
+def _compile(requirements: Path) -> str:
+    """``requirements`` resolved once, here, into exact pins for every platform."""
+    import subprocess
+
+    import uv
+
+    argv = [uv.find_uv_bin(), "pip", "compile", "--universal", "--no-header"]
+    argv += ["--emit-index-url", "--emit-find-links", requirements.name]
+    done = subprocess.run(argv, cwd=requirements.parent, capture_output=True, text=True)
+    if done.returncode != 0:
+        said = done.stderr.strip() or f"uv exited {done.returncode}"
+        raise UsageError(f"{requirements}: uv could not resolve it:\n{said}")
+    return done.stdout
 
 
 def sync_hosts(
