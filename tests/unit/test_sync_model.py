@@ -71,3 +71,9 @@ def test_inventory_sync_key_is_read_from_defaults_and_found_beside_the_file(
 def test_inventory_sync_key_is_not_a_hosts() -> None:
     with pytest.raises(InventoryError, match="sync"):
         parse_inventory("hosts:\n  - host: a\n    sync: proj\n")
+
+
+def test_a_hosts_words_cannot_drive_the_terminal() -> None:
+    result = HostSync(0, "a", SyncStatus.FAILED, error="error: x\x1b]52;c;cHduZWQ=\x07\nnext")
+    shown = model.line(result, "")
+    assert "\x1b" not in shown and "\x07" not in shown and "\nnext" in shown

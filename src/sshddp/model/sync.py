@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Optional
 
 from sshddp.errors import ExitCode, UsageError
+from sshddp.model.escape import visible
 
 #: The files of a uv project that decide its environment, in the order they are hashed.
 PROJECT_FILES = ("pyproject.toml", "uv.lock", ".python-version")
@@ -139,7 +140,9 @@ def line(result: HostSync, wanted: str) -> str:
             f"Python {wanted} there (`uv python install {wanted}`), or change the project's "
             "requires-python / .python-version"
         )
-    return f"{result.host}: {result.status.value}: {result.error or 'no reason given'}"
+    # uv's and the host's words: their control characters are shown, not obeyed
+    said = visible(result.error, multiline=True) or "no reason given"
+    return f"{result.host}: {result.status.value}: {said}"
 
 
 def summary(results: Sequence[HostSync]) -> str:
