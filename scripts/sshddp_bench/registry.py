@@ -28,6 +28,7 @@ from sshddp_bench import (
     stacks,
     startup,
     steady,
+    sync,
     teardown,
     workdir,
 )
@@ -55,6 +56,7 @@ CASES: tuple[Case[Any], ...] = (
     steady.STEPS_CASE,
     steady.RELAY_CASE,
     startup.CASE,
+    sync.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

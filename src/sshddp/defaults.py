@@ -18,6 +18,7 @@ HEARTBEAT_TIMEOUT = 30.0  #: seconds of silence after which a node counts as los
 INIT_TIMEOUT = 300.0  #: seconds for the world to form (every rank through init_process_group)
 ON_STALL = "stop"  #: what a stall (--stall-timeout) does: stop the run, or only report it
 KEEP_RUNS = 50  #: run directories a host keeps, counting the one being launched
+KEEP_ENVS = 3  #: synced environments a host keeps (the newest used), besides any in use
 MAX_CODE_BYTES = 512 * 1024 * 1024  #: the most a --workdir may ship
 
 # The most a number given by the user may be (command line, inventory): past these a value

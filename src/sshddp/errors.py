@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 4  #: a host needed for the command could not be reached
     NOT_RUNNING = 5  #: the run has ended: nothing to look at live (``stacks``)
     HUNG = 6  #: a watchdog stopped the run: the world never formed, or the run stalled
+    SYNC_FAILED = 7  #: sync could not build a host's environment (uv failed, no such Python)
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
     LOG_WRITE_FAILED = 74  #: a local file (a log, the registry) could not take bytes (EX_IOERR)
     INTERRUPTED = 130  #: Ctrl-C
@@ -110,6 +111,15 @@ class StateError(SshddpError):
     def __init__(self, message: str, full: bool = False) -> None:
         super().__init__(message)
         self.exit_code = ExitCode.LOG_WRITE_FAILED if full else ExitCode.BAD_INPUT
+
+
+class SyncFailed(SshddpError):
+    """``launch --sync``: a host's environment could not be built (exit 7), or a host could
+    not be reached (exit 4); the message names each such host."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = ExitCode.UNREACHABLE if unreachable else ExitCode.SYNC_FAILED
 
 
 class NodeFailed(SshddpError):

@@ -43,6 +43,7 @@ COMMANDS = {
     "smoke": ("sshddp.cli.smoke", "smoke"),
     "stacks": ("sshddp.cli.stacks", "stacks"),
     "stop": ("sshddp.cli.runs", "stop"),
+    "sync": ("sshddp.cli.sync", "sync"),
 }
 
 

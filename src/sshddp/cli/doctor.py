@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 import click
@@ -19,9 +20,12 @@ from sshddp.cli.options import (
     trace_option,
     transport_option,
 )
+from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.pool import HostPool, node_addr
+from sshddp.hosts.transport import SshOptions
 from sshddp.model import envvars
+from sshddp.model import sync as sync_model
 from sshddp.model.checks import Context, reports_ok
 from sshddp.model.inventory import Inventory
 from sshddp.model.plan import LaunchOptions
@@ -29,6 +33,7 @@ from sshddp.model.report import doctor_json, doctor_table
 from sshddp.run import preflight
 from sshddp.run.payload import code_spec
 from sshddp.run.scriptcheck import script_imports
+from sshddp.run.sync import load_project, project_path, sync_hosts
 
 
 @click.command(context_settings=CONTEXT)
@@ -54,6 +59,13 @@ from sshddp.run.scriptcheck import script_imports
     metavar="KEY=VALUE",
     help="Environment the ranks would get (repeatable), as for launch; checks run with it.",
 )
+@click.option(
+    "--sync",
+    "sync_project",
+    metavar="PROJECT",
+    help="Check the hosts in the environments `sshddp sync PROJECT` made (their Python, "
+    "torch, imports), and show each host's environment hash. Inventory: `sync:` in defaults.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as JSON.")
 @click.pass_context
 def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
@@ -68,6 +80,9 @@ def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
     if inventory is not None and kw["hosts"] is not None:
         raise UsageError(f"{inventory}: give an INVENTORY or -H, not both")
     inv, _, _ = split_hosts(ctx, [inventory] if inventory else [], kw, "the options")
+    project = project_path(kw["sync_project"], inv)
+    if project is not None:
+        inv = _in_environments(terminal, inv, project, ssh, kw["fanout"])
     checks = _context(inv, kw, node_addr(inv.hosts[0], ssh), env, secrets)
     with HostPool(inv.hosts, ssh, kw["fanout"]) as pool:
         facts, reports = preflight.doctor(pool, checks)
@@ -76,6 +91,22 @@ def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
     else:
         terminal.show(doctor_table(reports))
     raise Exit(ExitCode.OK if reports_ok(reports) else ExitCode.CHECK_FAILED)
+
+
+def _in_environments(
+    terminal: Terminal, inv: Inventory, project: str, ssh: SshOptions, fanout: int
+) -> Inventory:
+    """``inv`` with each host's python its synced environment's; each host's hash shown.
+    A host without the environment fails doctor (exit 3) here."""
+    loaded = load_project(project)
+    results = sync_hosts(inv, loaded, ssh, fanout, check=True)
+    for result in sorted(results, key=lambda r: r.node):
+        terminal.err(sync_model.line(result, loaded.python))
+    pythons = sync_model.pythons(results)
+    if pythons is None:
+        terminal.err(sync_model.summary(results))
+        raise Exit(ExitCode.CHECK_FAILED)
+    return replace(inv, hosts=tuple(replace(h, python=pythons[h.index]) for h in inv.hosts))
 
 
 def _context(

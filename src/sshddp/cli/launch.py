@@ -36,10 +36,12 @@ from sshddp.model.launchers import LAUNCHERS
 from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_table, run_report
 from sshddp.model.state import RunResult
+from sshddp.model.sync import summary as sync_summary
 from sshddp.run import coordinator
 from sshddp.run.logread import rank_tail
 from sshddp.run.preflight import PreflightFailed
 from sshddp.run.sinks import tail_lines
+from sshddp.run.sync import project_path, synced
 
 REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 
@@ -140,6 +142,13 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     "snapshot.pt) on every node a copy of node 0's, sent from node 0 and checked by SHA-256; "
     "repeatable. For hosts that share no disk, when rank 0 saves a checkpoint every rank loads.",
 )
+@click.option(
+    "--sync",
+    "sync_project",
+    metavar="PROJECT",
+    help="First give every host the environment of uv project PROJECT (as `sshddp sync`), "
+    "then run the ranks with its Python (instead of `python:`). Inventory: `sync:` in defaults.",
+)
 @watchdog_options
 @click.pass_context
 def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
@@ -157,6 +166,10 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     select_verbose(terminal, kw["verbose"])
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
     options, secrets = launch_options(rest, kw, terminal, dashdash)
+    project = project_path(kw["sync_project"], inv)
+    if project is not None and not kw["dry_run"]:  # a dry run connects to nothing
+        inv, synced_hosts = synced(inv, project, ssh, kw["fanout"])
+        terminal.err(sync_summary(synced_hosts))
     mode = coordinator.LaunchMode(
         dry_run=kw["dry_run"],
         check=not kw["no_check"],

@@ -126,6 +126,8 @@ class Inventory:
     rendezvous: Rendezvous  #: rendezvous settings (defaults if the file has none)
     slurm: Optional[SlurmRequest] = None  #: the hosts are this Slurm job's nodes
     share: tuple[str, ...] = ()  #: ``defaults.share``: paths handed on from node 0 (--share)
+    #: ``defaults.sync``: the uv project every launch syncs first (--sync), as written
+    sync: Optional[str] = None
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -307,6 +309,12 @@ _RULES: dict[str, _Rule] = {
         _is_workdir,
         text=True,
     ),
+    "sync": _Rule(
+        "the path of a uv project directory (pyproject.toml and uv.lock), relative to the "
+        "inventory's directory or absolute",
+        lambda v: isinstance(v, str) and bool(v.strip()) and "\0" not in v,
+        text=True,
+    ),
     "transport": _Rule(
         "ssh or srun (srun needs hosts: {slurm: ...})", lambda v: v in TRANSPORTS, text=True
     ),
@@ -336,10 +344,10 @@ _ENV_VALUE_RULE = _Rule(
 )
 
 _HOST_KEYS = ("host", "user", "port", "gpus", "nproc", "python", "addr", "env", "workdir")
-_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport", "share")
+_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport", "share", "sync")
 _TOP_KEYS = ("defaults", "rendezvous", "hosts")
 _RDZV_KEYS = ("port", "host")
-_HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key not in ("host", "transport")))
+_HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key not in ("host", "transport", "sync")))
 
 _YAML_HINTS = MappingProxyType(
     {"<<": "YAML merge keys are not supported; put shared values under 'defaults'."}
@@ -477,13 +485,15 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     top = _items(doc, root, "", _TOP_KEYS)
     defaults = _read_section(doc, top.get("defaults"), "defaults", _DEFAULT_KEYS, _DEFAULTS_HINTS)
     share = defaults.pop("share", ())  # the run's, not a host's
+    sync = defaults.pop("sync", None)
     rdzv = _read_section(doc, top.get("rendezvous"), "rendezvous", _RDZV_KEYS)
     if rdzv.get("port") == "auto":
         rdzv["port"] = _AUTO_PORT
     rendezvous = Rendezvous(**rdzv)
     hosts = top.get("hosts")
     if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
-        return Inventory(doc.source, (), rendezvous, _slurm_request(doc, hosts, defaults), share)
+        slurm = _slurm_request(doc, hosts, defaults)
+        return Inventory(doc.source, (), rendezvous, slurm, share, sync)
     if defaults.get("transport") == "srun":
         doc.fail(
             _at("defaults.transport", top["defaults"][1]),
@@ -492,7 +502,7 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
         )
     entries = _hosts_list(doc, root, hosts)
     pairs = [_yaml_host(doc, node, index, defaults) for index, node in enumerate(entries)]
-    return replace(_inventory(doc, pairs, rendezvous), share=share)
+    return replace(_inventory(doc, pairs, rendezvous), share=share, sync=sync)
 
 
 def _slurm_request(

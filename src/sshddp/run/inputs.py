@@ -73,7 +73,7 @@ def _resolve_slurm(inv: Inventory, environ: Mapping[str, str]) -> Inventory:
     addrs = allocation.parse_node_addrs(slurm.node_addrs(names, environ))
     nodes = tuple(replace(node, addr=addrs.get(node.name)) for node in alloc.nodes)
     hosts = allocation.slurm_inventory(replace(alloc, nodes=nodes), request, inv.rendezvous)
-    return replace(hosts, share=inv.share)
+    return replace(hosts, share=inv.share, sync=inv.sync)
 
 
 def load_host_list(

@@ -1,0 +1,171 @@
+"""Pure: what ``sshddp sync`` sends for a project, each host's outcome, and how it prints.
+
+A project is a uv project: ``pyproject.toml`` and ``uv.lock``, with ``.python-version``
+when it has one; or a requirements file, resolved once on the laptop into exact pins for
+every platform (``PINNED``), so that every host installs the same versions. Its files
+travel to every host as text; their ``digest`` (with the uv version, which decides how a
+lock installs) names the environment together with the host's platform and interpreter
+(``remote/envsync.py``). The Python version asked for is ``.python-version``'s first line,
+else ``requires-python``; with neither, a host builds on its own ``python:``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from sshddp.errors import ExitCode, UsageError
+from sshddp.model.escape import visible
+
+#: The files of a uv project that decide its environment, in the order they are hashed.
+PROJECT_FILES = ("pyproject.toml", "uv.lock", ".python-version")
+#: A requirements file, once resolved on the laptop into exact pins (``uv pip compile``)
+PINNED = "requirements.txt"
+REQUIRED = ("pyproject.toml", "uv.lock")
+
+
+class SyncStatus(str, Enum):
+    """How one host's environment ended up."""
+
+    READY = "ready"  #: it was there, complete: nothing to do
+    BUILT = "built"  #: built now
+    NO_PYTHON = "no_python"  #: the host has no interpreter of the version the project asks for
+    FAILED = "failed"  #: uv could not install the lock there
+    MISSING = "missing"  #: doctor --sync: the host has no environment for this lock yet
+    UNREACHABLE = "unreachable"  #: the host could not be reached
+
+    @property
+    def ok(self) -> bool:
+        return self in (SyncStatus.READY, SyncStatus.BUILT)
+
+
+@dataclass(frozen=True)
+class Project:
+    """A uv project as sync sends it."""
+
+    root: str  #: the directory, as given
+    files: Mapping[str, str] = field(hash=False)  #: name -> text, of PROJECT_FILES present
+    digest: str  #: hash of the files and the uv version
+    python: str  #: the Python version asked for ("" = the host's own ``python:``)
+
+
+@dataclass(frozen=True)
+class HostSync:
+    """One host's outcome of a sync."""
+
+    node: int  #: the host's index in the inventory
+    host: str
+    status: SyncStatus
+    key: str = ""  #: the environment's hash (its directory's name on the host)
+    python: str = ""  #: the environment's interpreter on the host
+    error: str = ""  #: what went wrong, in the host's (or uv's) words
+    found: tuple[str, ...] = ()  #: the Python versions the host has (NO_PYTHON)
+    seconds: float = 0.0
+
+
+def project(root: str, files: Mapping[str, str], uv_version: str) -> Project:
+    """The project of the ``files`` read from ``root``, or ``UsageError`` naming what lacks."""
+    missing = [] if PINNED in files else [name for name in REQUIRED if name not in files]
+    if missing:
+        raise UsageError(
+            f"{root}: not a uv project: no {' or '.join(missing)} there "
+            "(sync installs a project's lock: run `uv lock` in it first)"
+        )
+    digest = hashlib.sha256(f"uv {uv_version}\0".encode())
+    for name in (*PROJECT_FILES, PINNED):
+        if name in files:
+            digest.update(f"{name}\0{files[name]}\0".encode())
+    return Project(root, dict(files), digest.hexdigest()[:16], python_request(files))
+
+
+_REQUIRES = re.compile(r"""^\s*requires-python\s*=\s*["']([^"']+)["']""", re.M)
+
+
+def python_request(files: Mapping[str, str]) -> str:
+    """The Python version ``files`` ask for: ``.python-version``, else ``requires-python``."""
+    pinned = files.get(".python-version", "")
+    for line in pinned.splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    found = _REQUIRES.search(_project_table(files.get("pyproject.toml", "")))
+    return found.group(1).strip() if found else ""
+
+
+def _project_table(text: str) -> str:
+    """The ``[project]`` table of a pyproject.toml's text (up to the next table)."""
+    start = re.search(r"^\[project\]\s*$", text, re.M)
+    if not start:
+        return ""
+    after = text[start.end() :]
+    end = re.search(r"^\[", after, re.M)
+    return after[: end.start()] if end else after
+
+
+def outcome(node: int, host: str, answer: Mapping[str, object], seconds: float) -> HostSync:
+    """A host's outcome from ``remote/envsync.py``'s answer."""
+    try:
+        status = SyncStatus(str(answer.get("status")))
+    except ValueError:
+        status = SyncStatus.FAILED
+    found = answer.get("found")
+    return HostSync(
+        node,
+        host,
+        status,
+        key=str(answer.get("key") or ""),
+        python=str(answer.get("python") or ""),
+        error=str(answer.get("error") or ""),
+        found=tuple(str(v) for v in found) if isinstance(found, list) else (),
+        seconds=seconds,
+    )
+
+
+def line(result: HostSync, wanted: str) -> str:
+    """One host's line of the report."""
+    took = f"{result.seconds:.1f} s"
+    if result.status is SyncStatus.READY:
+        return f"{result.host}: ready  env {result.key} ({took})"
+    if result.status is SyncStatus.BUILT:
+        return f"{result.host}: built  env {result.key} ({took})"
+    if result.status is SyncStatus.MISSING:
+        return f"{result.host}: no env {result.key or 'for this lock'} yet; fix: `sshddp sync`"
+    if result.status is SyncStatus.NO_PYTHON:
+        found = ", ".join(result.found) or "none"
+        return (
+            f"{result.host}: no Python {wanted} on this host (found: {found}); fix: install "
+            f"Python {wanted} there (`uv python install {wanted}`), or change the project's "
+            "requires-python / .python-version"
+        )
+    # uv's and the host's words: their control characters are shown, not obeyed
+    said = visible(result.error, multiline=True) or "no reason given"
+    return f"{result.host}: {result.status.value}: {said}"
+
+
+def summary(results: Sequence[HostSync]) -> str:
+    bad = [r for r in sorted(results, key=lambda r: r.node) if not r.status.ok]
+    if not bad:
+        keys = sorted({r.key for r in results})
+        same = f"env {keys[0]} on all" if len(keys) == 1 else f"{len(keys)} envs over all"
+        return f"sshddp: sync: {same} {len(results)} host(s)"
+    named = "; ".join(f"{r.host} ({r.status.value})" for r in bad)
+    return f"sshddp: sync: failed on {len(bad)} of {len(results)} host(s): {named}"
+
+
+def exit_code(results: Sequence[HostSync]) -> ExitCode:
+    """4 when a host was unreachable, 7 when an environment could not be built, else 0."""
+    if any(r.status is SyncStatus.UNREACHABLE for r in results):
+        return ExitCode.UNREACHABLE
+    if any(not r.status.ok for r in results):
+        return ExitCode.SYNC_FAILED
+    return ExitCode.OK
+
+
+def pythons(results: Sequence[HostSync]) -> Optional[dict[int, str]]:
+    """Each host's environment interpreter by host index, or None unless every host has one."""
+    if not results or any(not r.status.ok for r in results):
+        return None
+    return {r.node: r.python for r in results}

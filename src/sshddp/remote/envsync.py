@@ -1,0 +1,267 @@
+"""``sshddp sync`` on a host: the project's lock made real as a virtual environment.
+
+args: {"workdir": the host's sshddp workdir, "digest": the laptop's hash of the project's
+files, "files": {name: text} (pyproject.toml, uv.lock, .python-version; or a
+requirements.txt of exact pins, installed with ``uv pip sync``), "python": the
+version the project asks for ("" for the host's own interpreter), "uv": the uv version,
+"env": the inventory's variables for this host, "check": answer without building,
+"keep": how many environments to keep}.
+
+The environment is ``<workdir>/envs/<key>``, ``key`` a hash of the digest, this host's
+platform and the real path of the interpreter it is built on: a changed lock, another
+machine type or another Python is another environment, and a run already going keeps its
+own. One that holds ``sshddp-env.json`` is complete and is answered at once (one round
+trip); the marker's time is when a sync last asked for it. Otherwise it is built by uv in
+``envs/.build-<key>-<pid>-*`` and renamed into place (a relocatable venv, so its scripts
+still work there): an interrupted build leaves only a ``.build-`` directory no run ever
+uses, removed by the next sync once its process is gone. Past ``keep`` environments the
+least recently asked for go, but never one a process here runs from (its path in the
+process's command line), and never by halves: the marker goes first.
+
+uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
+coordinator then sends the binary, zlib-compressed, after the modules on stdin.
+
+Answers one JSON line: {"status": "ready" | "built" | "need_uv" | "no_python" | "failed",
+"key", "python" (the environment's interpreter), "error", "found" (the Pythons this host
+has, when none matches), "platform"}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zlib
+from typing import Any, Optional
+
+from sshddp.remote.common import emit, pid_alive
+from sshddp.remote.workdir import Unsafe, resolve
+
+MARKER = "sshddp-env.json"  #: written last into a complete environment
+TAIL = 20  #: lines of uv's output kept for an error
+
+
+def main(args: dict[str, Any]) -> None:
+    try:
+        emit(_sync(args))
+    except Unsafe as exc:
+        emit({"status": "failed", "error": str(exc)})
+
+
+def _sync(args: dict[str, Any]) -> dict[str, Any]:
+    workdir = resolve(str(args["workdir"]))
+    uv = _uv(workdir, str(args["uv"]))
+    if uv is None:
+        return {"status": "need_uv", "platform": host_platform()}
+    env = _uv_env(args.get("env") or {})
+    python = _find_python(uv, str(args.get("python") or ""), env)
+    if "error" in python:
+        return python
+    key = env_key(str(args["digest"]), python["path"])
+    envs = _private_dir(os.path.join(workdir, "envs"))
+    final = os.path.join(envs, key)
+    answer = {"key": key, "python": os.path.join(final, "bin", "python")}
+    if _touch(os.path.join(final, MARKER)):
+        return dict(answer, status="ready")
+    if args.get("check"):
+        return dict(answer, status="missing")
+    _prune_builds(envs)
+    error = _build(uv, envs, final, key, python["path"], args, env)
+    if error:
+        return dict(answer, status="failed", error=error)
+    _prune_envs(envs, int(args.get("keep") or 0), key)
+    return dict(answer, status="built")
+
+
+def host_platform() -> str:
+    """The platform wheels are chosen for here: OS, machine and C library."""
+    libc, version = platform.libc_ver()
+    return f"{sysconfig.get_platform()}-{libc or 'nolibc'}{version}"
+
+
+def env_key(digest: str, python: str) -> str:
+    text = "\0".join([digest, host_platform(), os.path.realpath(python)])
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _uv(workdir: str, version: str) -> Optional[str]:
+    """Our uv of ``version``: already here, or written from the binary on stdin."""
+    folder = os.path.join(workdir, "tools", "uv-" + version)
+    path = os.path.join(folder, "uv")
+    if os.access(path, os.X_OK):
+        return path
+    data = sys.stdin.buffer.read()
+    if not data:
+        return None
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=".uv-", dir=folder)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(zlib.decompress(data))
+    os.chmod(temp, 0o755)
+    os.replace(temp, path)
+    return path
+
+
+def _uv_env(extra: dict[str, Any]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in extra.items()})
+    env["UV_PYTHON_DOWNLOADS"] = "never"  # the interpreter is the host's: no silent download
+    env["UV_NO_PROGRESS"] = "1"
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def _find_python(uv: str, request: str, env: dict[str, str]) -> dict[str, Any]:
+    """{"path": the interpreter for ``request``}, or an answer saying none here matches."""
+    if not request:
+        return {"path": sys.executable}
+    proc = _uv_run([uv, "python", "find", "--system", request], env, "/")
+    path = proc.stdout.strip()
+    if proc.returncode == 0 and path:
+        return {"path": path}
+    if "No interpreter found" not in proc.stderr:  # uv itself failed: its words say why
+        return {"status": "failed", "error": _tail(proc.stderr) or f"uv exited {proc.returncode}"}
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    return {"status": "no_python", "error": said[-1], "found": _pythons(uv, env)}
+
+
+def _pythons(uv: str, env: dict[str, str]) -> list[str]:
+    argv = [uv, "python", "list", "--only-installed", "--output-format", "json"]
+    proc = _uv_run(argv, env, "/")
+    try:
+        found = json.loads(proc.stdout)
+    except ValueError:
+        return []
+    versions = [str(p.get("version", "")) for p in found if isinstance(p, dict)]
+    return sorted(set(v for v in versions if v), key=_version_order)
+
+
+def _version_order(version: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\d+", version)[:3]]
+
+
+def _uv_run(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+    )
+
+
+def _build(
+    uv: str,
+    envs: str,
+    final: str,
+    key: str,
+    python: str,
+    args: dict[str, Any],
+    env: dict[str, str],
+) -> str:
+    """Build the environment aside and rename it into place; "" or uv's error."""
+    build = tempfile.mkdtemp(prefix=f".build-{key}-{os.getpid()}-", dir=envs)
+    try:
+        project = os.path.join(build, "project")
+        os.mkdir(project)
+        for name, text in args["files"].items():
+            with open(os.path.join(project, os.path.basename(name)), "w") as fh:
+                fh.write(text)
+        venv = os.path.join(build, "venv")
+        env = dict(env, UV_PROJECT_ENVIRONMENT=venv)
+        if "requirements.txt" in args["files"]:  # pins resolved on the laptop
+            install = [uv, "pip", "sync", "--python", os.path.join(venv, "bin", "python")]
+            install.append("requirements.txt")
+        else:
+            install = [uv, "sync", "--frozen", "--no-install-project", "--python", python]
+        for argv in ([uv, "venv", "--relocatable", "--quiet", "--python", python, venv], install):
+            proc = _uv_run(argv, env, project)
+            if proc.returncode != 0:
+                return _tail(proc.stderr) or f"uv exited {proc.returncode}"
+        marker = {"key": key, "digest": args["digest"], "python": python, "uv": args["uv"]}
+        with open(os.path.join(venv, MARKER), "w") as fh:
+            json.dump(marker, fh)
+        _place(venv, final)
+        return ""
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def _place(venv: str, final: str) -> None:
+    """Rename the built environment into place; one another sync placed first is kept."""
+    try:
+        os.rename(venv, final)
+    except OSError:
+        if not os.path.exists(os.path.join(final, MARKER)):
+            shutil.rmtree(final, ignore_errors=True)  # an old incomplete one: never used
+            os.rename(venv, final)
+
+
+def _prune_builds(envs: str) -> None:
+    """Remove the build directories of syncs whose process is gone (an interrupted one)."""
+    for name in os.listdir(envs):
+        parts = name.split("-")
+        built_by = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
+        if name.startswith(".build-") and built_by and not pid_alive(built_by):
+            shutil.rmtree(os.path.join(envs, name), ignore_errors=True)
+
+
+def _touch(marker: str) -> bool:
+    """Mark the environment as just asked for; False when it is not complete."""
+    try:
+        os.utime(marker)
+    except OSError:
+        return False
+    return True
+
+
+def _prune_envs(envs: str, keep: int, current: str) -> None:
+    """Remove the least recently asked-for environments past ``keep``, but none in use."""
+    if keep <= 0:
+        return
+    ages = []
+    for name in os.listdir(envs):
+        try:
+            ages.append((os.stat(os.path.join(envs, name, MARKER)).st_mtime, name))
+        except OSError:
+            continue
+    old = [name for _, name in sorted(ages, reverse=True) if name != current][keep - 1 :]
+    if not old:
+        return
+    busy = _command_lines()
+    for name in old:
+        path = os.path.join(envs, name)
+        if (path + os.sep).encode() not in busy:
+            os.unlink(os.path.join(path, MARKER))  # no longer complete: never picked up again
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _command_lines() -> bytes:
+    """Every process's command line here, joined (what environments are in use)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(os.path.join("/proc", pid, "cmdline"), "rb") as fh:
+                    found.append(fh.read().replace(b"\0", b" "))
+            except OSError:
+                continue
+    return b"\n".join(found)
+
+
+def _private_dir(path: str) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.strip().splitlines()[-TAIL:])
