@@ -30,8 +30,6 @@ SHARED = {
 PACKAGE = SRC / "sshddp"
 LAYERS = {"cli": 4, "run": 3, "hosts": 2, "model": 1, "errors": 0, "defaults": 0, "trace": 0}
 TOP_LEVEL = {"sshddp", "sshddp.__main__"}  # the package itself and `python -m sshddp`
-#: the host-side modules the layers may import: stdlib-only, and the same on both sides
-SHARED = {"sshddp.remote.contract", "sshddp.remote.compose"}
 MAX_FUNCTION_LINES = 50
 MAX_CLASS_LINES = 150
 #: classes allowed past MAX_CLASS_LINES, and why

@@ -29,10 +29,10 @@ COUNT_BAD = ["nan", "inf", "-1", "1e3", "1.5", HUGE]
 TABLE: dict[tuple[str, str], list[str]] = {
     **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("attach", "doctor", "exec")},
     **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("fetch", "launch", "logs")},
-    **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("smoke", "stacks", "stop")},
+    **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("smoke", "stacks", "stop", "sync")},
     **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("attach", "doctor", "exec", "fetch")},
     **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("launch", "logs", "smoke", "stacks")},
-    **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("stop", "ps")},
+    **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("stop", "ps", "sync")},
     ("ps", "--connect-timeout"): SECONDS_BAD,
     ("launch", "--grace"): SECONDS_BAD,
     ("launch", "--heartbeat-timeout"): [*SECONDS_BAD, "0.1"],
