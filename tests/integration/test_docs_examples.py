@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from launch_helpers import cli_env, write_inventory
+from launch_helpers import cli_env, wait_until, write_inventory
 
 from doc_examples import Example, all_examples
 from sshddp_lab.sshd import SshdCluster
@@ -34,10 +34,9 @@ NPROC = 3
 TIMEOUT_S = 180
 EXAMPLES = all_examples()
 RUNNABLE = [e for e in EXAMPLES if e.not_run is None]
-
-
-def _names(example: Example) -> str:
-    return example.name
+# With -H there is no inventory, so the run is on the default rendezvous port, 29500: on
+# the xdist worker of the other tests that use it (tests/conftest.py).
+DEFAULT_PORT = pytest.mark.xdist_group("rdzv-29500")
 
 
 def substitute(command: str) -> str:
@@ -79,7 +78,35 @@ def _explain(command: str, proc: subprocess.CompletedProcess[str]) -> str:
     return f"`{command}` exited {proc.returncode}\n{out}"
 
 
-@pytest.mark.parametrize("example", RUNNABLE, ids=_names)
+def _params() -> list[object]:
+    return [
+        pytest.param(e, id=e.name, marks=[DEFAULT_PORT] if "-H " in e.text else [])
+        for e in RUNNABLE
+    ]
+
+
+def _start_the_run(
+    shell: Callable[[str], subprocess.CompletedProcess[str]],
+    cluster: SshdCluster,
+    tmp: Path,
+    port: int,
+    long: bool,
+) -> None:
+    """Run ``k3f9xq``, detached, on its own rendezvous port (the example may launch on
+    inv.yaml's meanwhile); back once every rank has written its files. It lives through the
+    example when the example takes its stacks, else 3 s."""
+    inv, _ = write_inventory(cluster, tmp / RUN, port, hosts=[1, 2], nproc=NPROC)
+    start = f"sshddp launch --detach --name {RUN} {inv} train.py --live {600 if long else 3}"
+    started = shell(start)
+    assert started.returncode == 0, _explain(start, started)
+    wait_until(
+        lambda: shell(f"sshddp logs {RUN}").stdout.count(": ready") >= 2 * NPROC,
+        TIMEOUT_S,
+        f"every rank of {RUN} to write its files",
+    )
+
+
+@pytest.mark.parametrize("example", _params())
 def test_the_example_runs_on_the_test_hosts(
     example: Example,
     ssh_env: SshdCluster,
@@ -93,10 +120,7 @@ def test_the_example_runs_on_the_test_hosts(
     shell = _shell(_environment(ssh_env, tmp_path), tmp_path)
     uses_run = re.search(rf"\b{RUN}\b", example.text) is not None
     if uses_run:
-        live = 600 if "stacks" in example.text else 3
-        start = f"sshddp launch --detach --name {RUN} inv.yaml train.py --live {live}"
-        started = shell(start)
-        assert started.returncode == 0, _explain(start, started)
+        _start_the_run(shell, ssh_env, tmp_path, free_port(), "stacks" in example.text)
     try:
         for command in map(substitute, example.commands()):
             proc = shell(command)

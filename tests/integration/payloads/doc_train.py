@@ -24,6 +24,7 @@ def main(args: list[str]) -> None:
     os.makedirs("outputs", exist_ok=True)
     _write("checkpoint.pt", f"weights of rank {rank}\n")
     _write(os.path.join("outputs", "metrics.txt"), "loss 0.1\n")
+    print(f"rank {rank}: ready", flush=True)  # its files are there: fetch may copy them
     live = float(args[args.index("--live") + 1]) if "--live" in args else 0.0
     deadline = time.monotonic() + live
     while time.monotonic() < deadline:
