@@ -95,6 +95,7 @@ def _start_the_run(
     """Run ``k3f9xq``, detached, on its own rendezvous port (the example may launch on
     inv.yaml's meanwhile); back once every rank has written its files. It lives through the
     example when the example takes its stacks, else 3 s."""
+    (tmp / RUN).mkdir()
     inv, _ = write_inventory(cluster, tmp / RUN, port, hosts=[1, 2], nproc=NPROC)
     start = f"sshddp launch --detach --name {RUN} {inv} train.py --live {600 if long else 3}"
     started = shell(start)
