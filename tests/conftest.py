@@ -25,7 +25,8 @@ from sshddp_lab.sshd import SshdCluster, processes_with_env
 SESSION_HOSTS = 4
 OTHER_PYTHON_HOST = 4  # host whose python3 is another minor version than ours
 # Slurm's tests share one session cluster of root-only daemons; under xdist they all run
-# on one worker, so only that worker starts it.
+# on one worker, so only that worker starts it. (Tests that use rendezvous port 29500 or
+# --port auto's range above it are marked xdist_group("rdzv-29500") where they are.)
 SLURM_GROUP = "slurm"
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"

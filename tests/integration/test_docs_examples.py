@@ -35,7 +35,7 @@ TIMEOUT_S = 180
 EXAMPLES = all_examples()
 RUNNABLE = [e for e in EXAMPLES if e.not_run is None]
 # With -H there is no inventory, so the run is on the default rendezvous port, 29500: on
-# the xdist worker of the other tests that use it (tests/conftest.py).
+# the one xdist worker of the tests that use it (docs/development.md, "CI's time").
 DEFAULT_PORT = pytest.mark.xdist_group("rdzv-29500")
 
 
@@ -130,7 +130,8 @@ def test_the_example_runs_on_the_test_hosts(
         if uses_run:
             shell(f"sshddp stop {RUN}")
         listed = shell("sshddp ps --all --json")
-        for run in json.loads(listed.stdout or '{"runs": []}')["runs"]:
+        assert listed.returncode == 0, _explain("sshddp ps --all --json", listed)
+        for run in json.loads(listed.stdout)["runs"]:
             run_no_leak(run["run_id"])
 
 
