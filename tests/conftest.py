@@ -19,11 +19,15 @@ from typing import Any, Callable
 
 import pytest
 
+from sshddp_lab import workers
 from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 SESSION_HOSTS = 4
 OTHER_PYTHON_HOST = 4  # host whose python3 is another minor version than ours
-PRIVATE_FIRST_OCTET = 100  # make_cluster's clusters, clear of the session cluster's
+# Slurm's tests share one session cluster of root-only daemons; under xdist they all run
+# on one worker, so only that worker starts it. (Tests that use rendezvous port 29500 or
+# --port auto's range above it are marked xdist_group("rdzv-29500") where they are.)
+SLURM_GROUP = "slurm"
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 
@@ -31,12 +35,44 @@ INTEGRATION_DIR = Path(__file__).parent / "integration"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs real sshd on loopback")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    # pytest-xdist's own, registered here too for a run without it (`-p no:xdist`).
+    config.addinivalue_line("markers", "xdist_group(name): run on the same xdist worker")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_DIR in item.path.parents:
             item.add_marker(pytest.mark.integration)
+        if item.path.name.startswith("test_slurm_") or "slurm_cluster" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
+    # Files with a slow test (and the Slurm group) first, whole, in their order: xdist's
+    # workers then end together instead of one waiting out a soak started last.
+    heavy = {i.path for i in items if i.get_closest_marker("slow") or _in_slurm_group(i)}
+    items.sort(key=lambda item: item.path not in heavy)
+
+
+def _in_slurm_group(item: pytest.Item) -> bool:
+    group = item.get_closest_marker("xdist_group")
+    return group is not None and group.args == (SLURM_GROUP,)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This test process's own ``TMPDIR``, given to every host of its clusters too: a
+    machine's early-import slots and port claims live there (remote/prewarm.py,
+    remote/probe.py), and an xdist worker's run must not hold the other worker's."""
+    path = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
 
 
 @pytest.fixture(autouse=True)
@@ -118,15 +154,20 @@ def oldest_python() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory, other_python: Path) -> Iterator[SshdCluster]:
-    """Four real sshd hosts h1..h4; h4's ``python3`` is ``other_python``."""
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, other_python: Path, worker_tmp: Path
+) -> Iterator[SshdCluster]:
+    """Four real sshd hosts h1..h4 (127.0.0.41.. on xdist's first worker, see
+    sshddp_lab/workers.py); h4's ``python3`` is ``other_python``."""
     bin_dir = tmp_path_factory.mktemp("other-python-bin")
     (bin_dir / "python3").symlink_to(other_python)
     path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
     sshd = SshdCluster(
         tmp_path_factory.mktemp("sshd"),
         SESSION_HOSTS,
+        first_octet=workers.session_first_octet(),
         extra_config={OTHER_PYTHON_HOST: [f"SetEnv PATH={path}"]},
+        env={"TMPDIR": str(worker_tmp)},
     )
     try:
         sshd.start()
@@ -143,16 +184,22 @@ def ssh_env(cluster: SshdCluster, monkeypatch: pytest.MonkeyPatch) -> SshdCluste
 
 
 @pytest.fixture
-def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SshdCluster]]:
+def make_cluster(
+    tmp_path_factory: pytest.TempPathFactory, worker_tmp: Path
+) -> Iterator[Callable[..., SshdCluster]]:
     """Start a private cluster (closed after the test) that a test may break freely.
 
-    Its hosts use 127.0.0.101 upwards, clear of the session cluster.
+    Its hosts use 127.0.0.101 upwards (on xdist's first worker), clear of the session
+    cluster's and of the other workers'.
     """
     made: list[SshdCluster] = []
 
     def make(n: int, **kwargs: Any) -> SshdCluster:
-        first = PRIVATE_FIRST_OCTET + sum(len(c.hosts) for c in made)
+        first = workers.private_first_octet() + sum(len(c.hosts) for c in made)
+        if first + n > workers.private_first_octet() + workers.PRIVATE_OCTETS:
+            raise ValueError(f"a test may use {workers.PRIVATE_OCTETS} private hosts at most")
         base = tmp_path_factory.mktemp("sshd-private")
+        kwargs["env"] = {"TMPDIR": str(worker_tmp), **kwargs.get("env", {})}
         sshd = SshdCluster(base, n, first_octet=first, **kwargs)
         made.append(sshd)
         sshd.start()
@@ -170,7 +217,8 @@ def free_port() -> Callable[[], int]:
     """Return a function giving a rendezvous port P, new on each call, with P and P + 1
     free on every interface (a run uses both). Ports come from below Linux's ephemeral
     range (32768+), where outgoing connections of a busy machine would otherwise take
-    P + 1 between the pick and the run; sshd test clusters use 22000-28000."""
+    P + 1 between the pick and the run; sshd test clusters use 22000-28000. Each xdist
+    worker picks in its own slice, so two workers never pick the same pair."""
     given: set[int] = set()
 
     def free(port: int) -> bool:
@@ -182,12 +230,13 @@ def free_port() -> Callable[[], int]:
         return True
 
     def pick() -> int:
+        ports = workers.port_range()
         for _ in range(2000):
-            port = random.randrange(10000, 21000, 2)
+            port = random.choice(ports)
             if port not in given and free(port) and free(port + 1):
                 given.update((port, port + 1))
                 return port
-        raise RuntimeError("no free pair of TCP ports in 10000-21000")
+        raise RuntimeError(f"no free pair of TCP ports in {ports.start}-{ports.stop}")
 
     return pick
 

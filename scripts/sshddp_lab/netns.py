@@ -10,7 +10,8 @@ cable. ``NetnsCluster`` is an ``SshdCluster`` whose sshd ``i`` runs inside names
 Only addresses of the test's own bridge are used: a free ``10.A.B.0/24`` is picked so no
 route of the machine changes meaning. Needs root (CAP_NET_ADMIN) and iproute2.
 
-This module imports only the standard library and ``sshddp_lab.sshd``, never pytest.
+This module imports only the standard library and ``sshddp_lab``'s ``sshd`` and ``workers``,
+never pytest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from sshddp_lab import workers
 from sshddp_lab.sshd import SshdCluster, SshHost
 
 INNER_IFNAME = "eth0"  # every host's interface, so one GLOO_SOCKET_IFNAME fits all
@@ -58,7 +60,9 @@ def _free_subnet() -> str:
     routes = _ip("-4", "route", "show", "table", "all").stdout
     addrs = _ip("-4", "-o", "addr").stdout
     for _ in range(200):
-        prefix = f"10.{random.randrange(200, 250)}.{random.randrange(1, 250)}"
+        # Each xdist worker in its own 10.A range: two never pick one at the same time.
+        first = 200 + 12 * workers.worker()
+        prefix = f"10.{random.randrange(first, first + 12)}.{random.randrange(1, 250)}"
         if f"{prefix}." not in routes and f"{prefix}." not in addrs:
             return prefix
     raise NetnsError("no free 10.x.y.0/24 for the test bridge")

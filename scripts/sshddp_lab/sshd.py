@@ -88,6 +88,7 @@ class SshdCluster:
         extra_config: dict[int, list[str]] | None = None,
         *,
         isolate_home: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError(f"n must be between 1 and {MAX_HOSTS}, got {n}")
@@ -104,6 +105,7 @@ class SshdCluster:
         ]
         self.extra_config = {i: list(lines) for i, lines in (extra_config or {}).items()}
         self.isolate_home = isolate_home
+        self.env = dict(env or {})  #: variables every host's sessions get (``SetEnv``)
         self.user = getpass.getuser()
         self.ssh_config = self.base / "ssh_config"
         self.known_hosts = self.base / "known_hosts"
@@ -177,6 +179,7 @@ class SshdCluster:
             "Subsystem sftp internal-sftp",
         ]
         setenv = {"HOME": str(self.home(i))} if self.isolate_home else {}
+        setenv.update(self.env)
         text = render_sshd_config(defaults, self.extra_config.get(i, []), setenv)
         (self.host_dir(i) / "sshd_config").write_text(text)
 

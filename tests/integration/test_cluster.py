@@ -17,6 +17,7 @@ import paramiko
 import pytest
 import yaml
 
+from sshddp_lab import workers
 from sshddp_lab.sshd import SshdCluster, SshdClusterError, render_sshd_config
 
 MakeCluster = Callable[..., SshdCluster]
@@ -64,11 +65,12 @@ def test_every_host_runs_a_command(cluster: SshdCluster) -> None:
 
 
 def test_hosts_listen_on_their_own_address(cluster: SshdCluster) -> None:
+    base = workers.session_first_octet()  # 40 on xdist's first worker (or without xdist)
     assert [(h.alias, h.addr, h.port) for h in cluster.hosts] == [
-        (f"h{i}", f"127.0.0.{40 + i}", cluster.port) for i in range(1, 5)
+        (f"h{i}", f"127.0.0.{base + i}", cluster.port) for i in range(1, 5)
     ]
     first = cluster.known_hosts.read_text().splitlines()[0]
-    assert first.startswith(f"[127.0.0.41]:{cluster.port} ssh-ed25519 AAAA")
+    assert first.startswith(f"[127.0.0.{base + 1}]:{cluster.port} ssh-ed25519 AAAA")
 
 
 def test_openssh_client_accepts_the_generated_config(cluster: SshdCluster) -> None:
@@ -103,7 +105,7 @@ def test_changed_host_key_is_rejected(cluster: SshdCluster) -> None:
 
 def test_host_missing_from_known_hosts_is_rejected(cluster: SshdCluster) -> None:
     config, known = cluster.config_without_known_host(3)
-    assert f"[127.0.0.43]:{cluster.port}" not in known.read_text()
+    assert f"[{cluster.host(3).addr}]:{cluster.port}" not in known.read_text()
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
         connect(cluster, 3, config=config)
     with connect(cluster, 1, config=config) as client:

@@ -298,6 +298,7 @@ def test_changed_host_key_is_refused(
 # ----------------------------------------------------------------- rendezvous
 
 
+@pytest.mark.xdist_group("rdzv-29500")  # port 29500 and --port auto's range: one worker
 def test_rendezvous_port_taken(cluster: SshdCluster, tmp_path: Path, free_port: Port) -> None:
     port = free_port()
     inv = healthy(cluster, tmp_path, free_port(), [1, 2])

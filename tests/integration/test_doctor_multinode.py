@@ -335,6 +335,7 @@ def default_port_taken() -> Iterator[int]:
         holder.close()
 
 
+@pytest.mark.xdist_group("rdzv-29500")  # port 29500 and --port auto's range: one worker
 def test_doctor_port_auto_with_the_default_port_taken(
     cluster: SshdCluster, tmp_path: Path, default_port_taken: int
 ) -> None:
@@ -350,6 +351,7 @@ def test_doctor_port_auto_with_the_default_port_taken(
     assert port["message"].startswith(f"picked ports {picked['port']} and {picked['port'] + 1}")
 
 
+@pytest.mark.xdist_group("rdzv-29500")  # port 29500 and --port auto's range: one worker
 def test_two_launches_with_port_auto_never_clash(
     ssh_env: SshdCluster, tmp_path: Path, default_port_taken: int, run_no_leak: Any
 ) -> None:

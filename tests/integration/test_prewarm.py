@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import yaml
 from launch_helpers import JOB, Run, sshddp, standby_slots, write_inventory
 
@@ -31,6 +32,7 @@ def _state(workdir: Path, run: str, node: int) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.xdist_group("rdzv-29500")  # port 29500 and --port auto's range: one worker
 def test_first_attempt_runs_on_the_standby_with_the_final_port_and_argv(
     ssh_env: SshdCluster, tmp_path: Path, run_no_leak: Callable[..., None]
 ) -> None:

@@ -321,10 +321,12 @@ class BrokenController(SlurmCluster):
         return super().render_conf().replace("select/cons_tres", "select/nonexistent")
 
 
-def test_start_fails_loudly_with_the_logs(tmp_path: Path) -> None:
+def test_start_fails_loudly_with_the_logs(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A controller that cannot start fails start() within the bound, with slurmctld's
     own log in the message, and leaves nothing behind."""
-    cluster = BrokenController(tmp_path / "c", 1)
+    # A short base (not tmp_path, named for the test): under xdist's popen-gwN/ a longer
+    # one leaves no room for slurmd's unix sockets (107 bytes at most).
+    cluster = BrokenController(tmp_path_factory.mktemp("slurm-broken"), 1)
     started = time.monotonic()
     with pytest.raises(SlurmClusterError) as info:
         cluster.start()
