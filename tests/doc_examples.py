@@ -29,14 +29,6 @@ PROMPT = "$ "
 
 # README.md is edited by the lead only (CONTRIBUTING): its examples that cannot run here,
 # by their first line, until the README carries the `<!-- not run: ... -->` markers itself.
-README_NOT_RUN = {
-    "python3 -m venv .venv": (
-        "installs packages into a new virtualenv, and inventories/localhost.yaml needs an "
-        "sshd on localhost:22"
-    ),
-}
-
-
 @dataclass(frozen=True)
 class Example:
     """One fenced shell block that uses sshddp."""
@@ -85,9 +77,6 @@ def _not_run(path: Path, before: list[str], body: str) -> str | None:
     marker = NOT_RUN.match(previous.strip())
     if marker:
         return marker.group(1)
-    if path.name == "README.md":
-        first = body.lstrip().splitlines()[0] if body.strip() else ""
-        return next((why for start, why in README_NOT_RUN.items() if first.startswith(start)), None)
     return None
 
 
