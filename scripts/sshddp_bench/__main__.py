@@ -1,5 +1,7 @@
 """The command line: ``python -m sshddp_bench``. Parses the flags into ``Sizes``, runs the
-selected cases on one sshd cluster, prints the report and writes it to ``--out``."""
+selected cases on one sshd cluster, stores each case's result (``store``), prints the report
+and writes it to ``--out``. ``python -m sshddp_bench report --write BENCHMARKS.md`` writes
+BENCHMARKS.md from the stored results alone."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from sshddp_bench import internals
 from sshddp_bench.case import Sizes
 from sshddp_bench.harness import reap_leftovers, running_bench
 from sshddp_bench.logs import L8_MB
-from sshddp_bench.registry import NAMES, hosts_needed, run_cases
-from sshddp_bench.report import Results, load_average, machine, render
+from sshddp_bench.registry import NAMES, CaseFault, hosts_needed, run_cases
+from sshddp_bench.report import Results, load_average, machine, render, render_stored
+from sshddp_bench.store import RESULTS, Stored, load, save
 
 DESCRIPTION = (
     "Benchmarks of sshddp against pdsh and plain OpenSSH, on real sshd servers on loopback."
@@ -42,6 +45,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reps", type=int, default=5, help="Repetitions per case (default 5).")
     p.add_argument("--out", metavar="FILE", help="Also write the report there.")
+    p.add_argument(
+        "--results",
+        metavar="DIR",
+        default=str(RESULTS),
+        help="Where each case's result is stored (default benchmarks/results/ of the checkout).",
+    )
+    p.add_argument("--no-store", action="store_true", help="Store no result.")
     p.add_argument(
         "--only",
         default=",".join(NAMES),
@@ -125,7 +135,40 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
     )
 
 
+def store_results(
+    args: argparse.Namespace, res: Results, info: list[tuple[str, str]], cmd: str
+) -> None:
+    """Every case that ran to its end, stored for ``report`` (a case that stopped keeps
+    its earlier result)."""
+    if args.no_store:
+        return
+    for name, row in res.rows.items():
+        if not isinstance(row, CaseFault):
+            stored = Stored(name, row, tuple(info), cmd, args.reps, sizes_of(args))
+            print(f"bench: stored {save(Path(args.results), stored)}", file=sys.stderr)
+
+
+def report_main(argv: Sequence[str]) -> int:
+    """``report [--results DIR] [--write FILE]``: BENCHMARKS.md from the stored results."""
+    p = argparse.ArgumentParser(
+        prog="python -m sshddp_bench report",
+        description="Write BENCHMARKS.md from the results the suite stored, and nothing else.",
+    )
+    p.add_argument("--results", metavar="DIR", default=str(RESULTS), help="The stored results.")
+    p.add_argument("--write", metavar="FILE", help="Write the file there (else: stdout).")
+    args = p.parse_args(argv)
+    text = render_stored(load(Path(args.results), NAMES))
+    if args.write:
+        Path(args.write).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
     args = parse_args(argv)
     compileall.compile_dir(internals.package_dir(), quiet=1)  # as pip install leaves it
     sizes = sizes_of(args)
@@ -137,7 +180,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         info.append(("hosts", bench.describe_hosts()))
     info.append(("load average at end", load_average()))
     info.append(("suite duration", f"{time.monotonic() - started:.0f} s"))
-    cmd = shlex.join([".venv/bin/python", "-m", "sshddp_bench", *(argv or sys.argv[1:])])
+    cmd = shlex.join([".venv/bin/python", "-m", "sshddp_bench", *argv])
+    store_results(args, res, info, cmd)
     report = render(res, args.reps, sizes, info, cmd)
     print(report)
     if args.out:

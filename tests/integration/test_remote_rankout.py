@@ -164,3 +164,67 @@ def test_with_tty_each_rank_writes_to_a_terminal_of_its_own(tmp_path: Path) -> N
         steps = "".join(f"rank {rank} line {i}\n\rrank {rank} bar {i}" for i in range(200))
         wrote = f"rank {rank} on 100x30 True True\n{steps}"
         assert streams[source].decode() == wrote  # every byte its own, in its order
+
+
+def spans_of(rundir: Path) -> list[bytes]:
+    log = (rundir / contract.LOG).read_bytes()
+    return [log[o : o + n] for o, n, _ in spans.parse((rundir / contract.INDEX).read_bytes())]
+
+
+def test_a_trickle_of_lines_is_read_and_written_as_one_span(tmp_path: Path) -> None:
+    """After a wakeup that read little, the FIFOs fill for ``gather`` seconds: the lines a
+    rank prints one at a time reach node.log in one write with one record, and a byte on the
+    wakeup pipe still ends the wait at once."""
+    rundir = tmp_path / "n0"
+    rundir.mkdir()
+    output = NodeOutput(str(rundir), False, None, ranks=1)
+    output.gather = 600.0  # longer than the test: only a wakeup or drain ends it
+    rank = os.open(rundir / contract.OUTPUTS / "0", os.O_WRONLY)
+    wake_read, wake_write = os.pipe()
+    try:
+        os.write(rank, b"first\n")
+        output.pump(5.0, wake_read)
+        for i in range(3):
+            os.write(rank, b"line %d\n" % i)
+            output.pump(0.01, wake_read)
+        assert (rundir / contract.LOG).read_bytes() == b"first\n"  # still in the FIFO
+        os.write(wake_write, b"x")
+        assert output.pump(600.0, wake_read)  # returns at once, the byte read
+        os.set_blocking(wake_read, False)
+        assert _empty(wake_read)
+    finally:
+        os.close(rank)
+        for fd in (wake_read, wake_write):
+            os.close(fd)
+    output.close_writer()
+    assert output.drain(wait=5) == []
+    output.close()
+    assert spans_of(rundir) == [b"first\n", b"line 0\nline 1\nline 2\n"]
+
+
+def test_a_flood_is_read_at_once_after_each_wakeup(tmp_path: Path) -> None:
+    """A wakeup that read a lot does not wait: a chatty rank's output is never held back."""
+    rundir = tmp_path / "n0"
+    rundir.mkdir()
+    output = NodeOutput(str(rundir), False, None, ranks=1)
+    output.gather = 600.0
+    rank = os.open(rundir / contract.OUTPUTS / "0", os.O_WRONLY)
+    block = b"x" * 1023 + b"\n"
+    try:
+        os.write(rank, block * 64)  # what a FIFO holds before it grows: 64 KiB
+        output.pump(5.0)
+        os.write(rank, b"next\n")
+        output.pump(5.0)
+        assert (rundir / contract.LOG).read_bytes() == block * 64 + b"next\n"
+    finally:
+        os.close(rank)
+    output.close_writer()
+    assert output.drain(wait=5) == []
+    output.close()
+
+
+def _empty(fd: int) -> bool:
+    try:
+        return os.read(fd, 1) == b""
+    except BlockingIOError:
+        return True

@@ -14,7 +14,6 @@ EOF would ever come. ``drain`` waits for it ESCAPE_WAIT seconds, then names the 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import select
 import struct
@@ -27,6 +26,7 @@ from sshddp.remote.contract import Escaped, SpecRecord
 from sshddp.remote.rankout import (
     DEFAULT_SIZE,
     Source,
+    grow_pipe,
     open_pty,
     pipe_id,
     rank_fifos,
@@ -35,8 +35,8 @@ from sshddp.remote.rankout import (
 )
 
 PUMP_BYTES = 1 << 20
-PIPE_BYTES = 1 << 20  # a bigger pipe buffer: fewer wakeups for a chatty node
-F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
+GATHER_WAIT = 0.03  # seconds a trickle of output collects before it is read again
+GATHER_BELOW = 64 * 1024  # a wakeup that read less than this much is a trickle
 RESERVE_BYTES = 64 * 1024
 ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -49,10 +49,7 @@ def open_output(use_tty: bool, size: Optional[list[int]] = None) -> tuple[int, i
     if use_tty:
         return open_pty(size or DEFAULT_SIZE)
     read, write = os.pipe()
-    try:
-        fcntl.fcntl(read, F_SETPIPE_SZ, PIPE_BYTES)
-    except OSError:  # above /proc/sys/fs/pipe-max-size for this user: keep the default
-        pass
+    grow_pipe(read)
     return read, write
 
 
@@ -69,13 +66,17 @@ class NodeOutput:
         self.index = create(index, flags=os.O_APPEND) if ranks else None
         self.log = create(os.path.join(rundir, contract.LOG), flags=os.O_APPEND)
         self.offset = 0  #: node.log's size
-        self._reserve()
+        reserve(rundir)
         self.slave = -1
         self.sources: list[Source] = []
         #: what the ranks' environment gets: how a rank knows its stdout is the node's pipe
         self.env: dict[str, str] = {}
         self._open(use_tty, size, ranks)
         self.full: Optional[str] = None  # why node.log cannot grow (disk full), once it cannot
+        #: seconds a trickle collects (0: every wakeup reads at once, as ``drain`` does);
+        #: never with ptys: a pty holds ~4 KB, and a rank's write would block mid-line
+        self.gather = 0.0 if use_tty else GATHER_WAIT
+        self.resume = 0.0  #: (monotonic) when the streams are read again, after a trickle
 
     def _open(self, use_tty: bool, size: Optional[list[int]], ranks: int) -> None:
         """The write end the processes get (``slave``), and the streams read from."""
@@ -93,6 +94,7 @@ class NodeOutput:
             source.close()
         remove_fifos(self.rundir)
         self._open(bool(spec.get("tty")), spec.get("tty_size"), told_apart(spec))
+        self.gather = 0.0 if spec.get("tty") else GATHER_WAIT
 
     def close_writer(self) -> None:
         """Close our copy of the write end: the ranks hold the only ones left."""
@@ -105,26 +107,30 @@ class NodeOutput:
         Waits up to ``timeout`` for output, or for a byte on ``wake``, or until an unfinished
         line is due. Drains each stream non-blocking up to 1 MB per wakeup and writes that in
         one go (a pty read returns at most ~4 KB: one select per read would cap a chatty
-        rank's output).
+        rank's output). After a wakeup that read little (lines printed one at a time), the
+        streams fill for ``gather`` s while only ``wake`` is watched: a few dozen reads and
+        writes a second for a rank printing 1,000 lines, not thousands.
         """
         watched = [s.fd for s in self.sources if s.fd is not None]
         if not watched:
             return False
+        wakes = [] if wake is None else [wake]
         now = time.monotonic()
         timeout = min([timeout] + [s.due(now) for s in self.sources if s.pending])
-        ready, _, _ = select.select(watched + ([] if wake is None else [wake]), [], [], timeout)
+        if self.resume > now:
+            woken = _woken(wakes, min(timeout, self.resume - now))
+            now = time.monotonic()
+            # An unfinished line that came due ends the wait: its end may be in the stream.
+            if woken or (now < self.resume and not _due(self.sources, now)):
+                return True
+            timeout = 0.0
+        ready = select.select(watched + wakes, [], [], timeout)[0]
         if wake is not None and wake in ready:
-            try:
-                os.read(wake, 4096)
-            except OSError:
-                pass
+            _clear(wake)
         now = time.monotonic()
-        for source in self.sources:
-            if source.fd is not None and source.fd in ready:
-                chunks, alive = _read_available(source.fd)
-                source.feed(b"".join(chunks), now)
-                if not alive:
-                    source.close()
+        size = _read(self.sources, ready, now)
+        if 0 < size < GATHER_BELOW and self.gather:
+            self.resume = now + self.gather
         self._emit(now)
         return any(s.fd is not None for s in self.sources)
 
@@ -172,6 +178,7 @@ class NodeOutput:
         is lost) and return who holds the write end."""
         for source in self.sources:
             source.let_go()
+        self.gather, self.resume = 0.0, 0.0  # the last bytes are all there: no reason to wait
         deadline = time.time() + wait
         while self.pump(0.05):
             if time.time() > deadline:
@@ -192,26 +199,66 @@ class NodeOutput:
             if fd is not None:
                 os.close(fd)
 
-    def _reserve(self) -> None:
-        try:
-            with os.fdopen(create(os.path.join(self.rundir, contract.RESERVE)), "wb") as fh:
-                fh.write(b"\0" * RESERVE_BYTES)
-        except FileExistsError:
-            raise  # planted: refuse it rather than zero what it points to
-        except OSError:
-            self.unreserve()  # no room even for that: exit.json will try its luck
-
     def unreserve(self) -> None:
-        try:
-            os.unlink(os.path.join(self.rundir, contract.RESERVE))
-        except OSError:
-            pass
+        unreserve(self.rundir)
 
 
 def node_output(rundir: str, spec: SpecRecord) -> NodeOutput:
     """The node's output as its spec asks: a pipe or a pty, and its ranks told apart where
     they can be (``rankout.told_apart``)."""
     return NodeOutput(rundir, bool(spec.get("tty")), spec.get("tty_size"), told_apart(spec))
+
+
+def reserve(rundir: str) -> None:
+    """RESERVE_BYTES of room kept for exit.json, given back once node.log fills the disk."""
+    try:
+        with os.fdopen(create(os.path.join(rundir, contract.RESERVE)), "wb") as fh:
+            fh.write(b"\0" * RESERVE_BYTES)
+    except FileExistsError:
+        raise  # planted: refuse it rather than zero what it points to
+    except OSError:
+        unreserve(rundir)  # no room even for that: exit.json will try its luck
+
+
+def unreserve(rundir: str) -> None:
+    try:
+        os.unlink(os.path.join(rundir, contract.RESERVE))
+    except OSError:
+        pass
+
+
+def _due(sources: list[Source], now: float) -> bool:
+    """Whether an unfinished line must go out now, as it is or with its end."""
+    return any(s.pending and not s.due(now) for s in sources)
+
+
+def _read(sources: list[Source], ready: list[int], now: float) -> int:
+    """Read every stream in ``ready`` into its source; the bytes read."""
+    size = 0
+    for source in sources:
+        if source.fd is not None and source.fd in ready:
+            chunks, alive = _read_available(source.fd)
+            data = b"".join(chunks)
+            size += len(data)
+            source.feed(data, now)
+            if not alive:
+                source.close()
+    return size
+
+
+def _woken(wakes: list[int], timeout: float) -> bool:
+    """Wait up to ``timeout`` for a byte on one of ``wakes``; True (and read) if one came."""
+    if not select.select(wakes, [], [], max(0.0, timeout))[0]:
+        return False
+    _clear(wakes[0])
+    return True
+
+
+def _clear(wake: int) -> None:
+    try:
+        os.read(wake, 4096)
+    except OSError:
+        pass
 
 
 def _read_available(fd: int) -> tuple[list[bytes], bool]:

@@ -32,6 +32,10 @@ from sshddp.remote.contract import SpecRecord
 DEFAULT_SIZE = [80, 24]  # columns, rows of a pty when the spec names none (defaults.TTY_SIZE)
 PARTIAL_WAIT = 0.1  # seconds an unfinished line waits for its end before it is written
 MAX_PENDING = (1 << 20) + (1 << 16)  # a line a rank writes in one piece (rank.LINE_BYTES) fits
+# A bigger pipe buffer: fewer wakeups for a chatty node, and room for what a rank writes
+# while the supervisor lets a trickle collect (output.GATHER_WAIT) without blocking it.
+PIPE_BYTES = 1 << 20
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux only, named in Python 3.10+
 
 
 class Source:
@@ -109,6 +113,7 @@ def rank_fifos(
         keeper = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         if not stat.S_ISFIFO(os.fstat(read).st_mode):
             raise OSError(f"{path} is not the FIFO it was made as")
+        grow_pipe(read)
         sources.append(Source(read, local, os.readlink(f"/proc/self/fd/{read}"), True, keeper))
     return sources
 
@@ -121,6 +126,14 @@ def _rank_pty(directory: str, local: int, size: list[int]) -> Source:
     name = os.ttyname(slave)
     os.symlink(name, os.path.join(directory, str(local)))
     return Source(master, local, name, True, slave)
+
+
+def grow_pipe(fd: int) -> None:
+    """Give the pipe or FIFO ``fd`` PIPE_BYTES of buffer where the system allows it."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:  # above /proc/sys/fs/pipe-max-size for this user: keep the default
+        pass
 
 
 def open_pty(size: list[int]) -> tuple[int, int]:
