@@ -67,7 +67,6 @@ VARIANTS: dict[str, tuple[Patch, ...]] = {
     "store-poll": (
         Patch("remote/agent.py", "store = store_endpoint(sys.argv[1:])", "store = None"),
     ),
-    "mallopt": (Patch("cli/app.py", "    allocator.tune(os.environ)  #", "    #"),),
     "bytecode-cache": (
         Patch("remote/importer.py", "    if sys.dont_write_bytecode:\n", "    if True:\n"),
     ),

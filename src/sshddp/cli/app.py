@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import signal
 import sys
 import time
@@ -29,7 +28,6 @@ from sshddp.cli.options import CONTEXT, Exit
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 from sshddp.model.escape import visible
-from sshddp.run import allocator
 
 #: Every command: its module and the click command there.
 COMMANDS = {
@@ -80,7 +78,6 @@ def main(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = No
     over SIGINT (a launch or attach, once a node may run) keeps it until the process ends:
     a late Ctrl-C never turns a run handed off or ended into exit 130. Nor does one while
     the interpreter shuts down (it would otherwise die of the signal)."""
-    allocator.tune(os.environ)  # before any thread: the log streams' buffers (run/allocator)
     code = _run(argv, terminal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
