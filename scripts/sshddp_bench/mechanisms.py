@@ -6,7 +6,7 @@ the copy first on ``PYTHONPATH``; the product has no switch for any of them. Two
 of the unpatched tree (``baseline`` and ``baseline2``) give the noise floor: an effect
 smaller than the difference between two identical trees is below it. The variants run
 interleaved (every repetition runs each once, in a rotated order), after one untimed launch
-each (their bytecode compiled, the hosts' code cache filled).
+each (their bytecode compiled).
 
     cd scripts && python -m sshddp_bench.mechanisms --hosts 8 --reps 5
 
@@ -66,9 +66,6 @@ VARIANTS: dict[str, tuple[Patch, ...]] = {
     "os._exit": (Patch("remote/agent.py", "    os._exit(code)\n", "    sys.exit(code)\n"),),
     "store-poll": (
         Patch("remote/agent.py", "store = store_endpoint(sys.argv[1:])", "store = None"),
-    ),
-    "bytecode-cache": (
-        Patch("remote/importer.py", "    if sys.dont_write_bytecode:\n", "    if True:\n"),
     ),
     "lazy-imports": (
         Patch(
@@ -142,7 +139,7 @@ def run(variants: Sequence[str], hosts: int, reps: int, cases: Sequence[str], lo
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="sshddp-mech-") as tmp, running_bench(hosts) as b:
         benches = {v: bench_for(b, make_tree(Path(tmp), v)) for v in variants}
-        for v in variants:  # untimed: bytecode compiled, the hosts' code cache filled
+        for v in variants:  # untimed: their bytecode compiled
             launch_once(benches[v], "sshddp", hosts)
         for rep in range(reps):
             turn = list(variants[rep % len(variants) :]) + list(variants[: rep % len(variants)])
