@@ -67,15 +67,6 @@ VARIANTS: dict[str, tuple[Patch, ...]] = {
     "store-poll": (
         Patch("remote/agent.py", "store = store_endpoint(sys.argv[1:])", "store = None"),
     ),
-    "lazy-imports": (
-        Patch(
-            "cli/app.py",
-            "    code = _run(argv, terminal)\n",
-            "    for module, _ in COMMANDS.values():\n"
-            "        importlib.import_module(module)\n"
-            "    code = _run(argv, terminal)\n",
-        ),
-    ),
 }
 
 
