@@ -14,7 +14,7 @@ this machine sends to all hosts together, a laptop's upload (chunks take turns o
 line, medians (min-max), and the paired sshddp - pdsh median; with ``--started``, sshddp's
 alone, start -> ``launch --detach`` returning (every node started: connect, preflight,
 code, start, without the ranks' torch import), each run waited out before the next. One
-launch of each method comes first, not counted (it fills the hosts' code cache). Not a
+launch of each method comes first, not counted (it warms the hosts' file caches). Not a
 case of the suite: a diagnosis of round trips and bytes sent.
 """
 
@@ -164,7 +164,7 @@ def main() -> None:
         relay = Relay([((a, h.port), (h.addr, h.port)) for a, h in zip(addrs, b.cluster.hosts)])
         b.cluster.ssh_config = relayed_config(b, addrs)
         relay.uplink = args.uplink_mbit * 125_000 if args.uplink_mbit else None
-        for how in methods:  # not counted: the first launch fills the hosts' code cache
+        for how in methods:  # not counted: the first launch warms the hosts' file caches
             once(b, how, args.hosts, args.before, args.started)
         for rtt in (float(x) for x in args.rtt_ms.split(",")):
             relay.delay = rtt / 2000

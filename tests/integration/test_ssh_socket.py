@@ -1,5 +1,4 @@
-"""The TCP connection under each SSH connection, against a real sshd: Nagle off, quick
-acknowledgements while the connection is set up (``hosts/ssh._QuickAckSocket``), paramiko's
+"""The TCP connection under each SSH connection, against a real sshd: Nagle off, paramiko's
 reader thread waking once a second on an idle connection, a close that ends the TCP
 connection at once (that thread may still sleep in ``recv``), and a command's output intact."""
 
@@ -8,7 +7,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from sshddp.hosts.ssh import IDLE_WAKE_SECONDS, SshTransport, _QuickAckSocket
+from sshddp.hosts.ssh import IDLE_WAKE_SECONDS, SshTransport
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.inventory import parse_inventory
 from sshddp_lab.sshd import SshdCluster
@@ -34,12 +33,10 @@ def test_connection_socket(cluster: SshdCluster) -> None:
         paramiko_transport = transport._conn.client.get_transport()
         assert paramiko_transport is not None
         sock = paramiko_transport.sock
-        assert isinstance(sock, _QuickAckSocket)
+        assert isinstance(sock, socket.socket)
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        assert sock.quick
         assert sock.gettimeout() == IDLE_WAKE_SECONDS  # paramiko's is 0.1 s
         proc = transport.start("printf 'a\\nb\\n'; printf err >&2; exit 3")
-        assert not sock.quick  # the first command runs: bulk output acknowledged as usual
         out = b""
         while chunk := proc.read():
             out += chunk

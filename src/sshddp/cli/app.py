@@ -3,18 +3,11 @@
 ``main`` is the console script; ``run`` runs the CLI in-process and returns the status
 (tests use it). Only here is ``sys.exit`` called and a final error message printed;
 everything below raises ``SshddpError`` (httpie's ``main``/``program`` split).
-
-Each command's module is imported when that command runs (or a help text lists it), the
-lazy group of click's documentation: ``sshddp launch`` starts without importing ``ps``,
-``fetch``, ``smoke`` and the rest, and every millisecond before it reaches a host is one
-the launch waits (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
 import signal
 import sys
 import time
@@ -25,44 +18,36 @@ from typing import Optional
 import click
 
 from sshddp import __version__, trace
+from sshddp.cli.doctor import doctor
+from sshddp.cli.exec import exec_
+from sshddp.cli.fetch import fetch
+from sshddp.cli.launch import launch
 from sshddp.cli.options import CONTEXT, Exit
+from sshddp.cli.runs import attach, logs, ps, stop
+from sshddp.cli.smoke import smoke
+from sshddp.cli.stacks import stacks
+from sshddp.cli.sync import sync
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, SshddpError
 from sshddp.model.escape import visible
-from sshddp.run import allocator
 
-#: Every command: its module and the click command there.
-COMMANDS = {
-    "attach": ("sshddp.cli.runs", "attach"),
-    "doctor": ("sshddp.cli.doctor", "doctor"),
-    "exec": ("sshddp.cli.exec", "exec_"),
-    "fetch": ("sshddp.cli.fetch", "fetch"),
-    "launch": ("sshddp.cli.launch", "launch"),
-    "logs": ("sshddp.cli.runs", "logs"),
-    "ps": ("sshddp.cli.runs", "ps"),
-    "smoke": ("sshddp.cli.smoke", "smoke"),
-    "stacks": ("sshddp.cli.stacks", "stacks"),
-    "stop": ("sshddp.cli.runs", "stop"),
-    "sync": ("sshddp.cli.sync", "sync"),
+#: Every command, by name.
+COMMANDS: dict[str, click.Command] = {
+    "attach": attach,
+    "doctor": doctor,
+    "exec": exec_,
+    "fetch": fetch,
+    "launch": launch,
+    "logs": logs,
+    "ps": ps,
+    "smoke": smoke,
+    "stacks": stacks,
+    "stop": stop,
+    "sync": sync,
 }
 
 
-class LazyGroup(click.Group):
-    """A group whose commands (``COMMANDS``) are imported when they are asked for."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
-        if cmd_name not in COMMANDS:
-            return None
-        module, name = COMMANDS[cmd_name]
-        command = getattr(importlib.import_module(module), name)
-        assert isinstance(command, click.Command) and command.name == cmd_name
-        return command
-
-
-@click.group(cls=LazyGroup, context_settings=CONTEXT)
+@click.group(context_settings=CONTEXT, commands=COMMANDS)
 @click.version_option(__version__, "-V", "--version", prog_name="sshddp")
 @click.option(
     "--traceback",
@@ -81,7 +66,6 @@ def main(argv: Optional[Sequence[str]] = None, terminal: Optional[Terminal] = No
     over SIGINT (a launch or attach, once a node may run) keeps it until the process ends:
     a late Ctrl-C never turns a run handed off or ended into exit 130. Nor does one while
     the interpreter shuts down (it would otherwise die of the signal)."""
-    allocator.tune(os.environ)  # before any thread: the log streams' buffers (run/allocator)
     code = _run(argv, terminal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)

@@ -245,8 +245,6 @@ class SshTransport:
         try:
             channel = transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET)
             channel.exec_command(command)
-            if isinstance(transport.sock, _QuickAckSocket):
-                transport.sock.quick = False  # set up: bulk output needs no quick acks
         except Exception as exc:
             raise HostUnreachable(
                 self.host.host, f"{self.label}: could not start a command: {exc}"
@@ -265,45 +263,18 @@ class SshTransport:
         self._conn.close()
 
 
-_TCP_QUICKACK: int = getattr(socket, "TCP_QUICKACK", 0)  #: Linux's; 0 where there is none
-
-
-class _QuickAckSocket(socket.socket):
-    """A TCP socket that, while ``quick``, acknowledges what it receives at once (Linux's
-    ``TCP_QUICKACK``, set again after every read: the kernel leaves quick-ack mode on its
-    own).
-
-    sshd writes each SSH packet as it is ready, without ``TCP_NODELAY``, so a small packet
-    that follows another waits, by Nagle's rule, until this side acknowledges the first, and
-    a receiver with nothing to send delays that acknowledgement by up to 40 ms on Linux.
-    Every connection met it once: sshd announces its host keys right after authentication,
-    and the first channel's confirmation waited (44 ms, measured). ``SshTransport.start``
-    ends quick mode once its first command is running: acknowledging every segment of a
-    200 MB log at once slowed its copy by 5-10 %."""
-
-    quick = True
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data = super().recv(bufsize, flags)
-        if self.quick and _TCP_QUICKACK:  # elsewhere TCP_NODELAY alone (``_tcp_connect``)
-            with contextlib.suppress(OSError):
-                self.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
-        return data
-
-
 def _tcp_connect(host: str, port: int, timeout: Optional[float]) -> socket.socket:
     """The TCP connection paramiko would open (every address of ``host`` in turn; refused or
     unreachable everywhere raises ``NoValidConnectionsError``, anything else at once), with
     ``TCP_NODELAY``: without it, paramiko's authentication request waits on the delayed
     acknowledgement of the packet before it, 40 ms of every connection (measured: connect and
-    run a first command, 156 ms -> 26 ms on loopback with both), and quick acknowledgements
-    where the OS has them (``_QuickAckSocket``)."""
+    run a first command, 156 ms -> 26 ms on loopback)."""
     import paramiko
 
     errors: dict[tuple[Any, ...], OSError] = {}
     infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
     for family, kind, proto, _, addr in infos:
-        sock = _QuickAckSocket(family, kind, proto)
+        sock = socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
             sock.connect(addr)
