@@ -195,7 +195,7 @@ METHOD = """\
 * **doctor**: `sshddp doctor --ssh-config cfg --port P inv.yaml` (deep probe: every host imports
   torch). Baseline: `pdsh -R exec -f N -w h1,..,hN ssh -F cfg %h 'PY -c BOOTSTRAP <
   DIR/probe-%h.hdr; touch MARKS/%h'`, where each header file holds exactly the bytes doctor
-  sends that host (`shipped.header("session", {"probe": preflight.probe_args(...)})`, so
+  sends that host (`shipped.header("host_session", {"probe": preflight.probe_args(...)})`, so
   host 1 also listens on the rendezvous port and every host connects to it) and BOOTSTRAP
   is `commands.python_command`. The header is read from a file on the host instead of over
   the SSH channel. Host 1's probe holds the port only while its stdin is open, so its

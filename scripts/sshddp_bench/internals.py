@@ -52,7 +52,7 @@ def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, byte
     ctx = Context(rdzv_addr=rdzv_addr, rdzv_port=port)
     return {
         host.host: shipped.header(
-            "session",
+            "host_session",
             {"probe": probe_args(host, ctx, deep=True, listen=host is first, rdzv_ok=True)},
         )
         for host in inv.hosts

@@ -55,7 +55,7 @@ class Patch:
 VARIANTS: dict[str, tuple[Patch, ...]] = {
     "baseline": (),
     "baseline2": (),
-    "prewarm": (Patch("remote/session.py", 'if args.get("warm"):', "if False:"),),
+    "prewarm": (Patch("remote/host_session.py", 'if args.get("warm"):', "if False:"),),
     "standby": (
         Patch(
             "remote/standby.py",

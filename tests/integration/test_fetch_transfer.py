@@ -1,4 +1,4 @@
-"""``fetch`` through the host named ``localhost`` (a real process running remote/fetch.py, on
+"""``fetch`` through the host named ``localhost`` (a real process running remote/host_fetch.py, on
 this Python and on Python 3.8): a file and a directory arrive whole and verified; a copy
 whose bytes were changed or cut on the way never takes its place; paths that cannot be
 fetched say why."""

@@ -80,7 +80,7 @@ def test_a_standby_runs_torchrun_with_the_gos_argv_cwd_and_environment(
     shim: Path, tmp_path: Path
 ) -> None:
     """A launch's first standby starts before its port and working directory are final
-    (remote/prewarm.py): the go's command line, directory and environment are what
+    (remote/first_standby.py): the go's command line, directory and environment are what
     torchrun runs with, and its module runs as with -m (no runpy warning)."""
     early = [sys.executable, str(shim), "--standalone", "--nproc-per-node", "1", "worker.py"]
     standby = Standby.start([*early, "early"], dict(os.environ), str(Path.home()), 1)

@@ -46,7 +46,7 @@ def start_node(
     )
     assert proc.stdin is not None and proc.stdout is not None
     sent = time.time()
-    proc.stdin.write(shipped.header("session", {"probe": None}))
+    proc.stdin.write(shipped.header("host_session", {"probe": None}))
     proc.stdin.write(wire.encode(wire.go(args)) + script)
     proc.stdin.flush()
     session_clock(proc.stdout, sent)

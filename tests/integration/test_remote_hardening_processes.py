@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import common, follow, output, stop, supervisor, workdir
+from sshddp.remote import common, host_follow, output, stop, supervisor, workdir
 from standin_specs import stand_in
 from wire_specs import KEY, free_port, spec
 
@@ -99,9 +99,9 @@ def test_a_supervisor_whose_pid_was_reused_counts_as_gone(tmp_path: Path, sleepe
     (tmp_path / "spec.json").write_text("{}")
     state = {"supervisor_pid": stranger.pid, "supervisor_start": started, "started": 1.0}
     (tmp_path / "state.json").write_text(json.dumps(state))
-    assert follow.node_status(str(tmp_path))["state"] == "running"
+    assert host_follow.node_status(str(tmp_path))["state"] == "running"
     (tmp_path / "state.json").write_text(json.dumps({**state, "supervisor_start": started - 1}))
-    assert follow.node_status(str(tmp_path))["state"] == "lost"
+    assert host_follow.node_status(str(tmp_path))["state"] == "lost"
 
 
 def test_the_marker_finds_a_process_in_any_group(sleeper: Any) -> None:

@@ -28,7 +28,7 @@ def test_shipped_code_runs_on_this_python_and_on_3_8(
     rundir = tmp_path / "run"
     rundir.mkdir()
     (rundir / "exit.json").write_text(json.dumps({"state": "failed", "reason": "exit 3"}))
-    header = shipped.header("follow", {"rundir": str(rundir), "offset": 0, "mode": "status"})
+    header = shipped.header("host_follow", {"rundir": str(rundir), "offset": 0, "mode": "status"})
     got = subprocess.run(
         [python, "-c", BOOTSTRAP], input=header, capture_output=True, env=env, timeout=60
     )
@@ -54,7 +54,7 @@ def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
         "def main(args):\n"
         "    for name in args:\n"
         "        importlib.import_module(name)\n"
-        "    from sshddp.remote.prewarm import take_slot\n"
+        "    from sshddp.remote.first_standby import take_slot\n"
         "    slot = take_slot()  # a torchrun node's session takes one before its probe\n"
         "    if slot is not None:\n"
         "        import os\n"

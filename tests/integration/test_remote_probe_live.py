@@ -16,7 +16,7 @@ import pytest
 from port_binds import bound
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import imports, network
+from sshddp.remote import host_imports, network
 from sshddp.remote import session_messages as wire
 
 
@@ -70,7 +70,7 @@ def test_module_lookup_in_the_ranks_environment(tmp_path: Path) -> None:
     (tmp_path / "beside" / "next_to_script.py").write_text("")
     names = ["json", "torch", "only_on_pythonpath", "next_to_script", "no_such_module_xyz"]
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    looked = imports.find(names, str(tmp_path / "beside"), env)
+    looked = host_imports.find(names, str(tmp_path / "beside"), env)
     assert looked["method"] == "in-process"
     assert looked["found"] == {
         "json": True,
@@ -79,10 +79,10 @@ def test_module_lookup_in_the_ranks_environment(tmp_path: Path) -> None:
         "next_to_script": True,
         "no_such_module_xyz": False,
     }
-    without = imports.find(names, None, dict(os.environ))["found"]
+    without = host_imports.find(names, None, dict(os.environ))["found"]
     assert not without["only_on_pythonpath"] and not without["next_to_script"]
     # A variable that changes Python's start-up: a fresh interpreter answers, the same way.
-    fresh = imports.find(names, str(tmp_path / "beside"), {**env, "PYTHONNOUSERSITE": "1"})
+    fresh = host_imports.find(names, str(tmp_path / "beside"), {**env, "PYTHONNOUSERSITE": "1"})
     assert fresh["method"] == "subprocess" and fresh["found"] == looked["found"]
 
 
@@ -94,7 +94,7 @@ def session(python: str, probe_args: dict[str, Any]) -> subprocess.Popen[bytes]:
         stderr=subprocess.PIPE,
     )
     assert proc.stdin is not None
-    proc.stdin.write(shipped.header("session", {"probe": probe_args}))
+    proc.stdin.write(shipped.header("host_session", {"probe": probe_args}))
     proc.stdin.flush()
     return proc
 

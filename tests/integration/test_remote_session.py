@@ -1,4 +1,4 @@
-"""A node's whole life through the launch session (remote/session.py), run here as the
+"""A node's whole life through the launch session (remote/host_session.py), run here as the
 host's shell would run it, on this Python and on Python 3.8, the oldest a host may have:
 probe, go, stage, start (the supervisor forked off the session), then the node's log and
 its exit record, exactly as the coordinator reads them."""
@@ -100,7 +100,7 @@ def test_a_node_lives_and_ends_through_its_session(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         sent = time.time()
-        proc.stdin.write(shipped.header("session", {"probe": probe}))
+        proc.stdin.write(shipped.header("host_session", {"probe": probe}))
         proc.stdin.flush()
         session_clock(proc.stdout, sent)  # before the probe, which would take time
         facts = answer(proc.stdout, "facts")
@@ -139,7 +139,7 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     tmp_path: Path, oldest_python: Path, which: str
 ) -> None:
     """A torchrun node's session starts torchrun importing torch before its probe
-    (remote/prewarm.py): at the start its supervisor-to-be becomes the supervisor and the
+    (remote/first_standby.py): at the start its supervisor-to-be becomes the supervisor and the
     standby runs torchrun. On Python 3.8, which has no torch here, the standby cannot import
     it: it runs all the same, and torchrun fails into the node's log, saying why."""
     python = sys.executable if which == "this" else str(oldest_python)
@@ -152,7 +152,7 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         sent = time.time()
-        proc.stdin.write(shipped.header("session", {"probe": None, "standby": standby}))
+        proc.stdin.write(shipped.header("host_session", {"probe": None, "standby": standby}))
         go = wire.encode(wire.go(args))
         proc.stdin.write(go + SCRIPT + wire.encode(wire.start(True)))
         proc.stdin.flush()

@@ -1,4 +1,4 @@
-"""The host side of ``sshddp stacks`` (remote/stacks.py, with the ranks' sitecustomize),
+"""The host side of ``sshddp stacks`` (remote/host_stacks.py, with the ranks' sitecustomize),
 run here as a host runs it, on this Python and on Python 3.8: a real process tree set up as
 a node's (the node's marker, RANK, the run directory's site/ on PYTHONPATH), read by the
 collector shipped as the coordinator ships it. Nothing it does may disturb the processes."""
@@ -118,7 +118,7 @@ class Node:
         args = {"rundir": str(self.rundir), "native": native, "timeout": 10.0}
         done = subprocess.run(
             [self.python, "-c", BOOTSTRAP],
-            input=shipped.header("stacks", args),
+            input=shipped.header("host_stacks", args),
             capture_output=True,
             timeout=120,
             env={**os.environ, "PATH": _path_without_py_spy()},
@@ -214,13 +214,13 @@ def test_a_node_that_has_ended_has_no_processes_to_read(tmp_path: Path, python: 
     (rundir / contract.EXIT).write_text(json.dumps({"state": contract.SUCCEEDED}))
     args = {"rundir": str(rundir), "native": False, "timeout": 1.0}
     done = subprocess.run(
-        [python, "-c", BOOTSTRAP], input=shipped.header("stacks", args), capture_output=True
+        [python, "-c", BOOTSTRAP], input=shipped.header("host_stacks", args), capture_output=True
     )
     answer = json.loads(done.stdout)
     assert answer["state"] == contract.SUCCEEDED and answer["processes"] == []
     args["rundir"] = str(tmp_path / "nowhere")
     done = subprocess.run(
-        [python, "-c", BOOTSTRAP], input=shipped.header("stacks", args), capture_output=True
+        [python, "-c", BOOTSTRAP], input=shipped.header("host_stacks", args), capture_output=True
     )
     assert json.loads(done.stdout)["state"] == contract.UNKNOWN
 
@@ -278,7 +278,7 @@ def test_a_supervisor_can_collect_in_process_from_a_thread(node: Node) -> None:
     thread, with the node's run directory; it gets the same records back."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sshddp.remote.stacks import collect
+    from sshddp.remote.host_stacks import collect
 
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(collect, str(node.rundir)).result(timeout=60)

@@ -67,7 +67,7 @@ def assert_second_attempt_succeeded(workdir: Path, run: str) -> None:
         assert ended["state"] == "succeeded" and ended["attempt"] == 2, ended
         assert ended["attempts"] == 3 and len(ended["earlier"]) == 1, ended
     assert b"attempt 1 rank 5 fails" in (node_dir(workdir, run, 2) / "node.log").read_bytes()
-    # attempt 1's: the launch session's standby (prewarm.py) where the machine had a slot
+    # attempt 1's: the launch session's standby (first_standby.py) where the machine had a slot
     assert sum(first_standby) == standby_slots(3), first_standby
 
 

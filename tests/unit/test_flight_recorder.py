@@ -18,7 +18,7 @@ import pytest
 
 from sshddp.model import hang
 from sshddp.model.flight import RankFlight, findings
-from sshddp.remote import contract, flight
+from sshddp.remote import contract, host_flight
 from sshddp.remote.contract import FlightEntry, FlightRecord, HangRecord
 
 REAL = Path(__file__).parent / "data" / "nccl_trace_h100_torch2.11"
@@ -31,7 +31,7 @@ def nccl_dir(tmp_path: Path) -> Path:
 
 
 def test_a_real_h100_dump_reads_as_the_collective_that_never_completed(tmp_path: Path) -> None:
-    record = flight.read(str(REAL), 0)
+    record = host_flight.read(str(REAL), 0)
     assert record is not None
     assert record["version"] == "2.10"
     assert record["groups"] == {
@@ -55,13 +55,13 @@ def test_a_dump_is_read_without_running_anything_in_it(tmp_path: Path) -> None:
             return os.system, (f"touch {marker}",)  # what plain pickle.load would run
 
     (tmp_path / "trace_0").write_bytes(pickle.dumps({"entries": [Hostile()]}, protocol=2))
-    assert flight.read(str(tmp_path / "trace_0"), 0) is None
+    assert host_flight.read(str(tmp_path / "trace_0"), 0) is None
     assert not marker.exists()
     (tmp_path / "trace_1").write_bytes(REAL.read_bytes()[:200])  # still being written
-    assert flight.read(str(tmp_path / "trace_1"), 1) is None
+    assert host_flight.read(str(tmp_path / "trace_1"), 1) is None
     (tmp_path / "trace_2").write_bytes(pickle.dumps([1, 2]))  # not a dump
-    assert flight.read(str(tmp_path / "trace_2"), 2) is None
-    assert flight.read(str(tmp_path / "missing"), 3) is None
+    assert host_flight.read(str(tmp_path / "trace_2"), 2) is None
+    assert host_flight.read(str(tmp_path / "missing"), 3) is None
 
 
 def test_the_ranks_with_a_reader_on_their_pipe_are_asked(tmp_path: Path) -> None:
@@ -72,11 +72,11 @@ def test_the_ranks_with_a_reader_on_their_pipe_are_asked(tmp_path: Path) -> None
     os.mkfifo(d / "pipe_x.pipe")
     reader = os.open(d / "pipe_0.pipe", os.O_RDONLY | os.O_NONBLOCK)  # as torch opens it
     try:
-        assert flight.request(str(tmp_path)) == [0]
+        assert host_flight.request(str(tmp_path)) == [0]
         assert os.read(reader, 100) == b"1\n"
     finally:
         os.close(reader)
-    assert flight.request(str(tmp_path / "elsewhere")) == []  # no recorder armed there
+    assert host_flight.request(str(tmp_path / "elsewhere")) == []  # no recorder armed there
 
 
 def test_a_pipe_that_takes_no_more_is_not_an_error(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_a_pipe_that_takes_no_more_is_not_an_error(tmp_path: Path) -> None:
         with pytest.raises(BlockingIOError):
             while True:
                 os.write(writer, b"x" * 4096)
-        assert flight.request(str(tmp_path)) == []
+        assert host_flight.request(str(tmp_path)) == []
     finally:
         os.close(writer)
         os.close(reader)
@@ -111,13 +111,13 @@ def test_gather_waits_for_the_ranks_asked_and_no_longer_than_it_may(tmp_path: Pa
 
     writer = threading.Thread(target=dump_later)
     writer.start()
-    got = flight.gather(str(tmp_path), [0], since, wait=5.0)
+    got = host_flight.gather(str(tmp_path), [0], since, wait=5.0)
     writer.join()
     assert [r["rank"] for r in got] == [0, 2]  # rank 2's old dump is read as it is
     assert time.time() - since < 4.0  # it did not wait for the deadline
 
     started = time.time()
-    got = flight.gather(str(tmp_path), [0, 2, 7], time.time(), wait=0.5)  # 7 never dumps
+    got = host_flight.gather(str(tmp_path), [0, 2, 7], time.time(), wait=0.5)  # 7 never dumps
     assert 0.5 <= time.time() - started < 3.0
     assert [r["rank"] for r in got] == [0, 2]  # the old ones, read at the deadline
 
@@ -174,7 +174,7 @@ def test_ranks_that_completed_everything_put_the_hang_outside_nccl() -> None:
 
 
 def test_the_hang_report_says_what_the_recorder_found_and_who_did_not_dump() -> None:
-    record = flight.read(str(REAL), 0)
+    record = host_flight.read(str(REAL), 0)
     assert record is not None
     stacks: contract.NodeStacks = {
         "schema": contract.SCHEMA,

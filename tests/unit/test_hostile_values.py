@@ -246,8 +246,8 @@ class _InProcessCommand(ScriptedOutput):
         body["modules"] = unpack(io.BytesIO(rest[:size]), size)
         rest = rest[size:]
         rundir = os.path.expanduser(json.loads(rest.partition(b"\n")[0])["boot"]["rundir"])
-        assert body["main"] == "sshddp.remote.session"
-        body["modules"]["sshddp.remote.follow"] += "\n\ndef main(args):\n    return None\n"
+        assert body["main"] == "sshddp.remote.host_session"
+        body["modules"]["sshddp.remote.host_follow"] += "\n\ndef main(args):\n    return None\n"
         # The start line the coordinator sends once every node staged comes at the end.
         stdin = json.dumps(body).encode() + b"\n" + rest + wire.encode(wire.start(True))
         fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))

@@ -15,7 +15,7 @@ import pytest
 from sshddp.model import spans
 from sshddp.model.ranksel import source_ranks
 from sshddp.remote import contract
-from sshddp.remote.follow import Spans
+from sshddp.remote.host_follow import Spans
 from sshddp.remote.rankout import PARTIAL_WAIT, Source, told_apart
 from sshddp.run import logread
 from sshddp.run.nodefeed import NodeFeed
@@ -330,7 +330,7 @@ def test_a_tail_that_starts_inside_a_rank_s_line_starts_that_rank_at_its_next_li
 def test_the_follower_sends_spans_from_its_offset_and_then_what_no_record_names(
     tmp_path: Path,
 ) -> None:
-    """remote/follow.py's Spans: the records from an index offset with their bytes; once
+    """remote/host_follow.py's Spans: the records from an index offset with their bytes; once
     the node has ended, the log's bytes past the last record as the node's own."""
     log = tmp_path / "node.log"
     index = tmp_path / "node.idx"

@@ -1,4 +1,4 @@
-"""Staging a node's code (remote/boot.py), run here: archives that could write outside the
+"""Staging a node's code (remote/host_boot.py), run here: archives that could write outside the
 run directory, or are damaged, are refused and leave nothing behind."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import boot
+from sshddp.remote import host_boot
 
 
 def archive(*members: tuple[str, bytes | None, bytes]) -> bytes:
@@ -48,7 +48,7 @@ def stage(tmp_path: Path, data: bytes) -> dict[str, Any]:
         "wire": "# the standby wire's module\n",
         "remote_script": None,
     }
-    answer: dict[str, Any] = boot.stage(args, io.BytesIO(data))
+    answer: dict[str, Any] = host_boot.stage(args, io.BytesIO(data))
     return answer
 
 
@@ -91,13 +91,13 @@ def test_the_files_after_the_go_are_unpacked_into_the_args() -> None:
     files = {"supervisor": "S", "rank": "R", "agent": "A", "site": "T", "wire": "W"}
     packed = zlib.compress(json.dumps(files).encode())
     stream = io.BytesIO(packed + b"CODE")
-    args = boot.unpack_files({"rundir": "r", "packed": len(packed)}, stream)
+    args = host_boot.unpack_files({"rundir": "r", "packed": len(packed)}, stream)
     assert args == {"rundir": "r", "packed": len(packed), **files}
     assert stream.read() == b"CODE"  # the code that follows is left for stage()
     inline = {"rundir": "r", **files}
-    assert boot.unpack_files(inline, io.BytesIO(b"CODE")) == inline
-    with pytest.raises(boot.BootError, match="cut short"):
-        boot.unpack_files({"packed": len(packed)}, io.BytesIO(packed[:10]))
+    assert host_boot.unpack_files(inline, io.BytesIO(b"CODE")) == inline
+    with pytest.raises(host_boot.BootError, match="cut short"):
+        host_boot.unpack_files({"packed": len(packed)}, io.BytesIO(packed[:10]))
 
 
 def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path:
     held = os.open(staging / "staging.lock", os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
-        boot._prune(str(runs), keep=10)
+        host_boot._prune(str(runs), keep=10)
     finally:
         os.close(held)
     assert sorted(p.name for p in runs.iterdir()) == [
@@ -136,7 +136,7 @@ def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path:
         "staging",
         "started",
     ]
-    boot._prune(str(runs), keep=10)  # its session has gone since
+    host_boot._prune(str(runs), keep=10)  # its session has gone since
     assert not (runs / "staging").exists()
 
 
@@ -146,11 +146,11 @@ def test_staging_holds_its_lock_until_the_session_ends(tmp_path: Path) -> None:
 
     rundir = tmp_path / "runs" / "r" / "n0"
     rundir.mkdir(parents=True)
-    boot._hold_staging(str(rundir))
+    host_boot._hold_staging(str(rundir))
     probe = os.open(rundir / "staging.lock", os.O_RDONLY)
     try:
         with pytest.raises(OSError):
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(probe)
-        os.close(boot._STAGING.pop())
+        os.close(host_boot._STAGING.pop())

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import boot
+from sshddp.remote import host_boot
 from sshddp.remote.workspace import WorkspaceError, fill
 from workspace_trees import code_dir, tree
 
@@ -97,7 +97,7 @@ def test_staging_fills_the_workspace_and_a_refusal_fails_the_stage(tmp_path: Pat
             "remote_script": None,
             "workspace": str(space),
         }
-        answer: dict[str, Any] = boot.stage(args, io.BytesIO(payload))
+        answer: dict[str, Any] = host_boot.stage(args, io.BytesIO(payload))
         return answer
 
     assert stage("r1")["ok"]

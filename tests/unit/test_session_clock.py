@@ -1,6 +1,6 @@
 """The clock sample a launch session's first line gives, and when a launch takes another.
 
-The session (``remote/session.py``) writes its clock as soon as it runs, so the coordinator
+The session (``remote/host_session.py``) writes its clock as soon as it runs, so the coordinator
 gets a sample from writing the header to reading that line, with no round trip of its own.
 A launch takes one more only when that sample does not prove the host within
 ``CLOCK_WARN``; doctor always takes ``CLOCK_SAMPLES`` more and keeps the best.

@@ -36,9 +36,9 @@ def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> St
 
 
 def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float) -> NodeStacks:
-    """Every thread's stack of every process of the node's run (``remote/stacks.py``)."""
+    """Every thread's stack of every process of the node's run (``remote/host_stacks.py``)."""
     answer: NodeStacks = shipped.call(
-        transport, "stacks", {"rundir": rundir, "native": native, "timeout": timeout}
+        transport, "host_stacks", {"rundir": rundir, "native": native, "timeout": timeout}
     )
     return answer
 
@@ -52,16 +52,16 @@ def resize_node(transport: Transport, rundir: str, columns: int, rows: int) -> s
 
 
 def node_hang(transport: Transport, rundir: str) -> Optional[HangRecord]:
-    """What the node's watchdog recorded when the run hung (``remote/hang.py``), if any."""
-    answer: HangRecord = shipped.call(transport, "hang", {"rundir": rundir})
+    """What the node's watchdog recorded when the run hung (``remote/host_hang.py``), if any."""
+    answer: HangRecord = shipped.call(transport, "host_hang", {"rundir": rundir})
     return answer if isinstance(answer, dict) and answer else None
 
 
 def follow_node(transport: Transport, rundir: str, offset: int, index: int) -> RemoteProcess:
     """Stream the node's log from ``offset`` (and its index from ``index``: see
-    ``remote/follow.py``) until it ends; the status comes on stderr (``status_record``)."""
+    ``remote/host_follow.py``) until it ends; the status comes on stderr (``status_record``)."""
     args = {"rundir": rundir, "offset": offset, "index": index}
-    return shipped.start(transport, "follow", args)
+    return shipped.start(transport, "host_follow", args)
 
 
 def read_node(
@@ -77,9 +77,9 @@ def read_node(
     Returns the node's status record (exit.json, or its live state); state "gone" when the
     host holds no run directory for it. A ``RemoteError`` when the answer was cut short."""
     args: dict[str, Any] = {"rundir": rundir, "offset": offset, "mode": mode}
-    if index is not None:  # the log framed with its index (remote/follow.py)
+    if index is not None:  # the log framed with its index (remote/host_follow.py)
         args["index"] = index
-    proc = shipped.start(transport, "follow", args)
+    proc = shipped.start(transport, "host_follow", args)
     try:
         proc.close_stdin()
         while chunk := proc.read(defaults.STREAM_READ):
@@ -143,7 +143,7 @@ class FetchStream:
 def fetch_path(transport: Transport, rundir: str, cwd: str, path: str) -> FetchStream:
     """Start copying ``path`` (relative to the node's ``cwd``) from the host; the header has
     come when this returns (``header["ok"]`` false: nothing follows, and why)."""
-    proc = shipped.start(transport, "fetch", {"rundir": rundir, "cwd": cwd, "path": path})
+    proc = shipped.start(transport, "host_fetch", {"rundir": rundir, "cwd": cwd, "path": path})
     try:
         proc.close_stdin()
         buf = b""
@@ -158,7 +158,7 @@ def fetch_path(transport: Transport, rundir: str, cwd: str, path: str) -> FetchS
         except ValueError:
             header = None
         if not isinstance(header, dict):  # no answer: say why (the interpreter, its error)
-            shipped.decode(transport, "fetch", line, proc.read_stderr(), proc.wait())
+            shipped.decode(transport, "host_fetch", line, proc.read_stderr(), proc.wait())
     except BaseException:
         proc.close()
         raise

@@ -1,6 +1,6 @@
 """One SSH channel and one remote interpreter per host for a whole launch (or doctor run).
 
-The host's session (``remote/session.py``) tells its clock as soon as it runs (a clock
+The host's session (``remote/host_session.py``) tells its clock as soon as it runs (a clock
 sample without a round trip of its own), answers the preflight probe, waits for the go,
 stages the node's code, waits for the start (given once every node staged), forks the
 node's supervisor and then streams the node's log. A doctor run ends it after the probe.
@@ -43,7 +43,7 @@ class HostSession:
     ) -> None:
         """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing.
         ``standby``: for a launch's torchrun node, the args of the standby the session starts
-        at once, importing torch while the preflight runs (``remote/prewarm.py``)."""
+        at once, importing torch while the preflight runs (``remote/first_standby.py``)."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
@@ -54,7 +54,7 @@ class HostSession:
         # The first clock sample runs from here to the session's first line: the host reads
         # this header before it looks at its clock, so the interval holds that moment.
         self._sent = time.time()
-        self.proc.write(shipped.header("session", {"probe": probe, "standby": standby}))
+        self.proc.write(shipped.header("host_session", {"probe": probe, "standby": standby}))
         #: the host's clock from that sample ({"offset", "rtt"}, as ``clock``); None until the
         #: first answer was read, or if the session never ran (its first line was not one)
         self.first_clock: Optional[dict[str, float]] = None
@@ -144,7 +144,7 @@ class HostSession:
     def end(self, wait: float = defaults.SESSION_END_WAIT) -> None:
         """End the session, and unless its node started, wait (up to ``wait`` s) until the
         host has: a launch session's torchrun that began importing torch early is gone
-        then, and what it made removed (``remote/prewarm.py``)."""
+        then, and what it made removed (``remote/first_standby.py``)."""
         if self.closed:
             return
         if self.started:

@@ -76,7 +76,7 @@ def closure(entry: str) -> tuple[str, ...]:
 
 
 def entry_module(name: str) -> str:
-    """``"session"`` -> ``"sshddp.remote.session"``."""
+    """``"host_session"`` -> ``"sshddp.remote.host_session"``."""
     return name if name.startswith(PACKAGE + ".") else f"{PACKAGE}.{name}"
 
 

@@ -338,7 +338,7 @@ class StopAnswer(ExitRecord, total=False):
 
 
 class FetchHeader(TypedDict, total=False):
-    """What ``fetch`` (remote/fetch.py) sends first: what follows, or why nothing does."""
+    """What ``fetch`` (remote/host_fetch.py) sends first: what follows, or why nothing does."""
 
     ok: bool
     error: str  #: nothing follows, and why

@@ -5,7 +5,7 @@ rendezvous port, proving it free, so the other hosts can make a real TCP connect
 rendezvous endpoint; and, when the port is picked here (``"auto"``: the first pair P, P+1
 free from ``auto_from`` up), P+1 reserved for the supervisors until the node starts, so a
 second run probing meanwhile never picks the same pair. The host's session
-(``session.py``) answers with these facts first, for doctor and for a launch alike.
+(``host_session.py``) answers with these facts first, for doctor and for a launch alike.
 
 What the ranks would meet is looked at in the environment they will get: the login
 environment with ``env`` (the inventory's and ``--env``) applied. The deep probe's torch
@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from sshddp.remote import imports, network
+from sshddp.remote import host_imports, network
 from sshddp.remote.common import home_path, listdir, temp_dir, try_lock, which
 from sshddp.remote.workdir import inspect
 
@@ -380,7 +380,7 @@ def probe(args: dict[str, Any]) -> tuple[Facts, Holds]:
         facts["net"] = network.facts(str(args["route_to"]))
     if args.get("imports"):
         ask = args["imports"]
-        facts["imports"] = imports.find(list(ask["names"]), ask.get("path0"), env)
+        facts["imports"] = host_imports.find(list(ask["names"]), ask.get("path0"), env)
     facts["nvidia_smi"] = _nvidia_smi() if args.get("deep") or args.get("gpu_uuids") else None
     facts["gpu_dev_count"] = _count_gpu_devices()
     _script_facts(args, facts)

@@ -82,7 +82,7 @@ def _register_dumps() -> None:
     signum = getattr(signal, "SIGRTMIN", None)
     rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # a node's run directory, staged; or a launch's first torchrun standby, which starts in
-    # its run directory before the stage (sshddp.remote.prewarm)
+    # its run directory before the stage (sshddp.remote.first_standby)
     staged = os.path.isfile(os.path.join(rundir, "spec.json"))
     if signum is None or not (staged or os.environ.get(STANDBY_VAR)):
         return

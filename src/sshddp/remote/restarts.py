@@ -25,9 +25,9 @@ import time
 from typing import Collection, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.attempts import summary
 from sshddp.remote.common import atomic_write_json, listdir, unlink
 from sshddp.remote.contract import AttemptRecord, ExitRecord, SpecRecord
+from sshddp.remote.host_attempts import summary
 from sshddp.remote.output import NodeOutput
 
 WAIT_TICK = 0.05  #: seconds between looks while a node waits for node 0's word

@@ -1,5 +1,5 @@
 """The launch session's wire: the lines the coordinator (``hosts/session.py``) and a host's
-launch session (``session.py``) send each other, one JSON object a line, each tagged by
+launch session (``host_session.py``) send each other, one JSON object a line, each tagged by
 ``kind``. Both ends build and read them here only.
 
 Coordinator to session (``Order``), on the session's stdin after its header:
@@ -14,7 +14,7 @@ Session to coordinator (``Reply``), on its stdout:
   ``released``  the probe's listeners are closed (the rendezvous port is free)
   ``staged``    stage()'s answer; ``started``: start()'s (their ``answer``: boot.py's
                 ``Answer``, {"ok", "rundir", ...})
-After ``started`` the stream is the node's raw log (follow.py), no longer this wire.
+After ``started`` the stream is the node's raw log (host_follow.py), no longer this wire.
 
 A line that is not one of these, or lacks a field, or has one of the wrong type, decodes to
 None: neither end acts on a guess. Standard library only, Python 3.8.

@@ -8,7 +8,7 @@ While an attempt runs and another may follow, the supervisor keeps one agent shi
 standby runs torchrun at once, as the attempt's torchrun.
 
 A launch starts the first attempt's standby the same way, from the session's
-supervisor-to-be, while the preflight runs (``prewarm.py``). The go also carries torchrun's
+supervisor-to-be, while the preflight runs (``first_standby.py``). The go also carries torchrun's
 command line and working directory: the standby started before the port was picked
 (``--port auto``) and before its working directory was staged. A standby started with an
 environment other than the attempt's (``fits``) is not used: what torch read as it was

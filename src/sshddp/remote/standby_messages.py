@@ -3,7 +3,7 @@ JSON document tagged by ``kind``. Both ends build and read them here only.
 
 The vocabulary: a *standby* is a torchrun started before its attempt, torch imported,
 waiting for its ``go`` (``standby.Standby``; the agent shim's standby mode, ``agent.py``).
-A launch session starts the first attempt's standby before its probe (``prewarm.py``) from
+A launch session starts the first attempt's standby before its probe (``first_standby.py``) from
 the *standby args* the coordinator sends in the session's header (``StandbyArgs``, built by
 ``run/boot.py``'s ``standby_args`` alone); the process it forks to hold that standby is the
 node's supervisor-to-be. ``state.json`` and ``attempts.json`` say ``"standby": true`` for an

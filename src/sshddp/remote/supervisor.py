@@ -42,6 +42,7 @@ from sshddp.remote.common import (
     start_time,
 )
 from sshddp.remote.contract import Escaped, ExitRecord, Secrets, SpecRecord
+from sshddp.remote.host_watchdog import Watchdog, nccl_env
 from sshddp.remote.joined import node_world
 from sshddp.remote.node_events import (
     EXITED,
@@ -69,7 +70,6 @@ from sshddp.remote.peer_messages import fail, halted
 from sshddp.remote.peers import Peers, peers_for
 from sshddp.remote.restarts import WAIT_TICK, Restarts, stop_reason
 from sshddp.remote.standby import Spare, Standby
-from sshddp.remote.watchdog import Watchdog, nccl_env
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
 POLL_WAIT = 0.02  # the loop's sleep where no wakeup pipe could be set up (not the main thread)

@@ -107,7 +107,7 @@ def _packed_host_code() -> bytes:
 def standby_args(plan: LaunchPlan, node: NodePlan) -> Optional[StandbyArgs]:
     """The standby args of a torchrun node: what its launch session needs to start the
     first attempt's standby at once, importing torch while the preflight runs
-    (``remote/prewarm.py``); None for a node without torchrun. The same values as the
+    (``remote/first_standby.py``); None for a node without torchrun. The same values as the
     boot args (``Boot._boot_args``)."""
     spec = plan.spec(node)
     if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:

@@ -1,5 +1,5 @@
 """What a run's watchdogs recorded when it hung, read back from every node at once
-(``remote/hang.py``): for the launch's report and for ``sshddp stacks`` of a run that ended
+(``remote/host_hang.py``): for the launch's report and for ``sshddp stacks`` of a run that ended
 hung. The report itself is pure (``model.hang``)."""
 
 from __future__ import annotations

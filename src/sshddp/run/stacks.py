@@ -1,7 +1,7 @@
 """``sshddp stacks``: every rank's stacks from every host of a run, at once, without
 stopping it; then the full dumps saved under the run's local log directory.
 
-Each host runs ``remote/stacks.py`` over its connection, in parallel through the host pool;
+Each host runs ``remote/host_stacks.py`` over its connection, in parallel through the host pool;
 what it does on the host (which process is which rank, the dump signal, py-spy) is told
 there. Grouping and rendering are pure (``model.stacks``).
 """

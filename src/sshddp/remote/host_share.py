@@ -3,7 +3,7 @@ file handed to the nodes that lack it, between staging and the start.
 
 ``look`` answers in the stage answer: the working directory's top-level files (names and
 sizes, sorted, at most ``cap``) and each shared path's size and SHA-256. Then, only where a
-node lacks node 0's version, the launch session (``session.py``) takes these orders:
+node lacks node 0's version, the launch session (``host_session.py``) takes these orders:
 
     {"ask": "serve", "cwd", "paths", "port", "addr", "run", "key", "timeout"}  node 0: listen on the
         rendezvous port (proven reachable by the preflight, free until torchrun starts)

@@ -31,9 +31,9 @@ import time
 from typing import IO, Any, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.attempts import read_summary
 from sshddp.remote.common import emit, frozen, pid_alive, read_json, same_process
 from sshddp.remote.contract import ExitRecord
+from sshddp.remote.host_attempts import read_summary
 from sshddp.remote.joined import node_watch
 
 CHUNK = 1 << 20

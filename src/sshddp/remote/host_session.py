@@ -3,20 +3,20 @@ interpreter: the preflight probe, a wait for the coordinator's go, staging the c
 for the start, then following the node's log.
 
 args: {"probe": probe args, or None to skip the preflight; "standby": for a torchrun node of
-a launch, the standby's args (``standby_messages.StandbyArgs``: prewarm.py starts it at once)}
+a launch, the standby's args (``standby_messages.StandbyArgs``: first_standby.py starts it at once)}
 The lines both ways are ``session_messages``'s, which says what each carries and when. On
 stdin after the header: any number of ``ask`` (each answered at once), then a ``go`` (then
-the packed files boot args "packed" counts, boot.py, and the code bytes), then, after any
-more questions (--share's, share.py), a ``start``. Anything else, or EOF, ends it there, and
+the packed files boot args "packed" counts, host_boot.py, and the code bytes), then, after any
+more questions (--share's, host_share.py), a ``start``. Anything else, or EOF, ends it there, and
 a node staged but not started is removed. After the start stdin stays open: its EOF means
 the coordinator went away, and the follower ends (the run goes on; with boot args "bound",
 over srun, the node stops first: see bound.py).
 On stdout: ``clock`` as soon as the session runs (the coordinator's first clock sample),
 ``facts`` (if asked), an ``answer`` per question, ``released`` after the go, once the
 probe's listeners are closed (the rendezvous port is free for torchrun), ``staged`` (with
-boot args "look", what the ranks' working directory holds: share.py), ``started``; then, if
+boot args "look", what the ranks' working directory holds: host_share.py), ``started``; then, if
 the node started, the raw bytes of node.log and, at the end, the node's status record on
-stderr, as follow.py sends them. A port the probe reserved for the supervisors (a picked
+stderr, as host_follow.py sends them. A port the probe reserved for the supervisors (a picked
 pair's P+1) stays reserved until just before the supervisor starts.
 """
 
@@ -31,7 +31,7 @@ from sshddp.remote import session_messages as wire
 from sshddp.remote.probe import Holds, connect, probe
 
 if TYPE_CHECKING:
-    from sshddp.remote.prewarm import FirstStandby
+    from sshddp.remote.first_standby import FirstStandby
 
 
 def _order() -> Optional[wire.Order]:
@@ -58,7 +58,7 @@ def main(args: dict[str, Any]) -> None:
     _say(wire.clock(time.time()))
     first = None
     if args.get("standby"):  # before the probe: torch imports while the preflight runs
-        from sshddp.remote.prewarm import FirstStandby
+        from sshddp.remote.first_standby import FirstStandby
 
         first = FirstStandby.begin(args["standby"])
     try:
@@ -88,10 +88,10 @@ def _session(args: dict[str, Any], first: Optional[FirstStandby]) -> None:
 
 def _boot(boot_args: dict[str, Any], holds: Holds, first: Optional[FirstStandby]) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
-    from sshddp.remote import boot, bound, follow
+    from sshddp.remote import bound, host_boot, host_follow
 
-    boot_args = boot.unpack_files(boot_args, sys.stdin.buffer)
-    staged = boot.stage(boot_args, sys.stdin.buffer, first.rundir if first else "")
+    boot_args = host_boot.unpack_files(boot_args, sys.stdin.buffer)
+    staged = host_boot.stage(boot_args, sys.stdin.buffer, first.rundir if first else "")
     if not staged.get("ok"):
         _say(wire.staged(staged))
         return
@@ -103,7 +103,7 @@ def _boot(boot_args: dict[str, Any], holds: Holds, first: Optional[FirstStandby]
     if answer.get("ok") and state.get("state") == contract.RUNNING:
         if boot_args.get("bound"):
             bound.hold_signals()
-        follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
+        host_follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
         if boot_args.get("bound"):
             bound.end_with_session(answer["rundir"], state)
 
@@ -115,15 +115,17 @@ def _start(
     answer. Until then this session owns the node: whatever ends it first (no start, the
     channel's EOF or a broken pipe as the coordinator dies, an error) removes what it
     staged, and None."""
-    from sshddp.remote import boot, share
+    from sshddp.remote import host_boot, host_share
 
     rundir = staged["rundir"]
     started = False
     try:
         if boot_args.get("look"):  # the files --share and its warning compare
-            staged["look"] = share.look(boot_args["look"])
+            staged["look"] = host_share.look(boot_args["look"])
         _say(wire.staged(staged))
-        with share.Shares() as shares:  # --share: node 0's files to the others, before the start
+        with (
+            host_share.Shares()
+        ) as shares:  # --share: node 0's files to the others, before the start
             order = _order()
             while order is not None and order["kind"] == "ask":
                 question = {**order["args"], "ask": order["ask"]}
@@ -133,7 +135,7 @@ def _start(
         if order is None or order["kind"] != "start" or not order["start"]:
             return None
         started = True
-        return boot.start(boot_args, rundir, first.hand_over if first else None)
+        return host_boot.start(boot_args, rundir, first.hand_over if first else None)
     finally:
         if not started:
-            boot.discard(rundir)
+            host_boot.discard(rundir)

@@ -30,8 +30,8 @@ from typing import Any, Iterator, NamedTuple, Optional, Tuple
 from sshddp.remote import contract
 from sshddp.remote.common import emit, listdir, pid_alive, read_json, run_pids, start_time
 from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
-from sshddp.remote.follow import node_status
 from sshddp.remote.frames import cwd_of, note, python_frame
+from sshddp.remote.host_follow import node_status
 from sshddp.remote.stop import torchrun_group
 
 DUMP_TIMEOUT = 2.0  #: seconds the signalled processes have to write their dumps

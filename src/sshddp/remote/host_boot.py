@@ -1,6 +1,6 @@
 """Stage one node's run directory, then fork its supervisor, detached from SSH.
 
-The launch session (``session.py``) runs ``stage`` after the go and ``start`` once every node
+The launch session (``host_session.py``) runs ``stage`` after the go and ``start`` once every node
 has staged; ``discard`` removes a node that staged but will not start.
 
 args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"tar"|"none",
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from sshddp.remote.standby import Standby
 
 Answer = Dict[str, Any]
-#: a first standby's ``hand_over`` (prewarm.py): its supervisor-to-be becomes the supervisor
+#: a first standby's ``hand_over`` (first_standby.py): its supervisor-to-be becomes the supervisor
 HandOver = Callable[[Optional[int], Secrets], bool]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
 CHUNK = 1 << 20  # the code is read, hashed and stored in chunks of this size
@@ -146,7 +146,7 @@ def _hold_staging(rundir: str) -> None:
     _STAGING.append(fd)
 
 
-#: seconds: a first standby's run directory is made just before staging locks it (prewarm.py)
+#: seconds: a first standby's run directory is made just before staging locks it (first_standby.py)
 ABANDONED_AFTER = 60.0
 
 
@@ -199,7 +199,7 @@ def _start_supervisor(
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
-    With a first standby (``hand_over``, prewarm.py) its supervisor-to-be, forked earlier,
+    With a first standby (``hand_over``, first_standby.py) its supervisor-to-be, forked earlier,
     becomes it instead.
     Its code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``). This
     process carries the run id in its environment, so the supervisor's /proc shows it too."""
@@ -336,7 +336,7 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: boo
     if remote and not os.path.isfile(home_path(remote)):
         raise BootError(f"the script {remote} does not exist on this host")
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
-    if not made:  # (else the first standby runs them already: prewarm.py)
+    if not made:  # (else the first standby runs them already: first_standby.py)
         put_torchrun_shims(rundir, args)
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
 

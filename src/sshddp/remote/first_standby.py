@@ -80,7 +80,7 @@ class FirstStandby:
             rundir = make_rundir(rundir)  # its real path, the only one used from here on
         except (Unsafe, OSError):
             return None
-        from sshddp.remote.boot import put_torchrun_shims
+        from sshddp.remote.host_boot import put_torchrun_shims
 
         try:
             put_torchrun_shims(rundir, args)
@@ -147,7 +147,7 @@ def _wait(rundir: str, made: list[str], args: StandbyArgs, pipe: int, slot: int)
         os.close(slot)  # the preflight is over: the core is torchrun's now
         if order is not None:
             log = os.open(os.path.join(rundir, contract.SUPERVISOR_LOG), SUPERVISOR_LOG_FLAGS)
-            from sshddp.remote.boot import supervise
+            from sshddp.remote.host_boot import supervise
 
             supervise(rundir, log, order["parent"], standby, order["secrets"])  # never returns
         if standby is not None:
@@ -195,7 +195,7 @@ def _read_line(pipe: int) -> bytes:
 def _remove(rundir: str, made: list[str]) -> None:
     """Remove the run directory, and the directories above it that it was made with, each
     if empty (another run may use them by now)."""
-    from sshddp.remote.boot import discard
+    from sshddp.remote.host_boot import discard
 
     discard(rundir)
     for directory in reversed(made):

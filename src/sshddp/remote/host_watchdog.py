@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from sshddp.remote import contract, flight
+from sshddp.remote import contract, host_flight
 from sshddp.remote.common import atomic_write_json
 from sshddp.remote.contract import HangRecord, NodeStacks, NodeWatch, SpecRecord, WatchSpec
 from sshddp.remote.joined import node_watch
@@ -52,9 +52,9 @@ def has_gpu(devices: Sequence[str] = GPU_DEVICES) -> bool:
 
 
 def nccl_env(rundir: str, env: dict[str, str], gpu: Optional[bool] = None) -> dict[str, str]:
-    """The NCCL flight recorder's settings (``flight.settings``), armed unless the user set
+    """The NCCL flight recorder's settings (``host_flight.settings``), armed unless the user set
     them: it keeps the last collectives of every rank, dumps them into RUNDIR/nccl/trace_<rank>
-    when a collective times out, and when the watchdog asks (``flight.request``). Only on a
+    when a collective times out, and when the watchdog asks (``host_flight.request``). Only on a
     host with a GPU (``gpu``, else ``has_gpu()``): torch 2.13's gloo records into it too,
     every collective with its Python stack, and a CPU run (gloo only) has no NCCL dump to
     gain from that."""
@@ -64,7 +64,7 @@ def nccl_env(rundir: str, env: dict[str, str], gpu: Optional[bool] = None) -> di
         os.makedirs(os.path.join(rundir, contract.NCCL), 0o700, exist_ok=True)
     except OSError:  # no room: there will be no dumps
         pass
-    return flight.settings(rundir, env)
+    return host_flight.settings(rundir, env)
 
 
 def ranks_of(nprocs: Sequence[int], node: int) -> list[int]:
@@ -236,10 +236,10 @@ class Watchdog:
             self.inbox.post(StacksTaken(kind, reason, action))
 
     def _record(self, kind: str, reason: str, action: str) -> HangRecord:
-        from sshddp.remote.stacks import collect  # only a hung run pays for it
+        from sshddp.remote.host_stacks import collect  # only a hung run pays for it
 
         asked_at = time.time()
-        asked = flight.request(self.rundir)  # the ranks dump while their stacks are read
+        asked = host_flight.request(self.rundir)  # the ranks dump while their stacks are read
         stacks: NodeStacks
         try:
             stacks = collect(self.rundir)
@@ -253,7 +253,7 @@ class Watchdog:
                 "note": f"no stacks: {type(exc).__name__}: {exc}",
                 "elapsed": 0.0,
             }
-        dumped = flight.gather(self.rundir, asked, asked_at)
+        dumped = host_flight.gather(self.rundir, asked, asked_at)
         got = {d["rank"] for d in dumped}
         return {
             "schema": contract.SCHEMA,
@@ -266,5 +266,5 @@ class Watchdog:
             "stacks": stacks,
             "flight": dumped,
             "flight_late": [r for r in asked if r not in got],
-            "nccl": flight.dumps(self.rundir),
+            "nccl": host_flight.dumps(self.rundir),
         }
