@@ -7,7 +7,6 @@ added later without a row here fails ``test_every_numeric_option_has_a_row``.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import click
@@ -56,8 +55,7 @@ INVENTORY = "hosts:\n  - {host: gpu-a, gpus: 2}\n"
 
 def _numeric_options() -> set[tuple[str, str]]:
     found = set()
-    for name, (module, attr) in COMMANDS.items():
-        command = getattr(importlib.import_module(module), attr)
+    for name, command in COMMANDS.items():
         for param in command.params:
             kind = param.type
             numeric = isinstance(kind, (click.types.IntParamType, click.types.FloatParamType))
