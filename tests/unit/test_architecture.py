@@ -162,3 +162,14 @@ def test_a_call_ships_exactly_the_host_side_modules_its_entry_imports() -> None:
     stop = shipped.closure("sshddp.remote.stop")
     assert "sshddp.remote.stop" in stop and "sshddp.remote.common" in stop
     assert "sshddp.remote.supervisor" not in stop and "sshddp.remote.probe" not in stop
+
+
+def test_a_host_module_is_named_for_the_side_it_runs_on() -> None:
+    """A traceback's file name says which side of the wire it ran on: no module of the
+    host-side package shares its file name with a module of the coordinator."""
+    host = {p.name for p in (PACKAGE / "remote").glob("*.py")} - {"__init__.py"}
+    coordinator = {
+        p.name for p in PACKAGE.rglob("*.py") if "remote" not in p.relative_to(PACKAGE).parts
+    }
+    assert host, "the host-side package has modules"
+    assert not host & coordinator, f"named on both sides: {sorted(host & coordinator)}"
