@@ -54,6 +54,19 @@ class HostResults(dict[int, Outcome[R]]):
     def failed(self) -> dict[int, BaseException]:
         return {i: o.error for i, o in self.items() if o.error is not None}
 
+    def in_order(self, hosts: Iterable[Host], failed: Callable[[Host, str], R]) -> list[R]:
+        """Each host's value, in the order given; ``failed(host, why)`` for a host whose
+        task raised (or returned nothing)."""
+        results = []
+        for host in hosts:
+            outcome = self[host.index]
+            if outcome.value is not None:
+                results.append(outcome.value)
+            else:
+                why = getattr(outcome.error, "message", None) or f"{outcome.error}"
+                results.append(failed(host, why))
+        return results
+
 
 def open_transport(host: Host, options: SshOptions) -> Transport:
     """The transport for one inventory host (local for ``localhost``, job steps for

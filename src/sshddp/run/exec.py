@@ -50,15 +50,9 @@ def run_everywhere(
             return _run(pool, host, command, timeout, on_line, start)
 
         outcomes = pool.map(one, inventory.hosts)
-    results = []
-    for host in inventory.hosts:
-        outcome = outcomes[host.index]
-        if outcome.value is not None:
-            results.append(outcome.value)
-        else:
-            error = getattr(outcome.error, "message", None) or f"{outcome.error}"
-            results.append(HostExec(host.index, host.host, ExecStatus.UNREACHABLE, error=error))
-    return results
+    return outcomes.in_order(
+        inventory.hosts, lambda h, why: HostExec(h.index, h.host, ExecStatus.UNREACHABLE, error=why)
+    )
 
 
 def _run(

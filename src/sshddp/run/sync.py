@@ -87,15 +87,9 @@ def sync_hosts(
             return model.outcome(host.index, host.host, answer, time.monotonic() - start)
 
         outcomes = pool.map(one, inventory.hosts)
-    results = []
-    for host in inventory.hosts:
-        outcome = outcomes[host.index]
-        if outcome.value is not None:
-            results.append(outcome.value)
-        else:
-            error = getattr(outcome.error, "message", None) or f"{outcome.error}"
-            results.append(HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=error))
-    return results
+    return outcomes.in_order(
+        inventory.hosts, lambda h, why: HostSync(h.index, h.host, SyncStatus.UNREACHABLE, error=why)
+    )
 
 
 def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str, Any]:
