@@ -8,10 +8,13 @@ the run runs detached, then after it was stopped.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import sshddp, wait_until, write_inventory
+from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -69,6 +72,7 @@ def test_top_names_the_slow_rank_of_a_detached_run(
         narrow = top_json(ssh_env, tmp_path, "pac", "--node", "2", "--ranks", "5")
         assert [r["rank"] for r in narrow["ranks"]] == [5]
         assert [n["host"] for n in narrow["nodes"]] == ["h3"]
+        _live_view_redraws(ssh_env, tmp_path)
     finally:
         stop = sshddp(ssh_env, tmp_path, "stop", "pac")
     assert stop.returncode == 0, stop.stderr
@@ -81,3 +85,31 @@ def test_top_names_the_slow_rank_of_a_detached_run(
         assert "run pac is not running (node 0 (h1) stopped, node 1 (h2) stopped" in ended.stderr
         assert "`sshddp logs pac` shows its output" in ended.stderr
         assert "Traceback" not in ended.stderr
+
+
+def _live_view_redraws(cluster: SshdCluster, cwd: Path) -> None:
+    """`top` without --once redraws the whole table in place (cursor home, clear) until
+    Ctrl-C, which ends it with the interrupted exit status and no traceback."""
+    live = subprocess.Popen(
+        [*SSHDDP, "top", "pac"],
+        cwd=cwd,
+        env=cli_env(cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out = ""
+    try:
+        deadline = time.monotonic() + 60
+        while out.count("\x1b[H\x1b[J") < 3 and time.monotonic() < deadline:
+            assert live.stdout is not None
+            out += live.stdout.read(1)  # three redraws seen, then stop reading
+    finally:
+        live.send_signal(signal.SIGINT)
+        rest, err = live.communicate(timeout=60)
+    assert out.count("\x1b[H\x1b[J") >= 3, out
+    frames = (out + rest).split("\x1b[H\x1b[J")[1:]
+    assert all(f.startswith("sshddp top pac ") for f in frames if f), frames
+    assert any("SLOW" in f for f in frames), frames
+    assert live.returncode == 130, err
+    assert "Traceback" not in err, err

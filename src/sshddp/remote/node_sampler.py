@@ -49,10 +49,11 @@ class Sampler(threading.Thread):
         self.scanned = 0.0
         self.cpu: CpuTimes = {}
         self.output = Output(os.path.join(rundir, contract.INDEX))
-        self.gpus = gpu_reader()
+        self.gpus: tuple[str, Callable[[], list[GpuSample]]] = ("", list)
         self.lines = 0
 
     def run(self) -> None:
+        self.gpus = gpu_reader()  # here, not in the supervisor's start: NVML's init takes time
         while True:
             try:
                 self.write(self.sample(time.time()))
