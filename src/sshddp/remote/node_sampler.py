@@ -95,7 +95,9 @@ class Sampler(threading.Thread):
         if self.lines >= KEEP:
             os.replace(path, os.path.join(self.rundir, contract.SAMPLES_OLD))
             self.lines = 0
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        if self.lines == 0:  # made new, as every file of the run directory is
+            flags |= os.O_CREAT | os.O_EXCL
         fd = os.open(path, flags, 0o600)
         try:  # one write per line: a reader never sees half of one
             os.write(fd, (json.dumps(record) + "\n").encode())
