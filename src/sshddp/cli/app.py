@@ -28,6 +28,7 @@ from sshddp.cli.smoke import smoke
 from sshddp.cli.stacks import stacks
 from sshddp.cli.sync import sync
 from sshddp.cli.terminal import Terminal
+from sshddp.cli.top import top
 from sshddp.errors import ExitCode, SshddpError
 from sshddp.model.escape import visible
 
@@ -44,6 +45,7 @@ COMMANDS: dict[str, click.Command] = {
     "stacks": stacks,
     "stop": stop,
     "sync": sync,
+    "top": top,
 }
 
 

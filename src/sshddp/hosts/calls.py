@@ -20,6 +20,7 @@ from sshddp.remote.contract import (
     HangRecord,
     NodeStacks,
     StopAnswer,
+    TopRecord,
 )
 
 GONE_REASON = "its run directory is not on the host (retention removed it, or it was never made)"
@@ -40,6 +41,12 @@ def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float)
     answer: NodeStacks = shipped.call(
         transport, "host_stacks", {"rundir": rundir, "native": native, "timeout": timeout}
     )
+    return answer
+
+
+def node_top(transport: Transport, rundir: str, tail: int) -> TopRecord:
+    """The node's latest sample and its ranks' last output (``remote/node_top.py``)."""
+    answer: TopRecord = shipped.call(transport, "node_top", {"rundir": rundir, "tail": tail})
     return answer
 
 

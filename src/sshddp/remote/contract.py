@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 6  #: 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
+SCHEMA = 7  #: 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
+# 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
 # state.json and attempts.json `standby` (was `warm`); agent's standby_messages.py
 # 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
 # no env.json or peers.key (Secrets, in memory); spec.json's paths resolved
@@ -57,6 +58,8 @@ JOINED = "joined"
 HANG = "hang.json"  #: what the node's watchdog saw when the run hung (HangRecord)
 FLIGHT_WAIT = 12.0  #: seconds the ranks have to dump their flight recorder once asked (flight)
 NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA hosts
+SAMPLES = "samples.jsonl"  #: one SampleRecord a second (node_sampler), the latest last
+SAMPLES_OLD = "samples.1.jsonl"  #: the samples before those, once samples.jsonl was full
 ATTEMPTS = "attempts.json"  #: where each attempt of the node starts in node.log (AttemptsRecord)
 
 # Environment variables every process of a node carries.
@@ -411,3 +414,51 @@ class NodeStacks(TypedDict):
     py_spy: Optional[str]  #: with native: the py-spy used, "" when missing; None otherwise
     note: str  #: what the user should know (py-spy missing, and where it was looked for)
     elapsed: float  #: seconds the host took
+
+
+class RankSample(TypedDict):
+    """One rank of a node at one sample: its process and the workers it started."""
+
+    rank: int  #: the global rank
+    local_rank: Optional[int]
+    pid: int  #: the rank's own process
+    cpu: Optional[float]  #: % of one core since the last sample, workers included; None at first
+    rss: int  #: resident bytes, workers included
+    out_bytes: int  #: bytes of output the rank wrote so far (node.idx)
+    last_output: Optional[float]  #: when the sampler first saw its latest output (epoch s)
+
+
+class GpuSample(TypedDict):
+    """One GPU of the node at one sample; None where the driver did not say."""
+
+    index: int
+    name: str
+    util: Optional[float]  #: % of the last sample period a kernel ran
+    mem_used: Optional[int]  #: bytes
+    mem_total: Optional[int]  #: bytes
+    power: Optional[float]  #: watts
+    temp: Optional[float]  #: degrees Celsius
+
+
+class SampleRecord(TypedDict):
+    """One line of samples.jsonl: what the node's processes and GPUs did at ``at``."""
+
+    schema: int
+    at: float  #: epoch seconds
+    node_rank: int
+    cpu: Optional[float]  #: every process of the node's run together, % of one core
+    rss: int  #: every process of the node's run together, bytes
+    ranks: list[RankSample]
+    gpus: list[GpuSample]  #: [] on a host without GPUs (or none readable)
+    gpu_source: str  #: "nvml", "nvidia-smi", or "" when none
+
+
+class TopRecord(TypedDict):
+    """What the ``top`` call answers for one node."""
+
+    schema: int
+    node_rank: int
+    state: str  #: the node's state (RUNNING, or how it ended)
+    sample: Optional[SampleRecord]  #: the latest sample, None before the first
+    tails: dict[str, str]  #: local rank -> the last bytes of its output (bars included)
+    now: float  #: the host's clock when it answered (ages are counted from it)

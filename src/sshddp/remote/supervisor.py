@@ -65,6 +65,7 @@ from sshddp.remote.node_events import (
     word_to_node_0,
 )
 from sshddp.remote.node_inbox import Inbox
+from sshddp.remote.node_sampler import Sampler
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peer_messages import fail, halted
 from sshddp.remote.peers import Peers, peers_for
@@ -120,6 +121,7 @@ class Supervisor:
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
         self.env = node_env(self.rundir, self.spec, self.env)
+        Sampler(self.rundir, self.spec).start()
         failed = self.spawn()
         if failed:
             self.finish(contract.FAILED, None, failed)

@@ -1,0 +1,229 @@
+"""``sshddp top``'s view of a run: a row per node and per rank, from each node's latest
+sample (``remote/node_sampler.py``) and the step rate its ranks' progress bars show, with
+the slow one named.
+
+Pure. A rank is slow when its steps per second fall below SLOW_BELOW times the median of
+the run's ranks; a GPU is idle when its utilisation falls below SLOW_BELOW times the median
+of the run's GPUs while that median is at least BUSY (the others work).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sshddp.model.bars import last_state
+from sshddp.remote.contract import GpuSample, SampleRecord
+
+SLOW_BELOW = 0.5
+BUSY = 20.0  #: % utilisation: a median below this means no GPU works, so none is idle
+_ANSI = re.compile(rb"\x1b\[[0-9;:?]*[A-Za-z]")
+_PER_SECOND = re.compile(rb"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:it|its|steps?|batch(?:es)?)/s\b")
+_SECONDS_PER = re.compile(rb"(?<![\w.])(\d+(?:\.\d+)?)\s?s/(?:it|step|batch)\b")
+_LINES = 4  #: lines of a rank's tail looked at for a bar, from the last
+
+
+def step_rate(tail: bytes) -> Optional[float]:
+    """Steps per second from the latest progress bar in ``tail`` (tqdm's ``9.80it/s`` or
+    ``2.51s/it``, as tqdm, Lightning's bars and rich draw them); None when none shows one."""
+    for line in reversed(tail.split(b"\n")[-_LINES:]):
+        state = _ANSI.sub(b"", last_state(line))
+        fast = list(_PER_SECOND.finditer(state))
+        slow = list(_SECONDS_PER.finditer(state))
+        last = max(fast + slow, key=lambda m: m.start(), default=None)
+        if last is None:
+            continue
+        value = float(last.group(1))
+        if last in slow:
+            return 1.0 / value if value > 0 else None
+        return value
+    return None
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank of the run at the snapshot."""
+
+    rank: int
+    host: str
+    node_rank: int
+    pid: int
+    cpu: Optional[float]  #: % of one core
+    rss: int  #: bytes
+    steps_per_s: Optional[float]
+    quiet: Optional[float]  #: seconds since its last output
+    gpu: Optional[GpuSample]  #: the GPU it uses (local rank's), when the node has GPUs
+    slow: bool = False
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One node of the run at the snapshot."""
+
+    node_rank: int
+    host: str
+    state: str
+    sample: Optional[SampleRecord]
+    idle_gpus: tuple[int, ...] = ()  #: its GPUs whose utilisation lags the run's others
+    error: str = ""  #: why it has no answer
+
+
+def rank_rows(node: NodeRow, tails: dict[str, str], now: float) -> list[RankRow]:
+    """The node's ranks from its sample, each with its step rate and quiet time."""
+    if node.sample is None:
+        return []
+    gpus = node.sample["gpus"]
+    rows = []
+    for r in node.sample["ranks"]:
+        local = r["local_rank"]
+        tail = tails.get(str(local), "").encode("utf-8", "replace")
+        seen = r["last_output"]
+        gpu = gpus[local % len(gpus)] if gpus and local is not None else None
+        rows.append(
+            RankRow(
+                r["rank"],
+                node.host,
+                node.node_rank,
+                r["pid"],
+                r["cpu"],
+                r["rss"],
+                step_rate(tail),
+                round(now - seen, 1) if seen else None,
+                gpu,
+            )
+        )
+    return rows
+
+
+def median_rate(rows: list[RankRow]) -> Optional[float]:
+    rates = [r.steps_per_s for r in rows if r.steps_per_s is not None]
+    return statistics.median(rates) if len(rates) >= 2 else None
+
+
+def flag_slow(rows: list[RankRow]) -> list[RankRow]:
+    """``rows`` with ``slow`` set on each rank well below the median step rate."""
+    median = median_rate(rows)
+    if median is None or median <= 0:
+        return rows
+    return [
+        RankRow(
+            **{
+                **r.__dict__,
+                "slow": r.steps_per_s is not None and r.steps_per_s < SLOW_BELOW * median,
+            }
+        )
+        for r in rows
+    ]
+
+
+def idle_gpus(nodes: list[NodeRow]) -> list[NodeRow]:
+    """``nodes`` with ``idle_gpus`` set: GPUs well below the run's median utilisation."""
+    utils = [
+        g["util"] for n in nodes if n.sample for g in n.sample["gpus"] if g["util"] is not None
+    ]
+    median = statistics.median(utils) if len(utils) >= 2 else None
+    if median is None or median < BUSY:
+        return nodes
+    out = []
+    for n in nodes:
+        gpus = n.sample["gpus"] if n.sample else []
+        lagging = tuple(
+            g["index"] for g in gpus if g["util"] is not None and g["util"] < SLOW_BELOW * median
+        )
+        out.append(NodeRow(n.node_rank, n.host, n.state, n.sample, lagging, n.error))
+    return out
+
+
+def summary(rows: list[RankRow]) -> str:
+    """One line in ``stacks``' language: the slow ranks named, or that none is."""
+    median = median_rate(rows)
+    slow = [r for r in rows if r.slow]
+    if median is None:
+        return "no step rate known (no progress bar with a rate in two ranks' output or more)"
+    if not slow:
+        return f"no slow rank: median {median:.3g} it/s"
+    named = "; ".join(f"rank {r.rank} on {r.host}, {r.steps_per_s:.3g} it/s" for r in slow)
+    return f"slow: {named} against a median of {median:.3g}"
+
+
+def json_doc(run_id: str, at: float, nodes: list[NodeRow], rows: list[RankRow]) -> dict[str, Any]:
+    """The snapshot as one JSON document (null where a value is not known)."""
+    return {
+        "run_id": run_id,
+        "at": at,
+        "summary": summary(rows),
+        "ranks": [
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "node_rank": r.node_rank,
+                "pid": r.pid,
+                "cpu": r.cpu,
+                "rss": r.rss,
+                "steps_per_s": r.steps_per_s,
+                "quiet": r.quiet,
+                "slow": r.slow,
+                "gpu_util": r.gpu["util"] if r.gpu else None,
+                "gpu_mem": r.gpu["mem_used"] if r.gpu else None,
+            }
+            for r in rows
+        ],
+        "nodes": [
+            {
+                "node_rank": n.node_rank,
+                "host": n.host,
+                "state": n.state,
+                "cpu": n.sample["cpu"] if n.sample else None,
+                "rss": n.sample["rss"] if n.sample else None,
+                "gpus": n.sample["gpus"] if n.sample else [],
+                "idle_gpus": list(n.idle_gpus),
+                "error": n.error or None,
+            }
+            for n in nodes
+        ],
+    }
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _size(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return f"{n:.1f}T"
+
+
+def render(nodes: list[NodeRow], rows: list[RankRow]) -> str:
+    """The snapshot as a table: the nodes (and their GPUs), then the ranks."""
+    out = ["NODE HOST             STATE      CPU%      RSS  GPU"]
+    for n in nodes:
+        s = n.sample
+        gpus = s["gpus"] if s else []
+        what = n.error or ("no GPU" if s else "no sample yet")
+        out.append(
+            f"{n.node_rank:>4} {n.host:<16} {n.state:<9} {_num(s['cpu'] if s else None, '.0f'):>5} "
+            f"{_size(s['rss'] if s else None):>8}  {'' if gpus else what}"
+        )
+        for g in gpus:
+            flag = "  IDLE" if g["index"] in n.idle_gpus else ""
+            out.append(
+                f"{'':>5}gpu{g['index']} {g['name']:<20} {_num(g['util'], '.0f'):>4}% "
+                f"{_size(g['mem_used'])}/{_size(g['mem_total'])} {_num(g['power'], '.0f')}W "
+                f"{_num(g['temp'], '.0f')}C{flag}"
+            )
+    out.append("RANK HOST             CPU%      RSS   STEP/S  QUIET  GPU%  GPUMEM")
+    for r in rows:
+        out.append(
+            f"{r.rank:>4} {r.host:<16} {_num(r.cpu, '.0f'):>5} {_size(r.rss):>8} "
+            f"{_num(r.steps_per_s, '.3g'):>8} {_num(r.quiet, '.0f'):>5}s "
+            f"{_num(r.gpu['util'] if r.gpu else None, '.0f'):>5} "
+            f"{_size(r.gpu['mem_used'] if r.gpu else None):>7}{'  SLOW' if r.slow else ''}"
+        )
+    return "\n".join(out)
