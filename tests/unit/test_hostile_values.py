@@ -305,7 +305,8 @@ def supervisor_exec(rundir: str, secrets: Secrets) -> tuple[list[str], dict[str,
     supervisor = Supervisor(rundir, secrets=secrets)
     with saved_process_state(), mock.patch("subprocess.Popen", popen):
         assert supervisor.start()
-    assert supervisor.output is not None
+    assert supervisor.output is not None and supervisor.sampler is not None
+    supervisor.sampler.stop()  # (the node never ends here: its samples stop with the test)
     supervisor.output.close()
     return started["argv"], started["env"]
 

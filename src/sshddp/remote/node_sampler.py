@@ -37,8 +37,11 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 CpuTimes = Dict[int, Tuple[float, int]]  #: pid -> (when read, utime + stime in ticks)
 
 
+STOP_WAIT = 5.0  #: seconds a sample under way may take to finish once the node ends
+
+
 class Sampler(threading.Thread):
-    """Samples the node every EVERY seconds until the supervisor's process ends."""
+    """Samples the node every EVERY seconds until the node ends (``stop``)."""
 
     def __init__(self, rundir: str, spec: SpecRecord) -> None:
         super().__init__(name="sampler", daemon=True)
@@ -51,15 +54,22 @@ class Sampler(threading.Thread):
         self.output = Output(os.path.join(rundir, contract.INDEX))
         self.gpus: tuple[str, Callable[[], list[GpuSample]]] = ("", list)
         self.lines = 0
+        self.stopped = threading.Event()
 
     def run(self) -> None:
         self.gpus = gpu_reader()  # here, not in the supervisor's start: NVML's init takes time
-        while True:
+        while not self.stopped.is_set():
             try:
                 self.write(self.sample(time.time()))
             except Exception:  # a sample lost is nothing next to the run it would stop
                 pass
-            time.sleep(EVERY)
+            self.stopped.wait(EVERY)
+
+    def stop(self) -> None:
+        """No sample after this returns: the node has ended, its run directory is final."""
+        self.stopped.set()
+        if self.is_alive():
+            self.join(STOP_WAIT)
 
     def sample(self, now: float) -> SampleRecord:
         if now - self.scanned >= RESCAN or any(p not in self.cpu for p in self.procs):

@@ -94,6 +94,7 @@ class Supervisor:
         self.parent = parent  #: the launch session it is bound to (over srun), if any
         self.spec: SpecRecord = read_json(os.path.join(rundir, contract.SPEC))
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.sampler: Optional[Sampler] = None  #: samples.jsonl, once the node's output is set up
         self.output: Optional[NodeOutput] = None
         self.inbox = Inbox()
         self.state = initial(self.spec)
@@ -121,7 +122,8 @@ class Supervisor:
             self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
             return False
         self.env = node_env(self.rundir, self.spec, self.env)
-        Sampler(self.rundir, self.spec).start()
+        self.sampler = Sampler(self.rundir, self.spec)
+        self.sampler.start()
         failed = self.spawn()
         if failed:
             self.finish(contract.FAILED, None, failed)
@@ -297,6 +299,8 @@ class Supervisor:
         return contract.FAILED, _describe(rc, what)
 
     def finish(self, state: str, rc: Optional[int], reason: str) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
         self.spare.end()  # (a standby whose supervisor died leaves as its socket closes)
         if self.output is not None:
             self.output.unreserve()
