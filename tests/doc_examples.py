@@ -27,6 +27,7 @@ NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.*?)\s*-->\s*$")
 USES_SSHDDP = re.compile(r"(?:^|[\s;&|(])sshddp\s")
 PROMPT = "$ "
 
+
 # README.md is edited by the lead only (CONTRIBUTING): its examples that cannot run here,
 # by their first line, until the README carries the `<!-- not run: ... -->` markers itself.
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ inventory's ``env`` (which applies to the install), so each package is unpacked 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -108,10 +109,23 @@ def test_sync_builds_every_hosts_env_then_answers_ready(
         # sshddp brought its own uv (the lab hosts have none on PATH)
         assert (ssh_env.home(i) / f"w-{tmp_path.name}" / "tools").is_dir()
         assert not [p for p in envs_of(ssh_env, tmp_path, i).iterdir() if p.name != key]
+    # not a terminal: a plain line each time a host moves on, with what uv said
+    for host in ("h1", "h2"):
+        said = [line for line in first.err.splitlines() if line.startswith(f"{host}: ")]
+        assert [line.split()[1] for line in said] == [
+            "resolving",
+            "downloading",
+            "installing",
+            "done",
+        ], first.explain()
+        # uv's count: what this host's uv prepared (the other host may have cached some)
+        assert re.fullmatch(rf"{host}: installing [12] packages?", said[2]), first.explain()
+        assert said[3].endswith("MiB"), first.explain()  # the environment's size
 
     again = sync(ssh_env, inv, project)
     assert again.code == 0, again.explain()
     assert [line.split()[1] for line in again.out.splitlines()] == ["ready", "ready"]
+    assert not [line for line in again.err.splitlines() if line.startswith("h")]  # one call
     assert keys(again) == keys(first)
 
 

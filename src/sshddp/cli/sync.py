@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import click
 
 from sshddp.cli.hostlist import host_list_options, split_hosts
 from sshddp.cli.options import CONTEXT, Exit, make_ssh, ssh_options, terminal_of, trace_option
+from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.model import sync as model
+from sshddp.model.sync import Progress
 from sshddp.run.sync import load_project, sync_hosts
 
 
@@ -36,8 +39,52 @@ def sync(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     if len(rest) != 1:
         raise UsageError("expected one PROJECT: `sshddp sync INVENTORY PROJECT`")
     project = load_project(rest[0])
-    results = sync_hosts(inventory, project, ssh, kw["fanout"])
+    board = Board(terminal, [h.host for h in inventory.hosts])
+    try:
+        results = sync_hosts(inventory, project, ssh, kw["fanout"], on_progress=board.show)
+    finally:
+        board.close()
     for result in sorted(results, key=lambda r: r.node):
         terminal.out(model.line(result, project.python))
     terminal.err(model.summary(results))
     raise Exit(model.exit_code(results))
+
+
+class Board:
+    """How far each building host got, on stderr: on a terminal a line per host redrawn in
+    place (and erased before the report), elsewhere a plain line each time a host moves on.
+    A host that is ready never moves on, so a warm sync draws nothing."""
+
+    def __init__(self, terminal: Terminal, hosts: list[str]) -> None:
+        self.terminal = terminal
+        self.lines = [f"{host}: checking" for host in hosts]
+        self.live = _isatty(terminal.stderr)
+        self.drawn = False
+        self._lock = threading.Lock()  # the pool's threads report at once
+
+    def show(self, node: int, host: str, progress: Progress) -> None:
+        text = model.progress_line(host, progress)
+        with self._lock:
+            if not self.live:
+                self.terminal.err(text)
+                return
+            # a line the terminal wraps would throw the redraw off by one
+            self.lines[node] = text[: self.terminal.size()[0] - 1]
+            up = f"\x1b[{len(self.lines)}A" if self.drawn else ""
+            self.terminal.stderr.write(up + "".join(f"\x1b[2K{line}\n" for line in self.lines))
+            self.terminal.stderr.flush()
+            self.drawn = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self.drawn:  # the report's lines take the board's place
+                self.terminal.stderr.write(f"\x1b[{len(self.lines)}A\x1b[J")
+                self.terminal.stderr.flush()
+                self.drawn = False
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -12,6 +12,7 @@ else ``requires-python``; with neither, a host builds on its own ``python:``.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -103,6 +104,31 @@ def _project_table(text: str) -> str:
     after = text[start.end() :]
     end = re.search(r"^\[", after, re.M)
     return after[: end.start()] if end else after
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a host's build got, as ``remote/envsync.py`` says it while it builds."""
+
+    phase: str  #: resolving, downloading, installing, done
+    detail: str = ""  #: the packages uv prepared, the environment's size once done
+
+
+def progress_of(line: bytes) -> Optional[Progress]:
+    """The progress a host's line says, or None for any other line (its answer)."""
+    try:
+        record = json.loads(line.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "progress" not in record:
+        return None
+    return Progress(str(record["progress"]), str(record.get("detail") or ""))
+
+
+def progress_line(host: str, progress: Progress) -> str:
+    """A host's progress line: ``gpu-a: installing 41 packages``."""
+    detail = f" {progress.detail}" if progress.detail else ""
+    return visible(f"{host}: {progress.phase}{detail}")
 
 
 def outcome(node: int, host: str, answer: Mapping[str, object], seconds: float) -> HostSync:

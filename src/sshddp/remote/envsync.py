@@ -21,7 +21,11 @@ process's command line), and never by halves: the marker goes first.
 uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
 coordinator then sends the binary, zlib-compressed, after the modules on stdin.
 
-Answers one JSON line: {"status": "ready" | "built" | "need_uv" | "no_python" | "failed",
+While it builds it says how far it got, one JSON line each: {"progress": "resolving" |
+"downloading" | "installing" | "done", "detail": the packages uv fetched, the
+environment's size once done}.
+
+Answers one JSON line last: {"status": "ready" | "built" | "need_uv" | "no_python" | "failed",
 "key", "python" (the environment's interpreter), "error", "found" (the Pythons this host
 has, when none matches), "platform"}.
 """
@@ -178,22 +182,83 @@ def _build(
                 fh.write(text)
         venv = os.path.join(build, "venv")
         env = dict(env, UV_PROJECT_ENVIRONMENT=venv)
-        if "requirements.txt" in args["files"]:  # pins resolved on the laptop
+        pinned = _pinned(args["files"])
+        if pinned:  # pins resolved on the laptop, or a pylock.toml
             install = [uv, "pip", "sync", "--python", os.path.join(venv, "bin", "python")]
-            install.append("requirements.txt")
+            install.append(pinned)
         else:
             install = [uv, "sync", "--frozen", "--no-install-project", "--python", python]
-        for argv in ([uv, "venv", "--relocatable", "--quiet", "--python", python, venv], install):
-            proc = _uv_run(argv, env, project)
-            if proc.returncode != 0:
-                return _tail(proc.stderr) or f"uv exited {proc.returncode}"
+        venv_argv = [uv, "venv", "--relocatable", "--quiet", "--python", python, venv]
+        for phase, argv in (("resolving", venv_argv), ("downloading", install)):
+            code, said = _uv_stream(phase, argv, env, project)
+            if code != 0:
+                return _tail(said) or f"uv exited {code}"
         marker = {"key": key, "digest": args["digest"], "python": python, "uv": args["uv"]}
         with open(os.path.join(venv, MARKER), "w") as fh:
             json.dump(marker, fh)
+        _progress("done", _size(_tree_bytes(venv)))
         _place(venv, final)
         return ""
     finally:
         shutil.rmtree(build, ignore_errors=True)
+
+
+def _pinned(files: dict[str, Any]) -> str:
+    """The file ``uv pip sync`` installs, when the project is pins rather than a uv lock."""
+    for name in ("requirements.txt", "pylock.toml"):
+        if name in files:
+            return name
+    return ""
+
+
+#: uv's line once every package is downloaded (or found in its cache) and unpacked
+_PREPARED = re.compile(r"^Prepared (\d+ packages?)")
+
+
+def _uv_stream(phase: str, argv: list[str], env: dict[str, str], cwd: str) -> tuple[int, str]:
+    """Run uv in ``phase``, saying how far it got as its summary lines come; (exit code,
+    its output)."""
+    _progress(phase)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        universal_newlines=True,
+        errors="replace",
+    )
+    said = []
+    for line in proc.stdout or ():
+        said.append(line)
+        found = _PREPARED.match(line)
+        if found:
+            _progress("installing", found.group(1))
+    return proc.wait(), "".join(said)
+
+
+def _progress(phase: str, detail: str = "") -> None:
+    emit({"progress": phase, "detail": detail})
+
+
+def _tree_bytes(top: str) -> int:
+    total = 0
+    for folder, _, names in os.walk(top):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def _place(venv: str, final: str) -> None:

@@ -14,16 +14,20 @@ import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sshddp import defaults
 from sshddp.errors import ExitCode, SshddpError, SyncFailed, UsageError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
-from sshddp.hosts.transport import SshOptions
+from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model import sync as model
+from sshddp.model.commands import python_command
 from sshddp.model.inventory import Host, Inventory
-from sshddp.model.sync import HostSync, Project, SyncStatus
+from sshddp.model.sync import HostSync, Progress, Project, SyncStatus
+
+#: what a sync says of a host while it builds: (the host's index, its name, how far)
+OnProgress = Callable[[int, str, Progress], None]
 
 UV_LEVEL = 1  #: zlib level of the uv binary sent: 38 MB -> 17 MB in a fraction of a second
 
@@ -72,15 +76,26 @@ def _compile(requirements: Path) -> str:
 
 
 def sync_hosts(
-    inventory: Inventory, project: Project, ssh: SshOptions, fanout: int, check: bool = False
+    inventory: Inventory,
+    project: Project,
+    ssh: SshOptions,
+    fanout: int,
+    check: bool = False,
+    on_progress: Optional[OnProgress] = None,
 ) -> list[HostSync]:
-    """Sync (or with ``check`` only look at) every host's environment, in host order."""
+    """Sync (or with ``check`` only look at) every host's environment, in host order;
+    ``on_progress`` hears how far each host got while it builds (from the pool's threads)."""
     with HostPool(inventory.hosts, ssh, fanout) as pool:
 
         def one(host: Host) -> HostSync:
             start = time.monotonic()
+
+            def said(progress: Progress) -> None:
+                if on_progress is not None:
+                    on_progress(host.index, host.host, progress)
+
             try:
-                answer = _call(pool, host, project, check)
+                answer = _call(pool, host, project, check, said)
             except SshddpError as exc:
                 status = SyncStatus.UNREACHABLE
                 return HostSync(host.index, host.host, status, error=_said(exc))
@@ -98,7 +113,13 @@ def sync_hosts(
     return results
 
 
-def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str, Any]:
+def _call(
+    pool: HostPool,
+    host: Host,
+    project: Project,
+    check: bool,
+    said: Callable[[Progress], None],
+) -> dict[str, Any]:
     transport = pool.transport(host)
     transport.connect()
     args = {
@@ -111,7 +132,7 @@ def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str
         "check": check,
         "keep": defaults.KEEP_ENVS,
     }
-    answer: dict[str, Any] = shipped.call(transport, "envsync", args)
+    answer = _envsync(transport, args, b"", said)
     if answer.get("status") != "need_uv":
         return answer
     if check:  # doctor changes nothing on a host
@@ -123,8 +144,35 @@ def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str
             f"{answer.get('platform')}: install uv {uv_version()} on the host "
             "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
         }
-    result: dict[str, Any] = shipped.call(transport, "envsync", args, _uv_packed())
-    return result
+    return _envsync(transport, args, _uv_packed(), said)
+
+
+def _envsync(
+    transport: Transport,
+    args: dict[str, Any],
+    payload: bytes,
+    said: Callable[[Progress], None],
+) -> dict[str, Any]:
+    """``remote/envsync.py``'s answer (its last line), its progress lines heard as they come."""
+    proc = transport.start(python_command(transport.host.python))
+    try:
+        proc.write(shipped.header("envsync", args) + payload)
+        proc.close_stdin()
+        pending, last = b"", b""
+        while chunk := proc.read():
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                progress = model.progress_of(line)
+                if progress is None:
+                    last = line
+                else:
+                    said(progress)
+        answer: dict[str, Any] = shipped.decode(
+            transport, "envsync", last + pending, proc.read_stderr(), proc.wait()
+        )
+        return answer
+    finally:
+        proc.close()
 
 
 def local_platform() -> str:
