@@ -362,3 +362,28 @@ def test_a_requirements_file_that_cannot_resolve_is_a_clear_error(
     result = sync(ssh_env, inv, requirements)
     assert_clean_failure(result, ExitCode.BAD_INPUT)
     assert "uv could not resolve it" in result.err and "six" in result.err, result.explain()
+
+
+def test_a_pylock_toml_gives_every_host_its_packages(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["numpy==2.0.2", "six==1.17.0"], uv_cache)
+    env = {"UV_CACHE_DIR": str(uv_cache), "PATH": "/usr/bin:/bin", "HOME": str(project)}
+    export = [UV, "export", "--quiet", "--format", "pylock.toml", "-o", "pylock.toml"]
+    subprocess.run(export, cwd=project, env=env, check=True, timeout=120)
+    alone = tmp_path / "locked"  # a directory with a pylock.toml and no uv.lock
+    alone.mkdir()
+    (alone / "pylock.toml").write_text((project / "pylock.toml").read_text())
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    result = sync(ssh_env, inv, project / "pylock.toml")
+    assert result.code == 0, result.explain()
+    key = keys(result)["h1"]
+    assert keys(result) == {"h1": key, "h2": key}
+    code = "import numpy, six, sys; print(numpy.__version__, six.__version__, sys.version_info[1])"
+    for i in (1, 2):
+        python = envs_of(ssh_env, tmp_path, i) / key / "bin" / "python"
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.split()[:2] == ["2.0.2", "1.17.0"]
+        assert int(out.stdout.split()[2]) >= 11  # the lock's requires-python
+    again = sync(ssh_env, inv, alone)
+    assert again.code == 0 and keys(again) == keys(result), again.explain()  # the same lock

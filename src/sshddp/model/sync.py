@@ -1,7 +1,8 @@
 """Pure: what ``sshddp sync`` sends for a project, each host's outcome, and how it prints.
 
 A project is a uv project: ``pyproject.toml`` and ``uv.lock``, with ``.python-version``
-when it has one; or a requirements file, resolved once on the laptop into exact pins for
+when it has one; or a PEP 751 lock (``pylock.toml``, its ``requires-python`` the Python
+asked for); or a requirements file, resolved once on the laptop into exact pins for
 every platform (``PINNED``), so that every host installs the same versions. Its files
 travel to every host as text; their ``digest`` (with the uv version, which decides how a
 lock installs) names the environment together with the host's platform and interpreter
@@ -26,6 +27,8 @@ from sshddp.model.escape import visible
 PROJECT_FILES = ("pyproject.toml", "uv.lock", ".python-version")
 #: A requirements file, once resolved on the laptop into exact pins (``uv pip compile``)
 PINNED = "requirements.txt"
+#: A PEP 751 lock (``pylock.toml`` or ``pylock.NAME.toml``), installed as it is
+PYLOCK = "pylock.toml"
 REQUIRED = ("pyproject.toml", "uv.lock")
 
 
@@ -70,14 +73,15 @@ class HostSync:
 
 def project(root: str, files: Mapping[str, str], uv_version: str) -> Project:
     """The project of the ``files`` read from ``root``, or ``UsageError`` naming what lacks."""
-    missing = [] if PINNED in files else [name for name in REQUIRED if name not in files]
+    pins = PINNED in files or PYLOCK in files
+    missing = [] if pins else [name for name in REQUIRED if name not in files]
     if missing:
         raise UsageError(
             f"{root}: not a uv project: no {' or '.join(missing)} there "
             "(sync installs a project's lock: run `uv lock` in it first)"
         )
     digest = hashlib.sha256(f"uv {uv_version}\0".encode())
-    for name in (*PROJECT_FILES, PINNED):
+    for name in (*PROJECT_FILES, PINNED, PYLOCK):
         if name in files:
             digest.update(f"{name}\0{files[name]}\0".encode())
     return Project(root, dict(files), digest.hexdigest()[:16], python_request(files))
@@ -92,7 +96,10 @@ def python_request(files: Mapping[str, str]) -> str:
     for line in pinned.splitlines():
         if line.strip() and not line.strip().startswith("#"):
             return line.strip()
-    found = _REQUIRES.search(_project_table(files.get("pyproject.toml", "")))
+    if PYLOCK in files:  # PEP 751: a top-level key, before the first table
+        found = _REQUIRES.search(re.split(r"^\[", files[PYLOCK], maxsplit=1, flags=re.M)[0])
+    else:
+        found = _REQUIRES.search(_project_table(files.get("pyproject.toml", "")))
     return found.group(1).strip() if found else ""
 
 
@@ -195,3 +202,8 @@ def pythons(results: Sequence[HostSync]) -> Optional[dict[int, str]]:
     if not results or any(not r.status.ok for r in results):
         return None
     return {r.node: r.python for r in results}
+
+
+def is_pylock(name: str) -> bool:
+    """Whether a file's ``name`` is a PEP 751 lock's: ``pylock.toml`` or ``pylock.NAME.toml``."""
+    return re.fullmatch(r"pylock(\.[^.\s/]+)?\.toml", name) is not None

@@ -2,10 +2,10 @@
 
 args: {"workdir": the host's sshddp workdir, "digest": the laptop's hash of the project's
 files, "files": {name: text} (pyproject.toml, uv.lock, .python-version; or a
-requirements.txt of exact pins, installed with ``uv pip sync``), "python": the
-version the project asks for ("" for the host's own interpreter), "uv": the uv version,
-"env": the inventory's variables for this host, "check": answer without building,
-"keep": how many environments to keep}.
+requirements.txt of exact pins, or a PEP 751 pylock.toml: both installed with ``uv pip
+sync``), "python": the version the project asks for ("" for the host's own interpreter),
+"uv": the uv version, "env": the inventory's variables for this host, "check": answer
+without building, "keep": how many environments to keep}.
 
 The environment is ``<workdir>/envs/<key>``, ``key`` a hash of the digest, this host's
 platform and the real path of the interpreter it is built on: a changed lock, another

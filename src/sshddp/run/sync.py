@@ -39,25 +39,33 @@ def uv_version() -> str:
 
 
 def load_project(path: str) -> Project:
-    """The uv project in directory ``path`` (or the requirements file ``path``, resolved
-    here), or ``UsageError``."""
+    """The uv project in directory ``path`` (or its pylock.toml when it has no uv.lock), the
+    PEP 751 lock ``path``, or the requirements file ``path`` resolved here; or
+    ``UsageError``."""
     root = Path(path).expanduser()
     if root.is_file() and root.suffix == ".txt":
         return model.project(str(root), {model.PINNED: _compile(root)}, uv_version())
+    if root.is_file() and model.is_pylock(root.name):
+        return model.project(str(root), {model.PYLOCK: _read(root)}, uv_version())
     if not root.is_dir():
         raise UsageError(
-            f"PROJECT {path}: neither a uv project's directory (pyproject.toml, uv.lock) nor "
-            "a requirements file (.txt)"
+            f"PROJECT {path}: neither a uv project's directory (pyproject.toml, uv.lock), a "
+            "pylock.toml, nor a requirements file (.txt)"
         )
+    if not (root / "uv.lock").exists() and (root / model.PYLOCK).is_file():
+        return model.project(str(root), {model.PYLOCK: _read(root / model.PYLOCK)}, uv_version())
     files = {}
     for name in model.PROJECT_FILES:
-        try:
-            files[name] = (root / name).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{root / name}: cannot be read: {exc}") from None
+        if (root / name).exists():
+            files[name] = _read(root / name)
     return model.project(str(root), files, uv_version())
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot be read: {exc}") from None
 
 
 def _compile(requirements: Path) -> str:
