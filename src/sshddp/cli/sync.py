@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -13,11 +15,18 @@ from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.model import sync as model
 from sshddp.model.sync import Progress
-from sshddp.run.sync import load_project, sync_hosts
+from sshddp.run.sync import Meter, load_project, sync_hosts, uv_version
+from sshddp.run.syncwheels import fetch
 
 
 @click.command("sync", context_settings=CONTEXT)
 @click.argument("args", nargs=-1, metavar="INVENTORY PROJECT")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="For hosts with no index to reach: fetch the lock's wheels here, once, send them to "
+    "one host, which hands them on to the others; every host installs with no index.",
+)
 @ssh_options
 @trace_option
 @host_list_options
@@ -39,14 +48,22 @@ def sync(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     if len(rest) != 1:
         raise UsageError("expected one PROJECT: `sshddp sync INVENTORY PROJECT`")
     project = load_project(rest[0])
-    board = Board(terminal, [h.host for h in inventory.hosts])
-    try:
-        results = sync_hosts(inventory, project, ssh, kw["fanout"], on_progress=board.show)
-    finally:
-        board.close()
+    with tempfile.TemporaryDirectory(prefix="sshddp-wheels-") as folder:
+        wheels = None
+        if kw["offline"]:
+            project, wheels = fetch(project, uv_version(), Path(folder))
+        board, meter = Board(terminal, [h.host for h in inventory.hosts]), Meter()
+        try:
+            results = sync_hosts(
+                inventory, project, ssh, kw["fanout"], False, board.show, wheels, meter
+            )
+        finally:
+            board.close()
     for result in sorted(results, key=lambda r: r.node):
         terminal.out(model.line(result, project.python))
     terminal.err(model.summary(results))
+    if wheels is not None:
+        terminal.err(model.sent_line(meter.sent, wheels.size, len(wheels.listed)))
     raise Exit(model.exit_code(results))
 
 

@@ -40,6 +40,7 @@ class SyncStatus(str, Enum):
     NO_PYTHON = "no_python"  #: the host has no interpreter of the version the project asks for
     FAILED = "failed"  #: uv could not install the lock there
     MISSING = "missing"  #: doctor --sync: the host has no environment for this lock yet
+    NO_WHEELS = "need_wheels"  #: --offline: the host has not the lock's wheels yet (for now)
     UNREACHABLE = "unreachable"  #: the host could not be reached
 
     @property
@@ -207,3 +208,19 @@ def pythons(results: Sequence[HostSync]) -> Optional[dict[int, str]]:
 def is_pylock(name: str) -> bool:
     """Whether a file's ``name`` is a PEP 751 lock's: ``pylock.toml`` or ``pylock.NAME.toml``."""
     return re.fullmatch(r"pylock(\.[^.\s/]+)?\.toml", name) is not None
+
+
+def without_options(pins: str) -> str:
+    """Exact pins with their option lines (``--index-url``, ``--find-links``) dropped: an
+    offline host installs from the wheels it was given, with no index."""
+    return "".join(
+        line for line in pins.splitlines(keepends=True) if not line.lstrip().startswith("-")
+    )
+
+
+def sent_line(sent: int, wheels: int, count: int) -> str:
+    """--offline: what this machine sent to the hosts, against the wheels' size."""
+    return (
+        f"sshddp: sync: {sent} bytes sent to the hosts over SSH; the {count} wheel(s) are "
+        f"{wheels} bytes ({sent / max(wheels, 1):.3f}x)"
+    )

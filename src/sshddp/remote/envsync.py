@@ -25,7 +25,14 @@ While it builds it says how far it got, one JSON line each: {"progress": "resolv
 "downloading" | "installing" | "done", "detail": the packages uv fetched, the
 environment's size once done}.
 
-Answers one JSON line last: {"status": "ready" | "built" | "need_uv" | "no_python" | "failed",
+With ``offline`` ({"wheels": [{"name", "size", "sha256"}], "seed": the key and run id the
+seed serves with, or "pull": where and how to get them from the seed}) uv installs with no
+index, from the lock's wheels under the workdir (``wheelpass.py``): a host without them
+answers ``need_wheels``; the seed says ``serving PORT`` (a progress line) and answers once
+stdin closes.
+
+Answers one JSON line last: {"status": "ready" | "built" | "need_uv" | "need_wheels" |
+"no_python" | "failed",
 "key", "python" (the environment's interpreter), "error", "found" (the Pythons this host
 has, when none matches), "platform"}.
 """
@@ -45,6 +52,7 @@ import tempfile
 import zlib
 from typing import Any, Optional
 
+from sshddp.remote import wheelpass
 from sshddp.remote.common import emit, pid_alive
 from sshddp.remote.workdir import Unsafe, resolve
 
@@ -76,12 +84,49 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
         return dict(answer, status="ready")
     if args.get("check"):
         return dict(answer, status="missing")
+    if not args.get("offline"):
+        return dict(answer, **_built(uv, envs, key, python["path"], args, env))
+    try:
+        wheels, server = _wheels(workdir, args)
+    except OSError as exc:
+        return dict(answer, status="failed", error=f"the wheels did not arrive: {exc}")
+    if server is None and not wheels:
+        return dict(answer, status="need_wheels")
+    env = dict(env, UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=wheels)
+    try:
+        return dict(answer, **_built(uv, envs, key, python["path"], args, env))
+    finally:
+        if server is not None:
+            wheelpass.wait_for_eof()
+            server.stop()
+
+
+def _built(
+    uv: str, envs: str, key: str, python: str, args: dict[str, Any], env: dict[str, str]
+) -> dict[str, Any]:
     _prune_builds(envs)
-    error = _build(uv, envs, final, key, python["path"], args, env)
+    error = _build(uv, envs, os.path.join(envs, key), key, python, args, env)
     if error:
-        return dict(answer, status="failed", error=error)
+        return {"status": "failed", "error": error}
     _prune_envs(envs, int(args.get("keep") or 0), key)
-    return dict(answer, status="built")
+    return {"status": "built"}
+
+
+def _wheels(workdir: str, args: dict[str, Any]) -> tuple[str, Optional[wheelpass.share.Server]]:
+    """--offline: the lock's wheels here (received now if they were not), and the server
+    handing them on when this host is the seed; ("", None) when they are not here yet."""
+    offline = args["offline"]
+    path = wheelpass.folder(workdir, str(args["digest"]))
+    if not wheelpass.complete(path):
+        if not offline.get("pull") and not offline.get("seed"):
+            return "", None
+        _progress("receiving", f"{len(offline['wheels'])} wheels")
+        wheelpass.receive(path, offline["wheels"], offline.get("pull"))
+    if not offline.get("seed"):
+        return path, None
+    server = wheelpass.serve(path, offline["wheels"], offline["seed"])
+    _progress("serving", str(wheelpass.port_of(server)))
+    return path, server
 
 
 def host_platform() -> str:

@@ -10,8 +10,11 @@ threads (at most ``fanout`` at once); one failing never stops the others.
 from __future__ import annotations
 
 import functools
+import secrets
+import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -19,12 +22,13 @@ from typing import Any, Callable, Optional
 from sshddp import defaults
 from sshddp.errors import ExitCode, SshddpError, SyncFailed, UsageError
 from sshddp.hosts import shipped
-from sshddp.hosts.pool import HostPool
+from sshddp.hosts.pool import HostPool, Outcome
 from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model import sync as model
 from sshddp.model.commands import python_command
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.sync import HostSync, Progress, Project, SyncStatus
+from sshddp.run.syncwheels import Wheels
 
 #: what a sync says of a host while it builds: (the host's index, its name, how far)
 OnProgress = Callable[[int, str, Progress], None]
@@ -90,97 +94,183 @@ def sync_hosts(
     fanout: int,
     check: bool = False,
     on_progress: Optional[OnProgress] = None,
+    wheels: Optional[Wheels] = None,
+    meter: Optional[Meter] = None,
 ) -> list[HostSync]:
     """Sync (or with ``check`` only look at) every host's environment, in host order;
-    ``on_progress`` hears how far each host got while it builds (from the pool's threads)."""
+    ``on_progress`` hears how far each host got while it builds (from the pool's threads).
+    With ``wheels`` (--offline) the hosts install from them alone: the first host that
+    lacks them gets them from here and hands them on to the others. ``meter`` counts the
+    bytes written to the hosts."""
     with HostPool(inventory.hosts, ssh, fanout) as pool:
-
-        def one(host: Host) -> HostSync:
-            start = time.monotonic()
-
-            def said(progress: Progress) -> None:
-                if on_progress is not None:
-                    on_progress(host.index, host.host, progress)
-
-            try:
-                answer = _call(pool, host, project, check, said)
-            except SshddpError as exc:
-                status = SyncStatus.UNREACHABLE
-                return HostSync(host.index, host.host, status, error=_said(exc))
-            return model.outcome(host.index, host.host, answer, time.monotonic() - start)
-
-        outcomes = pool.map(one, inventory.hosts)
-    results = []
-    for host in inventory.hosts:
-        outcome = outcomes[host.index]
-        if outcome.value is not None:
-            results.append(outcome.value)
-        else:
-            error = getattr(outcome.error, "message", None) or f"{outcome.error}"
-            results.append(HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=error))
+        sync = _Sync(pool, project, check, on_progress, wheels, meter or Meter())
+        outcomes = pool.map(sync.one, inventory.hosts)
+        results = [_result(host, outcomes[host.index]) for host in inventory.hosts]
+        needing = [h for h in inventory.hosts if results[h.index].status is SyncStatus.NO_WHEELS]
+        if needing:
+            for result in _seeded(sync, needing):
+                results[result.node] = result
     return results
 
 
-def _call(
-    pool: HostPool,
-    host: Host,
-    project: Project,
-    check: bool,
-    said: Callable[[Progress], None],
-) -> dict[str, Any]:
-    transport = pool.transport(host)
-    transport.connect()
-    args = {
-        "workdir": host.workdir,
-        "digest": project.digest,
-        "files": dict(project.files),
-        "python": project.python,
-        "uv": uv_version(),
-        "env": dict(host.env),
-        "check": check,
-        "keep": defaults.KEEP_ENVS,
-    }
-    answer = _envsync(transport, args, b"", said)
-    if answer.get("status") != "need_uv":
-        return answer
-    if check:  # doctor changes nothing on a host
-        return {"status": "missing"}
-    if answer.get("platform") != local_platform():
-        return {
-            "status": "failed",
-            "error": f"no uv there, and this machine's uv is for {local_platform()}, not "
-            f"{answer.get('platform')}: install uv {uv_version()} on the host "
-            "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
+def _result(host: Host, outcome: Outcome[HostSync]) -> HostSync:
+    if outcome.value is not None:
+        return outcome.value
+    error = getattr(outcome.error, "message", None) or f"{outcome.error}"
+    return HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=error)
+
+
+class Meter:
+    """The bytes written to the hosts' SSH channels (by the pool's threads)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
+
+class _Sync:
+    """One sync's calls to its hosts."""
+
+    def __init__(
+        self,
+        pool: HostPool,
+        project: Project,
+        check: bool,
+        on_progress: Optional[OnProgress],
+        wheels: Optional[Wheels],
+        meter: Meter,
+    ) -> None:
+        self.pool, self.project, self.check = pool, project, check
+        self.on_progress, self.wheels, self.meter = on_progress, wheels, meter
+
+    def said(self, host: Host) -> Callable[[Progress], None]:
+        def said(progress: Progress) -> None:
+            if self.on_progress is not None:
+                self.on_progress(host.index, host.host, progress)
+
+        return said
+
+    def args(self, host: Host, offline: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        args = {
+            "workdir": host.workdir,
+            "digest": self.project.digest,
+            "files": dict(self.project.files),
+            "python": self.project.python,
+            "uv": uv_version(),
+            "env": dict(host.env),
+            "check": self.check,
+            "keep": defaults.KEEP_ENVS,
         }
-    return _envsync(transport, args, _uv_packed(), said)
+        if self.wheels is not None:
+            args["offline"] = dict(offline or {}, wheels=list(self.wheels.listed))
+        return args
+
+    def one(self, host: Host, offline: Optional[dict[str, Any]] = None) -> HostSync:
+        start = time.monotonic()
+        try:
+            answer = self.call(host, self.args(host, offline))
+        except SshddpError as exc:
+            return HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=_said(exc))
+        return model.outcome(host.index, host.host, answer, time.monotonic() - start)
+
+    def call(self, host: Host, args: dict[str, Any]) -> dict[str, Any]:
+        transport = self.pool.transport(host)
+        transport.connect()
+        answer = _Channel(transport, args, [], self.meter).answer(self.said(host))
+        if answer.get("status") != "need_uv":
+            return answer
+        if self.check:  # doctor changes nothing on a host
+            return {"status": "missing"}
+        if answer.get("platform") != local_platform():
+            return {
+                "status": "failed",
+                "error": f"no uv there, and this machine's uv is for {local_platform()}, not "
+                f"{answer.get('platform')}: install uv {uv_version()} on the host "
+                "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
+            }
+        return _Channel(transport, args, [_uv_packed()], self.meter).answer(self.said(host))
 
 
-def _envsync(
-    transport: Transport,
-    args: dict[str, Any],
-    payload: bytes,
-    said: Callable[[Progress], None],
-) -> dict[str, Any]:
-    """``remote/envsync.py``'s answer (its last line), its progress lines heard as they come."""
-    proc = transport.start(python_command(transport.host.python))
-    try:
-        proc.write(shipped.header("envsync", args) + payload)
-        proc.close_stdin()
-        pending, last = b"", b""
-        while chunk := proc.read():
+def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
+    """--offline: the wheels from here to the first host of ``needing`` (the seed), which
+    hands them on to the others over TCP while it builds; every one's outcome."""
+    assert sync.wheels is not None
+    seed, rest = needing[0], needing[1:]
+    start = time.monotonic()
+    order = {"key": secrets.token_hex(32), "run": f"sync-{sync.project.digest}", "timeout": 600}
+    transport = sync.pool.transport(seed)
+    args = sync.args(seed, {"seed": order})
+    channel = _Channel(transport, args, sync.wheels.stream(), sync.meter)
+    said = sync.said(seed)
+    port = None
+    for progress in channel.progress:
+        if progress.phase == "serving":  # its port, for the others: not the user's business
+            port = int(progress.detail)
+            said(Progress("handing on", f"{len(sync.wheels.listed)} wheels to {len(rest)} host(s)"))
+            break
+        said(progress)
+    results = []
+    if port is not None:
+        pull = dict(order, addr=seed.addr or seed.host, port=port)
+        pulled = sync.pool.map(lambda h: sync.one(h, {"pull": dict(pull, rank=h.index)}), rest)
+        results = [_result(h, pulled[h.index]) for h in rest]
+    answer = channel.answer(said)
+    results.append(model.outcome(seed.index, seed.host, answer, time.monotonic() - start))
+    if port is None:
+        error = f"{seed.host} could not hand on the wheels"
+        results += [HostSync(h.index, h.host, SyncStatus.FAILED, error=error) for h in rest]
+    return results
+
+
+class _Channel:
+    """One call of ``remote/envsync.py``: its progress lines as they come, then its answer
+    (its last line)."""
+
+    def __init__(
+        self, transport: Transport, args: dict[str, Any], payload: Iterable[bytes], meter: Meter
+    ) -> None:
+        self.transport = transport
+        self.proc = transport.start(python_command(transport.host.python))
+        self.last = b""
+        try:
+            for data in (shipped.header("envsync", args), *payload):
+                self.proc.write(data)
+                meter.add(len(data))
+            if "seed" not in (args.get("offline") or {}):  # the seed serves until EOF
+                self.proc.close_stdin()
+        except BaseException:
+            self.proc.close()
+            raise
+        self.progress = self._progress()
+
+    def _progress(self) -> Iterator[Progress]:
+        pending = b""
+        while chunk := self.proc.read():
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 progress = model.progress_of(line)
                 if progress is None:
-                    last = line
+                    self.last = line
                 else:
-                    said(progress)
-        answer: dict[str, Any] = shipped.decode(
-            transport, "envsync", last + pending, proc.read_stderr(), proc.wait()
-        )
-        return answer
-    finally:
-        proc.close()
+                    yield progress
+        self.last = pending or self.last
+
+    def answer(self, said: Callable[[Progress], None]) -> dict[str, Any]:
+        try:
+            self.proc.close_stdin()
+            for progress in self.progress:
+                said(progress)
+            stderr, rc = self.proc.read_stderr(), self.proc.wait()
+            answer: dict[str, Any] = shipped.decode(
+                self.transport, "envsync", self.last, stderr, rc
+            )
+            return answer
+        finally:
+            self.proc.close()
 
 
 def local_platform() -> str:
