@@ -33,11 +33,13 @@ from sshddp.run.syncwheels import fetch
 @click.pass_context
 def sync(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     """Give every host of INVENTORY (or of -H) the virtual environment that PROJECT's lock
-    describes: PROJECT is a uv project (a directory with pyproject.toml and uv.lock).
+    describes: PROJECT is a uv project (a directory with pyproject.toml and uv.lock), a
+    pylock.toml, or a requirements file (resolved once, here).
 
     Each host's environment lives under its sshddp workdir (envs/KEY), KEY a hash of the
     lock, the host's platform and its Python; a host that has it answers at once. uv does
-    the installing (sshddp brings it to a host without it), with the inventory's env.
+    the installing (sshddp brings it to a host without it), with the inventory's env; a
+    line per building host says how far it got. --offline: the wheels come from here, once.
     `launch --sync PROJECT` runs the ranks in it. Exit 0 when every host has its
     environment, 7 when one could not be built (uv's message names why), 4 when a host
     could not be reached.
