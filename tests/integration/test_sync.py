@@ -8,6 +8,7 @@ inventory's ``env`` (which applies to the install), so each package is unpacked 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -108,10 +109,23 @@ def test_sync_builds_every_hosts_env_then_answers_ready(
         # sshddp brought its own uv (the lab hosts have none on PATH)
         assert (ssh_env.home(i) / f"w-{tmp_path.name}" / "tools").is_dir()
         assert not [p for p in envs_of(ssh_env, tmp_path, i).iterdir() if p.name != key]
+    # not a terminal: a plain line each time a host moves on, with what uv said
+    for host in ("h1", "h2"):
+        said = [line for line in first.err.splitlines() if line.startswith(f"{host}: ")]
+        assert [line.split()[1] for line in said] == [
+            "resolving",
+            "downloading",
+            "installing",
+            "done",
+        ], first.explain()
+        # uv's count: what this host's uv prepared (the other host may have cached some)
+        assert re.fullmatch(rf"{host}: installing [12] packages?", said[2]), first.explain()
+        assert said[3].endswith("MiB"), first.explain()  # the environment's size
 
     again = sync(ssh_env, inv, project)
     assert again.code == 0, again.explain()
     assert [line.split()[1] for line in again.out.splitlines()] == ["ready", "ready"]
+    assert not [line for line in again.err.splitlines() if line.startswith("h")]  # one call
     assert keys(again) == keys(first)
 
 
@@ -348,3 +362,28 @@ def test_a_requirements_file_that_cannot_resolve_is_a_clear_error(
     result = sync(ssh_env, inv, requirements)
     assert_clean_failure(result, ExitCode.BAD_INPUT)
     assert "uv could not resolve it" in result.err and "six" in result.err, result.explain()
+
+
+def test_a_pylock_toml_gives_every_host_its_packages(
+    ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
+) -> None:
+    project = make_project(tmp_path / "proj", ["numpy==2.0.2", "six==1.17.0"], uv_cache)
+    env = {"UV_CACHE_DIR": str(uv_cache), "PATH": "/usr/bin:/bin", "HOME": str(project)}
+    export = [UV, "export", "--quiet", "--format", "pylock.toml", "-o", "pylock.toml"]
+    subprocess.run(export, cwd=project, env=env, check=True, timeout=120)
+    alone = tmp_path / "locked"  # a directory with a pylock.toml and no uv.lock
+    alone.mkdir()
+    (alone / "pylock.toml").write_text((project / "pylock.toml").read_text())
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    result = sync(ssh_env, inv, project / "pylock.toml")
+    assert result.code == 0, result.explain()
+    key = keys(result)["h1"]
+    assert keys(result) == {"h1": key, "h2": key}
+    code = "import numpy, six, sys; print(numpy.__version__, six.__version__, sys.version_info[1])"
+    for i in (1, 2):
+        python = envs_of(ssh_env, tmp_path, i) / key / "bin" / "python"
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.split()[:2] == ["2.0.2", "1.17.0"]
+        assert int(out.stdout.split()[2]) >= 11  # the lock's requires-python
+    again = sync(ssh_env, inv, alone)
+    assert again.code == 0 and keys(again) == keys(result), again.explain()  # the same lock

@@ -77,3 +77,12 @@ def test_a_hosts_words_cannot_drive_the_terminal() -> None:
     result = HostSync(0, "a", SyncStatus.FAILED, error="error: x\x1b]52;c;cHduZWQ=\x07\nnext")
     shown = model.line(result, "")
     assert "\x1b" not in shown and "\x07" not in shown and "\nnext" in shown
+
+
+def test_a_pylock_is_a_project_asking_for_its_requires_python() -> None:
+    lock = 'lock-version = "1.0"\nrequires-python = ">=3.11"\n\n[[packages]]\nname = "six"\n'
+    project = model.project("x", {model.PYLOCK: lock}, "0.1")
+    assert project.python == ">=3.11"
+    assert model.project("x", {model.PYLOCK: lock + "\n"}, "0.1").digest != project.digest
+    assert model.is_pylock("pylock.toml") and model.is_pylock("pylock.gpu.toml")
+    assert not model.is_pylock("pyproject.toml") and not model.is_pylock("pylock.a.b.toml")

@@ -1,7 +1,8 @@
 """Pure: what ``sshddp sync`` sends for a project, each host's outcome, and how it prints.
 
 A project is a uv project: ``pyproject.toml`` and ``uv.lock``, with ``.python-version``
-when it has one; or a requirements file, resolved once on the laptop into exact pins for
+when it has one; or a PEP 751 lock (``pylock.toml``, its ``requires-python`` the Python
+asked for); or a requirements file, resolved once on the laptop into exact pins for
 every platform (``PINNED``), so that every host installs the same versions. Its files
 travel to every host as text; their ``digest`` (with the uv version, which decides how a
 lock installs) names the environment together with the host's platform and interpreter
@@ -12,6 +13,7 @@ else ``requires-python``; with neither, a host builds on its own ``python:``.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ from sshddp.model.escape import visible
 PROJECT_FILES = ("pyproject.toml", "uv.lock", ".python-version")
 #: A requirements file, once resolved on the laptop into exact pins (``uv pip compile``)
 PINNED = "requirements.txt"
+#: A PEP 751 lock (``pylock.toml`` or ``pylock.NAME.toml``), installed as it is
+PYLOCK = "pylock.toml"
 REQUIRED = ("pyproject.toml", "uv.lock")
 
 
@@ -36,6 +40,7 @@ class SyncStatus(str, Enum):
     NO_PYTHON = "no_python"  #: the host has no interpreter of the version the project asks for
     FAILED = "failed"  #: uv could not install the lock there
     MISSING = "missing"  #: doctor --sync: the host has no environment for this lock yet
+    NO_WHEELS = "need_wheels"  #: --offline: the host has not the lock's wheels yet (for now)
     UNREACHABLE = "unreachable"  #: the host could not be reached
 
     @property
@@ -69,14 +74,15 @@ class HostSync:
 
 def project(root: str, files: Mapping[str, str], uv_version: str) -> Project:
     """The project of the ``files`` read from ``root``, or ``UsageError`` naming what lacks."""
-    missing = [] if PINNED in files else [name for name in REQUIRED if name not in files]
+    pins = PINNED in files or PYLOCK in files
+    missing = [] if pins else [name for name in REQUIRED if name not in files]
     if missing:
         raise UsageError(
             f"{root}: not a uv project: no {' or '.join(missing)} there "
             "(sync installs a project's lock: run `uv lock` in it first)"
         )
     digest = hashlib.sha256(f"uv {uv_version}\0".encode())
-    for name in (*PROJECT_FILES, PINNED):
+    for name in (*PROJECT_FILES, PINNED, PYLOCK):
         if name in files:
             digest.update(f"{name}\0{files[name]}\0".encode())
     return Project(root, dict(files), digest.hexdigest()[:16], python_request(files))
@@ -91,7 +97,10 @@ def python_request(files: Mapping[str, str]) -> str:
     for line in pinned.splitlines():
         if line.strip() and not line.strip().startswith("#"):
             return line.strip()
-    found = _REQUIRES.search(_project_table(files.get("pyproject.toml", "")))
+    if PYLOCK in files:  # PEP 751: a top-level key, before the first table
+        found = _REQUIRES.search(re.split(r"^\[", files[PYLOCK], maxsplit=1, flags=re.M)[0])
+    else:
+        found = _REQUIRES.search(_project_table(files.get("pyproject.toml", "")))
     return found.group(1).strip() if found else ""
 
 
@@ -103,6 +112,31 @@ def _project_table(text: str) -> str:
     after = text[start.end() :]
     end = re.search(r"^\[", after, re.M)
     return after[: end.start()] if end else after
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a host's build got, as ``remote/envsync.py`` says it while it builds."""
+
+    phase: str  #: resolving, downloading, installing, done
+    detail: str = ""  #: the packages uv prepared, the environment's size once done
+
+
+def progress_of(line: bytes) -> Optional[Progress]:
+    """The progress a host's line says, or None for any other line (its answer)."""
+    try:
+        record = json.loads(line.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "progress" not in record:
+        return None
+    return Progress(str(record["progress"]), str(record.get("detail") or ""))
+
+
+def progress_line(host: str, progress: Progress) -> str:
+    """A host's progress line: ``gpu-a: installing 41 packages``."""
+    detail = f" {progress.detail}" if progress.detail else ""
+    return visible(f"{host}: {progress.phase}{detail}")
 
 
 def outcome(node: int, host: str, answer: Mapping[str, object], seconds: float) -> HostSync:
@@ -169,3 +203,24 @@ def pythons(results: Sequence[HostSync]) -> Optional[dict[int, str]]:
     if not results or any(not r.status.ok for r in results):
         return None
     return {r.node: r.python for r in results}
+
+
+def is_pylock(name: str) -> bool:
+    """Whether a file's ``name`` is a PEP 751 lock's: ``pylock.toml`` or ``pylock.NAME.toml``."""
+    return re.fullmatch(r"pylock(\.[^.\s/]+)?\.toml", name) is not None
+
+
+def without_options(pins: str) -> str:
+    """Exact pins with their option lines (``--index-url``, ``--find-links``) dropped: an
+    offline host installs from the wheels it was given, with no index."""
+    return "".join(
+        line for line in pins.splitlines(keepends=True) if not line.lstrip().startswith("-")
+    )
+
+
+def sent_line(sent: int, wheels: int, count: int) -> str:
+    """--offline: what this machine sent to the hosts, against the wheels' size."""
+    return (
+        f"sshddp: sync: {sent} bytes sent to the hosts over SSH; the {count} wheel(s) are "
+        f"{wheels} bytes ({sent / max(wheels, 1):.3f}x)"
+    )

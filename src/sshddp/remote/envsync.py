@@ -2,10 +2,10 @@
 
 args: {"workdir": the host's sshddp workdir, "digest": the laptop's hash of the project's
 files, "files": {name: text} (pyproject.toml, uv.lock, .python-version; or a
-requirements.txt of exact pins, installed with ``uv pip sync``), "python": the
-version the project asks for ("" for the host's own interpreter), "uv": the uv version,
-"env": the inventory's variables for this host, "check": answer without building,
-"keep": how many environments to keep}.
+requirements.txt of exact pins, or a PEP 751 pylock.toml: both installed with ``uv pip
+sync``), "python": the version the project asks for ("" for the host's own interpreter),
+"uv": the uv version, "env": the inventory's variables for this host, "check": answer
+without building, "keep": how many environments to keep}.
 
 The environment is ``<workdir>/envs/<key>``, ``key`` a hash of the digest, this host's
 platform and the real path of the interpreter it is built on: a changed lock, another
@@ -21,7 +21,18 @@ process's command line), and never by halves: the marker goes first.
 uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
 coordinator then sends the binary, zlib-compressed, after the modules on stdin.
 
-Answers one JSON line: {"status": "ready" | "built" | "need_uv" | "no_python" | "failed",
+While it builds it says how far it got, one JSON line each: {"progress": "resolving" |
+"downloading" | "installing" | "done", "detail": the packages uv fetched, the
+environment's size once done}.
+
+With ``offline`` ({"wheels": [{"name", "size", "sha256"}], "seed": the key and run id the
+seed serves with, or "pull": where and how to get them from the seed}) uv installs with no
+index, from the lock's wheels under the workdir (``wheelpass.py``): a host without them
+answers ``need_wheels``; the seed says ``serving PORT`` (a progress line) and answers once
+stdin closes.
+
+Answers one JSON line last: {"status": "ready" | "built" | "need_uv" | "need_wheels" |
+"no_python" | "failed",
 "key", "python" (the environment's interpreter), "error", "found" (the Pythons this host
 has, when none matches), "platform"}.
 """
@@ -41,6 +52,7 @@ import tempfile
 import zlib
 from typing import Any, Optional
 
+from sshddp.remote import wheelpass
 from sshddp.remote.common import emit, pid_alive
 from sshddp.remote.workdir import Unsafe, resolve
 
@@ -72,12 +84,51 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
         return dict(answer, status="ready")
     if args.get("check"):
         return dict(answer, status="missing")
+    if not args.get("offline"):
+        return dict(answer, **_built(uv, envs, key, python["path"], args, env))
+    try:
+        wheels, server = _wheels(workdir, args)
+    except OSError as exc:
+        return dict(answer, status="failed", error=f"the wheels did not arrive: {exc}")
+    if server is None and not wheels:
+        return dict(answer, status="need_wheels")
+    env = dict(env, UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=wheels)
+    try:
+        return dict(answer, **_built(uv, envs, key, python["path"], args, env))
+    finally:
+        if server is not None:
+            wheelpass.wait_for_eof()
+            server.stop()
+
+
+def _built(
+    uv: str, envs: str, key: str, python: str, args: dict[str, Any], env: dict[str, str]
+) -> dict[str, Any]:
     _prune_builds(envs)
-    error = _build(uv, envs, final, key, python["path"], args, env)
+    error = _build(uv, envs, os.path.join(envs, key), key, python, args, env)
     if error:
-        return dict(answer, status="failed", error=error)
+        return {"status": "failed", "error": error}
     _prune_envs(envs, int(args.get("keep") or 0), key)
-    return dict(answer, status="built")
+    return {"status": "built"}
+
+
+def _wheels(
+    workdir: str, args: dict[str, Any]
+) -> tuple[str, Optional[wheelpass.host_share.Server]]:
+    """--offline: the lock's wheels here (received now if they were not), and the server
+    handing them on when this host is the seed; ("", None) when they are not here yet."""
+    offline = args["offline"]
+    path = wheelpass.folder(workdir, str(args["digest"]))
+    if not wheelpass.complete(path):
+        if not offline.get("pull") and not offline.get("seed"):
+            return "", None
+        _progress("receiving", f"{len(offline['wheels'])} wheels")
+        wheelpass.receive(path, offline["wheels"], offline.get("pull"))
+    if not offline.get("seed"):
+        return path, None
+    server = wheelpass.serve(path, offline["wheels"], offline["seed"])
+    _progress("serving", str(wheelpass.port_of(server)))
+    return path, server
 
 
 def host_platform() -> str:
@@ -178,22 +229,83 @@ def _build(
                 fh.write(text)
         venv = os.path.join(build, "venv")
         env = dict(env, UV_PROJECT_ENVIRONMENT=venv)
-        if "requirements.txt" in args["files"]:  # pins resolved on the laptop
+        pinned = _pinned(args["files"])
+        if pinned:  # pins resolved on the laptop, or a pylock.toml
             install = [uv, "pip", "sync", "--python", os.path.join(venv, "bin", "python")]
-            install.append("requirements.txt")
+            install.append(pinned)
         else:
             install = [uv, "sync", "--frozen", "--no-install-project", "--python", python]
-        for argv in ([uv, "venv", "--relocatable", "--quiet", "--python", python, venv], install):
-            proc = _uv_run(argv, env, project)
-            if proc.returncode != 0:
-                return _tail(proc.stderr) or f"uv exited {proc.returncode}"
+        venv_argv = [uv, "venv", "--relocatable", "--quiet", "--python", python, venv]
+        for phase, argv in (("resolving", venv_argv), ("downloading", install)):
+            code, said = _uv_stream(phase, argv, env, project)
+            if code != 0:
+                return _tail(said) or f"uv exited {code}"
         marker = {"key": key, "digest": args["digest"], "python": python, "uv": args["uv"]}
         with open(os.path.join(venv, MARKER), "w") as fh:
             json.dump(marker, fh)
+        _progress("done", _size(_tree_bytes(venv)))
         _place(venv, final)
         return ""
     finally:
         shutil.rmtree(build, ignore_errors=True)
+
+
+def _pinned(files: dict[str, Any]) -> str:
+    """The file ``uv pip sync`` installs, when the project is pins rather than a uv lock."""
+    for name in ("requirements.txt", "pylock.toml"):
+        if name in files:
+            return name
+    return ""
+
+
+#: uv's line once every package is downloaded (or found in its cache) and unpacked
+_PREPARED = re.compile(r"^Prepared (\d+ packages?)")
+
+
+def _uv_stream(phase: str, argv: list[str], env: dict[str, str], cwd: str) -> tuple[int, str]:
+    """Run uv in ``phase``, saying how far it got as its summary lines come; (exit code,
+    its output)."""
+    _progress(phase)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        universal_newlines=True,
+        errors="replace",
+    )
+    said = []
+    for line in proc.stdout or ():
+        said.append(line)
+        found = _PREPARED.match(line)
+        if found:
+            _progress("installing", found.group(1))
+    return proc.wait(), "".join(said)
+
+
+def _progress(phase: str, detail: str = "") -> None:
+    emit({"progress": phase, "detail": detail})
+
+
+def _tree_bytes(top: str) -> int:
+    total = 0
+    for folder, _, names in os.walk(top):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def _place(venv: str, final: str) -> None:

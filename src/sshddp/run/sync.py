@@ -10,20 +10,28 @@ threads (at most ``fanout`` at once); one failing never stops the others.
 from __future__ import annotations
 
 import functools
+import secrets
+import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sshddp import defaults
 from sshddp.errors import ExitCode, SshddpError, SyncFailed, UsageError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
-from sshddp.hosts.transport import SshOptions
+from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model import sync as model
+from sshddp.model.commands import python_command
 from sshddp.model.inventory import Host, Inventory
-from sshddp.model.sync import HostSync, Project, SyncStatus
+from sshddp.model.sync import HostSync, Progress, Project, SyncStatus
+from sshddp.run.syncwheels import Wheels
+
+#: what a sync says of a host while it builds: (the host's index, its name, how far)
+OnProgress = Callable[[int, str, Progress], None]
 
 UV_LEVEL = 1  #: zlib level of the uv binary sent: 38 MB -> 17 MB in a fraction of a second
 
@@ -35,25 +43,33 @@ def uv_version() -> str:
 
 
 def load_project(path: str) -> Project:
-    """The uv project in directory ``path`` (or the requirements file ``path``, resolved
-    here), or ``UsageError``."""
+    """The uv project in directory ``path`` (or its pylock.toml when it has no uv.lock), the
+    PEP 751 lock ``path``, or the requirements file ``path`` resolved here; or
+    ``UsageError``."""
     root = Path(path).expanduser()
     if root.is_file() and root.suffix == ".txt":
         return model.project(str(root), {model.PINNED: _compile(root)}, uv_version())
+    if root.is_file() and model.is_pylock(root.name):
+        return model.project(str(root), {model.PYLOCK: _read(root)}, uv_version())
     if not root.is_dir():
         raise UsageError(
-            f"PROJECT {path}: neither a uv project's directory (pyproject.toml, uv.lock) nor "
-            "a requirements file (.txt)"
+            f"PROJECT {path}: neither a uv project's directory (pyproject.toml, uv.lock), a "
+            "pylock.toml, nor a requirements file (.txt)"
         )
+    if not (root / "uv.lock").exists() and (root / model.PYLOCK).is_file():
+        return model.project(str(root), {model.PYLOCK: _read(root / model.PYLOCK)}, uv_version())
     files = {}
     for name in model.PROJECT_FILES:
-        try:
-            files[name] = (root / name).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{root / name}: cannot be read: {exc}") from None
+        if (root / name).exists():
+            files[name] = _read(root / name)
     return model.project(str(root), files, uv_version())
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot be read: {exc}") from None
 
 
 def _compile(requirements: Path) -> str:
@@ -72,53 +88,186 @@ def _compile(requirements: Path) -> str:
 
 
 def sync_hosts(
-    inventory: Inventory, project: Project, ssh: SshOptions, fanout: int, check: bool = False
+    inventory: Inventory,
+    project: Project,
+    ssh: SshOptions,
+    fanout: int,
+    check: bool = False,
+    on_progress: Optional[OnProgress] = None,
+    wheels: Optional[Wheels] = None,
+    meter: Optional[Meter] = None,
 ) -> list[HostSync]:
-    """Sync (or with ``check`` only look at) every host's environment, in host order."""
+    """Sync (or with ``check`` only look at) every host's environment, in host order;
+    ``on_progress`` hears how far each host got while it builds (from the pool's threads).
+    With ``wheels`` (--offline) the hosts install from them alone: the first host that
+    lacks them gets them from here and hands them on to the others. ``meter`` counts the
+    bytes written to the hosts."""
     with HostPool(inventory.hosts, ssh, fanout) as pool:
-
-        def one(host: Host) -> HostSync:
-            start = time.monotonic()
-            try:
-                answer = _call(pool, host, project, check)
-            except SshddpError as exc:
-                status = SyncStatus.UNREACHABLE
-                return HostSync(host.index, host.host, status, error=_said(exc))
-            return model.outcome(host.index, host.host, answer, time.monotonic() - start)
-
-        outcomes = pool.map(one, inventory.hosts)
-    return outcomes.in_order(
-        inventory.hosts, lambda h, why: HostSync(h.index, h.host, SyncStatus.UNREACHABLE, error=why)
-    )
+        sync = _Sync(pool, project, check, on_progress, wheels, meter or Meter())
+        outcomes = pool.map(sync.one, inventory.hosts)
+        results = outcomes.in_order(inventory.hosts, _unreachable)
+        needing = [h for h in inventory.hosts if results[h.index].status is SyncStatus.NO_WHEELS]
+        if needing:
+            for result in _seeded(sync, needing):
+                results[result.node] = result
+    return results
 
 
-def _call(pool: HostPool, host: Host, project: Project, check: bool) -> dict[str, Any]:
-    transport = pool.transport(host)
-    transport.connect()
-    args = {
-        "workdir": host.workdir,
-        "digest": project.digest,
-        "files": dict(project.files),
-        "python": project.python,
-        "uv": uv_version(),
-        "env": dict(host.env),
-        "check": check,
-        "keep": defaults.KEEP_ENVS,
-    }
-    answer: dict[str, Any] = shipped.call(transport, "envsync", args)
-    if answer.get("status") != "need_uv":
-        return answer
-    if check:  # doctor changes nothing on a host
-        return {"status": "missing"}
-    if answer.get("platform") != local_platform():
-        return {
-            "status": "failed",
-            "error": f"no uv there, and this machine's uv is for {local_platform()}, not "
-            f"{answer.get('platform')}: install uv {uv_version()} on the host "
-            "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
+def _unreachable(host: Host, why: str) -> HostSync:
+    return HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=why)
+
+
+class Meter:
+    """The bytes written to the hosts' SSH channels (by the pool's threads)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
+
+class _Sync:
+    """One sync's calls to its hosts."""
+
+    def __init__(
+        self,
+        pool: HostPool,
+        project: Project,
+        check: bool,
+        on_progress: Optional[OnProgress],
+        wheels: Optional[Wheels],
+        meter: Meter,
+    ) -> None:
+        self.pool, self.project, self.check = pool, project, check
+        self.on_progress, self.wheels, self.meter = on_progress, wheels, meter
+
+    def said(self, host: Host) -> Callable[[Progress], None]:
+        def said(progress: Progress) -> None:
+            if self.on_progress is not None:
+                self.on_progress(host.index, host.host, progress)
+
+        return said
+
+    def args(self, host: Host, offline: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        args = {
+            "workdir": host.workdir,
+            "digest": self.project.digest,
+            "files": dict(self.project.files),
+            "python": self.project.python,
+            "uv": uv_version(),
+            "env": dict(host.env),
+            "check": self.check,
+            "keep": defaults.KEEP_ENVS,
         }
-    result: dict[str, Any] = shipped.call(transport, "envsync", args, _uv_packed())
-    return result
+        if self.wheels is not None:
+            args["offline"] = dict(offline or {}, wheels=list(self.wheels.listed))
+        return args
+
+    def one(self, host: Host, offline: Optional[dict[str, Any]] = None) -> HostSync:
+        start = time.monotonic()
+        try:
+            answer = self.call(host, self.args(host, offline))
+        except SshddpError as exc:
+            return HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=_said(exc))
+        return model.outcome(host.index, host.host, answer, time.monotonic() - start)
+
+    def call(self, host: Host, args: dict[str, Any]) -> dict[str, Any]:
+        transport = self.pool.transport(host)
+        transport.connect()
+        answer = _Channel(transport, args, [], self.meter).answer(self.said(host))
+        if answer.get("status") != "need_uv":
+            return answer
+        if self.check:  # doctor changes nothing on a host
+            return {"status": "missing"}
+        if answer.get("platform") != local_platform():
+            return {
+                "status": "failed",
+                "error": f"no uv there, and this machine's uv is for {local_platform()}, not "
+                f"{answer.get('platform')}: install uv {uv_version()} on the host "
+                "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
+            }
+        return _Channel(transport, args, [_uv_packed()], self.meter).answer(self.said(host))
+
+
+def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
+    """--offline: the wheels from here to the first host of ``needing`` (the seed), which
+    hands them on to the others over TCP while it builds; every one's outcome."""
+    assert sync.wheels is not None
+    seed, rest = needing[0], needing[1:]
+    start = time.monotonic()
+    order = {"key": secrets.token_hex(32), "run": f"sync-{sync.project.digest}", "timeout": 600}
+    transport = sync.pool.transport(seed)
+    args = sync.args(seed, {"seed": order})
+    channel = _Channel(transport, args, sync.wheels.stream(), sync.meter)
+    said = sync.said(seed)
+    port = None
+    for progress in channel.progress:
+        if progress.phase == "serving":  # its port, for the others: not the user's business
+            port = int(progress.detail)
+            said(Progress("handing on", f"{len(sync.wheels.listed)} wheels to {len(rest)} host(s)"))
+            break
+        said(progress)
+    results = []
+    if port is not None:
+        pull = dict(order, addr=seed.addr or seed.host, port=port)
+        pulled = sync.pool.map(lambda h: sync.one(h, {"pull": dict(pull, rank=h.index)}), rest)
+        results = pulled.in_order(rest, _unreachable)
+    answer = channel.answer(said)
+    results.append(model.outcome(seed.index, seed.host, answer, time.monotonic() - start))
+    if port is None:
+        error = f"{seed.host} could not hand on the wheels"
+        results += [HostSync(h.index, h.host, SyncStatus.FAILED, error=error) for h in rest]
+    return results
+
+
+class _Channel:
+    """One call of ``remote/envsync.py``: its progress lines as they come, then its answer
+    (its last line)."""
+
+    def __init__(
+        self, transport: Transport, args: dict[str, Any], payload: Iterable[bytes], meter: Meter
+    ) -> None:
+        self.transport = transport
+        self.proc = transport.start(python_command(transport.host.python))
+        self.last = b""
+        try:
+            for data in (shipped.header("envsync", args), *payload):
+                self.proc.write(data)
+                meter.add(len(data))
+            if "seed" not in (args.get("offline") or {}):  # the seed serves until EOF
+                self.proc.close_stdin()
+        except BaseException:
+            self.proc.close()
+            raise
+        self.progress = self._progress()
+
+    def _progress(self) -> Iterator[Progress]:
+        pending = b""
+        while chunk := self.proc.read():
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                progress = model.progress_of(line)
+                if progress is None:
+                    self.last = line
+                else:
+                    yield progress
+        self.last = pending or self.last
+
+    def answer(self, said: Callable[[Progress], None]) -> dict[str, Any]:
+        try:
+            self.proc.close_stdin()
+            for progress in self.progress:
+                said(progress)
+            stderr, rc = self.proc.read_stderr(), self.proc.wait()
+            answer: dict[str, Any] = shipped.decode(
+                self.transport, "envsync", self.last, stderr, rc
+            )
+            return answer
+        finally:
+            self.proc.close()
 
 
 def local_platform() -> str:

@@ -1,0 +1,124 @@
+"""``sshddp sync --offline`` to hosts in network namespaces that reach no index: the
+wheels are fetched once here, cross this machine's link once, and the hosts pass them on.
+
+The project's index is served over HTTP on this machine's loopback, which a host in its own
+namespace cannot reach (its loopback is its own): a sync without --offline fails there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from test_sync import UV, keys, make_project
+
+from cli_helpers import Result, assert_clean_failure, sshddp
+from sshddp.errors import ExitCode
+from sshddp.run.sync import uv_version
+from sshddp_lab.netns import Netns, NetnsCluster, NetnsError
+
+DEPS = ["numpy==2.2.6", "six==1.17.0"]
+
+
+@pytest.fixture
+def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    """Three sshd hosts, each in its own network namespace on one bridge."""
+    try:
+        net = Netns(3)
+        net.setup()
+    except NetnsError as exc:
+        pytest.fail(f"cannot build the test network: {exc}")
+    cluster = NetnsCluster(tmp_path_factory.mktemp("sshd-netns"), net)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+        net.close()
+
+
+@pytest.fixture
+def http_index(free_port: object) -> Iterator[str]:
+    """/opt/pypi over HTTP on this machine's loopback: no namespaced host reaches it."""
+    port = free_port()  # type: ignore[operator]
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    server = subprocess.Popen(argv, cwd="/opt/pypi", stderr=subprocess.DEVNULL)
+    try:
+        yield f"http://127.0.0.1:{port}/simple"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def project(tmp: Path, index: str) -> Path:
+    folder = tmp / "proj"
+    make_project(folder, DEPS, tmp / "uv-cache")
+    text = (folder / "pyproject.toml").read_text().replace("file:///opt/pypi/simple", index)
+    (folder / "pyproject.toml").write_text(text)
+    env = {"UV_CACHE_DIR": str(tmp / "uv-cache"), "PATH": "/usr/bin:/bin", "HOME": str(folder)}
+    subprocess.run([UV, "lock", "--quiet"], cwd=folder, env=env, check=True, timeout=120)
+    return folder
+
+
+def inventory(cluster: NetnsCluster, tmp: Path) -> Path:
+    """Every host with its own workdir and uv cache, and sshddp's uv already there (what a
+    host keeps from any earlier sync), so what crosses the link is the wheels."""
+    doc = yaml.safe_load(cluster.inventory_yaml([1, 2, 3], workdir="~/w"))
+    for i, entry in enumerate(doc["hosts"], start=1):
+        entry["addr"] = cluster.net.addr(i)
+        entry["env"] = {"UV_CACHE_DIR": str(cluster.home(i) / "uv-cache")}
+        tools = cluster.home(i) / "w" / "tools" / f"uv-{uv_version()}"
+        tools.mkdir(parents=True)
+        shutil.copy(UV, tools / "uv")
+    path = tmp / "inv.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def sync(cluster: NetnsCluster, inv: Path, folder: Path, *more: str) -> Result:
+    return sshddp(["sync", "--ssh-config", str(cluster.ssh_config), *more, str(inv), str(folder)])
+
+
+def tx_bytes(interface: str) -> int:
+    return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
+
+
+@pytest.mark.slow
+def test_offline_hosts_get_the_wheels_once_from_here_and_pass_them_on(
+    netns_cluster: NetnsCluster, tmp_path: Path, http_index: str
+) -> None:
+    folder = project(tmp_path, http_index)
+    inv = inventory(netns_cluster, tmp_path)
+    online = sync(netns_cluster, inv, folder)
+    assert_clean_failure(online, ExitCode.SYNC_FAILED)  # no host reaches the index
+
+    before = tx_bytes(netns_cluster.net.bridge)
+    result = sync(netns_cluster, inv, folder, "--offline")
+    sent_on_the_wire = tx_bytes(netns_cluster.net.bridge) - before
+    assert result.code == 0, result.explain()
+    key = keys(result)["h1"]
+    assert keys(result) == {"h1": key, "h2": key, "h3": key}
+    for i in (1, 2, 3):
+        python = netns_cluster.home(i) / "w" / "envs" / key / "bin" / "python"
+        code = "import numpy, six; print(numpy.__version__, six.__version__)"
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["2.2.6", "1.17.0"]
+    wheels = sorted(p for p in (netns_cluster.home(1) / "w" / "wheels").glob("*/*.whl"))
+    size = sum(p.stat().st_size for p in wheels)
+    assert [p.name.split("-")[0] for p in wheels] == ["numpy", "six"]
+    (line,) = [x for x in result.err.splitlines() if " bytes sent to the hosts " in x]
+    sent = int(line.split("sync: ")[1].split()[0])
+    assert f"are {size} bytes" in line, result.explain()
+    # once, whatever the host count: what sshddp wrote to the SSH channels, and what left
+    # this machine on the wire (with SSH's, TCP's and Ethernet's framing)
+    assert size <= sent <= 1.05 * size, result.explain()
+    assert sent_on_the_wire <= 1.2 * size, (sent_on_the_wire, size)
+
+    again = sync(netns_cluster, inv, folder, "--offline")
+    assert again.code == 0, again.explain()
+    assert [x.split()[1] for x in again.out.splitlines()] == ["ready"] * 3
