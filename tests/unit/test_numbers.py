@@ -28,10 +28,13 @@ COUNT_BAD = ["nan", "inf", "-1", "1e3", "1.5", HUGE]
 TABLE: dict[tuple[str, str], list[str]] = {
     **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("attach", "doctor", "exec")},
     **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("fetch", "launch", "logs")},
-    **{(cmd, "--connect-timeout"): SECONDS_BAD for cmd in ("smoke", "stacks", "stop", "sync")},
+    **{
+        (cmd, "--connect-timeout"): SECONDS_BAD
+        for cmd in ("smoke", "stacks", "stop", "sync", "top")
+    },
     **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("attach", "doctor", "exec", "fetch")},
     **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("launch", "logs", "smoke", "stacks")},
-    **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("stop", "ps", "sync")},
+    **{(cmd, "--fanout"): [*COUNT_BAD, "0"] for cmd in ("stop", "ps", "sync", "top")},
     ("ps", "--connect-timeout"): SECONDS_BAD,
     ("launch", "--grace"): SECONDS_BAD,
     ("launch", "--heartbeat-timeout"): [*SECONDS_BAD, "0.1"],
@@ -46,7 +49,7 @@ TABLE: dict[tuple[str, str], list[str]] = {
     ("smoke", "--nproc-per-node"): [*COUNT_BAD, "0"],
     ("smoke", "--iters"): [*COUNT_BAD, "0"],
     # a node number's range is the run's: it is checked against the run (check_node)
-    **{(cmd, "--node"): ["nan", "inf", "-1", "1.5"] for cmd in ("fetch", "logs", "stacks")},
+    **{(cmd, "--node"): ["nan", "inf", "-1", "1.5"] for cmd in ("fetch", "logs", "stacks", "top")},
     ("logs", "--tail"): ["nan", "inf", "-1", "1.5"],  # any count of lines is a tail
 }
 
