@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from sshddp_bench import internals
+from sshddp_bench import internals, mechanisms
 from sshddp_bench.case import Sizes
 from sshddp_bench.harness import reap_leftovers, running_bench
 from sshddp_bench.logs import L8_MB
+from sshddp_bench.machine import load_average, machine
 from sshddp_bench.registry import NAMES, CaseFault, hosts_needed, run_cases
-from sshddp_bench.report import Results, load_average, machine, render, render_stored
+from sshddp_bench.report import Results, render, render_stored
 from sshddp_bench.store import RESULTS, Stored, load, save
 
 DESCRIPTION = (
@@ -157,7 +158,7 @@ def report_main(argv: Sequence[str]) -> int:
     p.add_argument("--results", metavar="DIR", default=str(RESULTS), help="The stored results.")
     p.add_argument("--write", metavar="FILE", help="Write the file there (else: stdout).")
     args = p.parse_args(argv)
-    text = render_stored(load(Path(args.results), NAMES))
+    text = render_stored(load(Path(args.results), (*NAMES, mechanisms.NAME)))
     if args.write:
         Path(args.write).write_text(text)
     else:

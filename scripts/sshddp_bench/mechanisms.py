@@ -10,6 +10,10 @@ each (their bytecode compiled).
 
     cd scripts && python -m sshddp_bench.mechanisms --hosts 8 --reps 5
 
+The result is stored as ``benchmarks/results/mechanisms.json`` (``--results``,
+``--no-store``) and BENCHMARKS.md renders it (``section``): each variant's medians, its Δ
+against ``baseline``, whether that Δ is above the noise floor, and the project's verdict
+(``ABOUT``: a decision, not a measurement).
 A mechanism removed from the product leaves ``VARIANTS`` with it (its anchors no longer
 occur: asking for it fails before anything runs).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import shutil
 import statistics
 import sys
@@ -37,7 +42,9 @@ from sshddp_bench.harness import (
     running_bench,
 )
 from sshddp_bench.launch import launch_once
+from sshddp_bench.machine import load_average, machine
 from sshddp_bench.restart import restart_gap
+from sshddp_bench.store import RESULTS, Stored, save
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -68,6 +75,60 @@ VARIANTS: dict[str, tuple[Patch, ...]] = {
         Patch("remote/agent.py", "store = store_endpoint(sys.argv[1:])", "store = None"),
     ),
 }
+
+
+#: variant -> (the mechanism it takes out, its lines, the verdict taken on it)
+ABOUT: dict[str, tuple[str, str, str]] = {
+    "baseline": ("nothing taken out", "—", "—"),
+    "baseline2": ("nothing taken out (the noise floor)", "—", "—"),
+    "standby": (
+        "the standby torchrun, handed the node's output over a Unix socket "
+        "(`remote/standby.py`, `Spare`)",
+        "~240",
+        "**keep**",
+    ),
+    "os._exit": ("the agent shim's `os._exit` (`remote/agent.py`, `finish`)", "~50", "**keep**"),
+    "prewarm": (
+        "the first attempt's prewarm, CPU-slot lock files (`remote/first_standby.py`)",
+        "~250",
+        "keep: its own target",
+    ),
+    "store-poll": (
+        "polling node 0's store (`remote/agent.py`, `await_store`)",
+        "~80",
+        "keep: its own target",
+    ),
+}
+NAME = "mechanisms"  #: its stored result's name
+FLOOR_MIN = 0.005  #: a noise floor smaller than this shows as 0.00 s: no ratio to it
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median (min–max) of one variant's samples of one case, seconds."""
+
+    median: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant's result: what it takes out and what that changed."""
+
+    name: str  #: its ``--only`` name (the mechanism taken out)
+    what: str  #: the mechanism, in words
+    lines: str  #: about how many lines it is
+    launch: Spread | None  #: None: not measured
+    restart: Spread | None
+    verdict: str  #: the decision taken on it (``ABOUT``), not measured
+
+
+@dataclass(frozen=True)
+class MechanismsRow:
+    hosts: int
+    variants: tuple[Variant, ...]  #: ``baseline`` and ``baseline2`` among them
+    source: str  #: where the numbers come from, when not from this tool's own run
 
 
 def make_tree(root: Path, variant: str) -> Path:
@@ -108,25 +169,94 @@ def sample(b: Bench, hosts: int, cases: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def cell(values: Sequence[float], base: Sequence[float]) -> str:
-    if not values:
+def spread(values: Sequence[float]) -> Spread | None:
+    return Spread(statistics.median(values), min(values), max(values)) if values else None
+
+
+def row_of(hosts: int, results: dict[str, list[dict[str, float]]]) -> MechanismsRow:
+    variants = []
+    for name, samples in results.items():
+        what, lines, verdict = ABOUT.get(name, (name, "?", "?"))
+        launch = spread([s["launch"] for s in samples if "launch" in s])
+        restart = spread([s["restart"] for s in samples if "restart" in s])
+        variants.append(Variant(name, what, lines, launch, restart, verdict))
+    return MechanismsRow(hosts, tuple(variants), "")
+
+
+def delta(got: Spread | None, base: Spread | None) -> float | None:
+    return None if got is None or base is None else got.median - base.median
+
+
+def noise_floor(row: MechanismsRow) -> tuple[float | None, float | None]:
+    """``baseline2`` − ``baseline``, launch and restart: the same tree twice."""
+    by = {v.name: v for v in row.variants}
+    base, twin = by.get("baseline"), by.get("baseline2")
+    if base is None or twin is None:
+        return None, None
+    return delta(twin.launch, base.launch), delta(twin.restart, base.restart)
+
+
+def against_floor(row: MechanismsRow, v: Variant) -> str:
+    """Each case's Δ as a multiple of the noise floor's size: near 1x or below, noise."""
+    if v.name.startswith("baseline"):
+        return "—"
+    base = next((b for b in row.variants if b.name == "baseline"), None)
+    got = []
+    for case, floor in zip(("launch", "restart"), noise_floor(row)):
+        d = delta(getattr(v, case), getattr(base, case) if base else None)
+        if d is None or floor is None or abs(floor) < FLOOR_MIN:
+            got.append(f"{case} n/a")
+        else:
+            got.append(f"{case} {d / abs(floor):+.1f}x")
+    return ", ".join(got)
+
+
+def fmt(value: Spread | float | None) -> str:
+    if value is None:
         return "n/a"
-    med = statistics.median(values)
-    delta = med - statistics.median(base) if base else float("nan")
-    return f"{med:.2f} ({min(values):.2f}–{max(values):.2f}) {delta:+.2f}"
+    if isinstance(value, Spread):
+        return f"{value.median:.2f} ({value.lo:.2f}–{value.hi:.2f})"
+    return f"{value:+.2f}"
 
 
-def table(results: dict[str, list[dict[str, float]]], cases: Sequence[str]) -> list[str]:
-    base = results.get("baseline", [])
-    head = " | ".join(f"{c}: median (min–max) Δ vs baseline, s" for c in cases)
-    out = [f"| without | {head} |", "|---|" + "---|" * len(cases)]
-    for variant, samples in results.items():
-        cells = [cell([s[c] for s in samples], [s[c] for s in base]) for c in cases]
-        out.append(f"| {variant} | {' | '.join(cells)} |")
-    return out
+def table(row: MechanismsRow) -> list[str]:
+    base = next((v for v in row.variants if v.name == "baseline"), None)
+    out = [
+        "| without | mechanism | lines | launch, s: median (min–max) | launch Δ "
+        "| restart, s: median (min–max) | restart Δ | Δ / noise floor | verdict |",
+        "|---|---|---:|---|---:|---|---:|---|---|",
+    ]
+    for v in row.variants:
+        launch_d = delta(v.launch, base.launch if base else None)
+        restart_d = delta(v.restart, base.restart if base else None)
+        cells = [f"`{v.name}`", v.what, v.lines, fmt(v.launch), fmt(launch_d)]
+        cells += [fmt(v.restart), fmt(restart_d), against_floor(row, v), v.verdict]
+        out.append(f"| {' | '.join(cells)} |")
+    launch_f, restart_f = noise_floor(row)
+    floor = f"launch {fmt(launch_f)} s, restart {fmt(restart_f)} s"
+    return [*out, "", f"Noise floor (`baseline2` − `baseline`, the same tree twice): {floor}."]
 
 
-def run(variants: Sequence[str], hosts: int, reps: int, cases: Sequence[str], log: Path) -> None:
+def section(stored: Stored) -> list[str]:
+    """BENCHMARKS.md's section of the stored result: when and where, the table, the command."""
+    row: MechanismsRow = stored.row
+    facts = "; ".join(f"{k}: {v}" for k, v in stored.machine)
+    lines = [
+        f"## What each mechanism buys: launch and restart, {row.hosts} hosts",
+        "",
+        f"*Measured* ({stored.reps} repetition(s)): {facts}.",
+    ]
+    if row.source:
+        lines += ["", f"*Source:* {row.source}"]
+    lines += ["", *table(row), "", f"Reproduce: `{stored.command}`", "", "Method:", ""]
+    method = (__doc__ or "").split("\n\n")[1].replace("\n", " ").replace("``", "`")
+    return [*lines, method]
+
+
+def measure(
+    variants: Sequence[str], hosts: int, reps: int, cases: Sequence[str], log: Path
+) -> dict[str, list[dict[str, float]]]:
+    """Every variant's samples, by variant: ``reps`` interleaved repetitions each."""
     results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="sshddp-mech-") as tmp, running_bench(hosts) as b:
         benches = {v: bench_for(b, make_tree(Path(tmp), v)) for v in variants}
@@ -141,7 +271,7 @@ def run(variants: Sequence[str], hosts: int, reps: int, cases: Sequence[str], lo
                     fh.write(json.dumps({"variant": v, "rep": rep, **got}) + "\n")
                 progress(f"rep {rep} {v}: {got}")
         reap_leftovers()
-    print("\n".join(table(results, cases)))
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -151,13 +281,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", default=",".join(VARIANTS), help="variants, comma-separated")
     parser.add_argument("--cases", default="launch,restart")
     parser.add_argument("--log", default="mechanisms.jsonl", help="every sample, appended")
+    parser.add_argument("--results", default=str(RESULTS), help="where the result is stored")
+    parser.add_argument("--no-store", action="store_true", help="store no result")
     args = parser.parse_args(argv)
     variants = [v for v in args.only.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     cases = [c for c in args.cases.split(",") if c]
-    run(variants, args.hosts, args.reps, cases, Path(args.log))
+    info = machine()
+    results = measure(variants, args.hosts, args.reps, cases, Path(args.log))
+    info += [("hosts", f"{args.hosts} sshd on loopback"), ("load average at end", load_average())]
+    row = row_of(args.hosts, results)
+    print("\n".join(table(row)))
+    if not args.no_store:
+        given = list(sys.argv[1:] if argv is None else argv)
+        cmd = shlex.join(["python", "-m", "sshddp_bench.mechanisms", *given])
+        stored = Stored(NAME, row, tuple(info), f"cd scripts && {cmd}", args.reps, None)
+        progress(f"stored {save(Path(args.results), stored)}")
 
 
 if __name__ == "__main__":

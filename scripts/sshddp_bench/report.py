@@ -1,4 +1,4 @@
-"""The markdown report: the machine measured, one section per case, noisy rows, method.
+"""The markdown report: one section per case, noisy rows, method (the machine: ``machine``).
 
 The suite's run prints ``render``'s report; BENCHMARKS.md is ``render_stored``'s, from the
 results stored case by case (``store``). The cases render their own sections and *Method*
@@ -8,23 +8,14 @@ what concerns the whole run.
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import importlib.metadata
-import os
-import platform
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sshddp_bench import internals
+from sshddp_bench import mechanisms
 from sshddp_bench.case import Case, Sizes
 from sshddp_bench.registry import CASES, CaseFault
 from sshddp_bench.store import Stored
-
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/sshddp_bench/report.py
 
 
 @dataclass
@@ -33,52 +24,6 @@ class Results:
 
     rows: dict[str, Any] = field(default_factory=dict)  #: by case name: what its run returned
     leftovers: list[str] = field(default_factory=list)  #: processes of finished runs
-
-
-# --------------------------------------------------------------------------- the machine
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def tool_version(argv: Sequence[str]) -> str:
-    out = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return (out.stdout + out.stderr).strip().splitlines()[0]
-
-
-def source_revision() -> str:
-    """The commit measured, and whether src/ had uncommitted changes."""
-    git = ["git", "-C", str(ROOT)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0:
-        return "not a git checkout"
-    dirty = subprocess.run([*git, "status", "--porcelain", "src"], capture_output=True, text=True)
-    return f"commit {head.stdout.strip()}" + (" + uncommitted src/ changes" if dirty.stdout else "")
-
-
-def load_average() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def machine() -> list[tuple[str, str]]:
-    """The report's *Machine* table as it stands before the suite starts."""
-    return [
-        ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
-        ("CPU", cpu_model()),
-        ("cores", f"{os.cpu_count()} (usable: {len(os.sched_getaffinity(0))})"),
-        ("OS", platform.platform()),
-        ("python", platform.python_version()),
-        ("torch", importlib.metadata.version("torch")),
-        ("sshddp", f"{internals.version()}, {source_revision()}"),
-        ("OpenSSH", tool_version(["ssh", "-V"])),
-        ("pdsh", tool_version(["pdsh", "-V"])),
-        ("load average at start (1/5/15 min)", load_average()),
-    ]
 
 
 # --------------------------------------------------------------------------- the report
@@ -186,17 +131,19 @@ def measured_line(stored: Stored) -> str:
 
 
 def stored_section(number: int, case: Case[Any], stored: Stored) -> list[str]:
-    row = stored.row
+    row, sizes = stored.row, stored.sizes
+    assert sizes is not None, f"{case.name}: a case's result stores its sizes"
     lines = ["", f"## {number}. {case.title(row)}", "", measured_line(stored), "", *case.table(row)]
     noisy = case.noisy(row)
     if noisy:
         lines += ["", f"**Noisy:** max > 1.5x min in {', '.join(noisy)}: compare medians only."]
-    lines += ["", f"Reproduce: `{stored.command}`", "", "Method:", "", case.method(stored.sizes)]
+    lines += ["", f"Reproduce: `{stored.command}`", "", "Method:", "", case.method(sizes)]
     return lines
 
 
 def render_stored(stored: dict[str, Stored]) -> str:
-    """BENCHMARKS.md: every stored case in suite order, then the cases not measured yet."""
+    """BENCHMARKS.md: every stored case in suite order, what each mechanism buys, then the
+    cases not measured yet."""
     lines = [STORED_HEADER]
     missing = []
     for number, case in enumerate(CASES, 1):
@@ -204,6 +151,8 @@ def render_stored(stored: dict[str, Stored]) -> str:
             lines += stored_section(number, case, stored[case.name])
         else:
             missing.append(f"`{case.name}`")
+    if mechanisms.NAME in stored:
+        lines += ["", *mechanisms.section(stored[mechanisms.NAME])]
     if missing:
         lines += [
             "",

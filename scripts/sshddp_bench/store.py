@@ -33,7 +33,7 @@ class Stored:
     machine: tuple[tuple[str, str], ...]  #: the report's *Machine* table, that run's
     command: str  #: the command that measured it
     reps: int  #: repetitions
-    sizes: Sizes  #: the sizes it ran at
+    sizes: Sizes | None  #: the sizes it ran at (None: a tool outside the cases, ``mechanisms``)
 
 
 def encode(value: Any) -> Any:

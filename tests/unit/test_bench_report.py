@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sshddp_bench import mechanisms
 from sshddp_bench.__main__ import main, parse_args, sizes_of
 from sshddp_bench.doctor import DoctorRow
 from sshddp_bench.harness import BenchError, stat
@@ -72,3 +73,26 @@ def test_with_nothing_stored_every_case_is_named_as_not_measured(
     assert main(["report", "--results", str(tmp_path / "none")]) == 0
     text = capsys.readouterr().out
     assert all(f"`{name}`" in text for name in NAMES) and "## 1." not in text
+
+
+def test_what_each_mechanism_buys_is_rendered_from_its_stored_result(tmp_path: Path) -> None:
+    samples = {
+        "baseline": [{"launch": 1.0, "restart": 1.0}, {"launch": 1.2, "restart": 1.4}],
+        "baseline2": [{"launch": 1.1, "restart": 1.1}, {"launch": 1.3, "restart": 1.3}],
+        "standby": [{"launch": 1.5, "restart": 5.0}, {"launch": 1.1, "restart": 6.0}],
+    }
+    row = mechanisms.row_of(8, samples)
+    command = "cd scripts && python -m sshddp_bench.mechanisms --hosts 8 --reps 2"
+    save(tmp_path, Stored(mechanisms.NAME, row, MACHINE, command, 2, None))
+    out = tmp_path / "BENCHMARKS.md"
+    assert main(["report", "--results", str(tmp_path), "--write", str(out)]) == 0
+    text = out.read_text()
+    section = text[text.index("## What each mechanism buys: launch and restart, 8 hosts") :]
+    assert "commit abc1234" in section and "2 repetition(s)" in section
+    standby = next(line for line in section.splitlines() if line.startswith("| `standby` |"))
+    # median 1.30 (1.10–1.50), Δ +0.20; restart 5.50 (5.00–6.00), Δ +4.30; floor 0.10, 0.00
+    assert "| ~240 | 1.30 (1.10–1.50) | +0.20 | 5.50 (5.00–6.00) | +4.30 |" in standby
+    assert "| launch +2.0x, restart n/a | **keep** |" in standby
+    assert "Noise floor (`baseline2` − `baseline`, the same tree twice): launch +0.10 s" in section
+    assert f"Reproduce: `{command}`" in section
+    assert section.index("## What each mechanism") < text.index("## General method")
