@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
+from launch_helpers import (
+    SSHDDP,
+    cli_env,
+    exit_record,
+    launch,
+    sshddp,
+    wait_until,
+    write_inventory,
+)
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -113,3 +121,22 @@ def _live_view_redraws(cluster: SshdCluster, cwd: Path) -> None:
     assert any("SLOW" in f for f in frames), frames
     assert live.returncode == 130, err
     assert "Traceback" not in err, err
+
+
+def test_a_cpu_runs_report_says_nothing_of_gpus(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """2 CPU hosts x 2 ranks to the end: each node's exit record carries its usage, over
+    the samples it kept, with null GPU fields, and the run's report says nothing of GPUs."""
+    run = launch(ssh_env, tmp_path, free_port(), ["ok"], hosts=[1, 2])
+    assert run.rc == 0, run.stderr
+    assert "GPU" not in run.stderr and "GPU" not in run.stdout, run.stderr
+    for node in range(2):
+        record = exit_record(run.workdir, run.run_id, node)
+        assert record is not None and record["schema"] >= 8, record
+        usage = record["usage"]
+        assert usage["samples"] >= 1, record  # torch's import alone outlasts the first one
+        assert usage["gpus"] == 0, record
+        assert usage["gpu_util"] is None and usage["gpu_mem_peak"] is None, record
+        assert usage["gpu_mem_total"] is None, record
+    run_no_leak(run.run_id)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Optional, TypedDict
 
-SCHEMA = 7  #: 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
+SCHEMA = 8  #: 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples)
+# 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
 # 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
 # state.json and attempts.json `standby` (was `warm`); agent's standby_messages.py
 # 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
@@ -312,6 +313,17 @@ class Escaped(TypedDict):
     command: str  #: its command line, printable characters only
 
 
+class UsageRecord(TypedDict):
+    """exit.json's ``usage``: what the node's GPUs did over its kept samples (SAMPLES and
+    SAMPLES_OLD); the GPU fields are None on a host without GPUs (or none readable)."""
+
+    samples: int  #: the samples it is computed from
+    gpus: int  #: the most GPUs one sample saw
+    gpu_util: Optional[float]  #: mean utilisation (%) over every GPU of every sample
+    gpu_mem_peak: Optional[int]  #: the most memory (bytes) one GPU held in one sample
+    gpu_mem_total: Optional[int]  #: that GPU's memory (bytes)
+
+
 class ExitRecord(TypedDict, total=False):
     """exit.json, and the status ``follow`` reports for a node still running."""
 
@@ -331,6 +343,7 @@ class ExitRecord(TypedDict, total=False):
     earlier: list[str]  #: why each earlier attempt ended, oldest first (schema 4)
     offsets: list[int]  #: where each attempt starts in node.log, by attempt (schema 4)
     world: WorldRecord  #: the worlds the node's processes joined (schema 5)
+    usage: UsageRecord  #: its GPUs over its kept samples (schema 8)
 
 
 class StopAnswer(ExitRecord, total=False):

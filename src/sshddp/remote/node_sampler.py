@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from sshddp.remote import contract
 from sshddp.remote.common import read_json, run_pids, which
-from sshddp.remote.contract import GpuSample, RankSample, SampleRecord, SpecRecord
+from sshddp.remote.contract import GpuSample, RankSample, SampleRecord, SpecRecord, UsageRecord
 from sshddp.remote.host_stacks import Proc, describe, role
 from sshddp.remote.stop import torchrun_group
 
@@ -114,6 +114,54 @@ class Sampler(threading.Thread):
         finally:
             os.close(fd)
         self.lines += 1
+
+
+def usage(rundir: str) -> UsageRecord:
+    """What the node's GPUs did over its kept samples (exit.json's ``usage``)."""
+    samples = []
+    for name in (contract.SAMPLES_OLD, contract.SAMPLES):
+        samples.extend(_read_samples(os.path.join(rundir, name)))
+    return usage_of(samples)
+
+
+def _read_samples(path: str) -> list[SampleRecord]:
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    out: list[SampleRecord] = []
+    for line in lines:
+        try:
+            record: SampleRecord = json.loads(line)
+        except ValueError:  # a line cut short by a full disk: the others still count
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def usage_of(samples: list[SampleRecord]) -> UsageRecord:
+    """The mean utilisation of every GPU reading, and the fullest GPU of any sample."""
+    utils: list[float] = []
+    peak: tuple[int, Optional[int]] = (-1, None)
+    gpus = 0
+    for s in samples:
+        readings = s.get("gpus") or []
+        gpus = max(gpus, len(readings))
+        for g in readings:
+            if g.get("util") is not None:
+                utils.append(float(g["util"]))  # type: ignore[arg-type]
+            used = g.get("mem_used")
+            if used is not None and used > peak[0]:
+                peak = (used, g.get("mem_total"))
+    return {
+        "samples": len(samples),
+        "gpus": gpus,
+        "gpu_util": round(sum(utils) / len(utils), 1) if utils else None,
+        "gpu_mem_peak": peak[0] if peak[0] >= 0 else None,
+        "gpu_mem_total": peak[1] if peak[0] >= 0 else None,
+    }
 
 
 class Output:
