@@ -15,9 +15,10 @@ every file in it is made new too (``O_EXCL | O_NOFOLLOW``), owner-only.
 
 from __future__ import annotations
 
-from typing import Optional, TypedDict
+from typing import Any, Optional, TypedDict
 
-SCHEMA = 8  #: 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples)
+SCHEMA = 8  #: 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples);
+# RankSample `last_span`; TopRecord `history` (the last minute's progress bars)
 # 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
 # 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
 # state.json and attempts.json `standby` (was `warm`); agent's standby_messages.py
@@ -439,6 +440,8 @@ class RankSample(TypedDict):
     rss: int  #: resident bytes, workers included
     out_bytes: int  #: bytes of output the rank wrote so far (node.idx)
     last_output: Optional[float]  #: when the sampler first saw its latest output (epoch s)
+    #: node.log's offset and length of the rank's latest span of output (schema 8)
+    last_span: Optional[list[int]]
 
 
 class GpuSample(TypedDict):
@@ -474,4 +477,7 @@ class TopRecord(TypedDict):
     state: str  #: the node's state (RUNNING, or how it ended)
     sample: Optional[SampleRecord]  #: the latest sample, None before the first
     tails: dict[str, str]  #: local rank -> the last bytes of its output (bars included)
+    #: local rank -> [[when, its latest span's last bytes then], ...] over the last minute,
+    #: oldest first: the step rates its sparkline draws (schema 8)
+    history: dict[str, list[list[Any]]]
     now: float  #: the host's clock when it answered (ages are counted from it)

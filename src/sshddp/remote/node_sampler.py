@@ -172,6 +172,7 @@ class Output:
         self.offset = 0
         self.bytes: dict[int, int] = {}
         self.last: dict[int, float] = {}
+        self.span: dict[int, list[int]] = {}  #: each rank's latest span: [offset, length]
 
     def read(self, now: float) -> None:
         try:
@@ -182,9 +183,10 @@ class Output:
             return
         whole = len(data) - len(data) % contract.INDEX_BYTES
         self.offset += whole
-        for _, length, source in _records(data[:whole]):
+        for offset, length, source in _records(data[:whole]):
             self.bytes[source] = self.bytes.get(source, 0) + length
             self.last[source] = now
+            self.span[source] = [offset, length]
 
 
 def _records(data: bytes) -> list[tuple[int, int, int]]:
@@ -218,6 +220,7 @@ def rank_samples(
                 "rss": sum(rss.get(p, 0) for p in mine),
                 "out_bytes": output.bytes.get(local, 0) if local is not None else 0,
                 "last_output": output.last.get(local) if local is not None else None,
+                "last_span": output.span.get(local) if local is not None else None,
             }
         )
     return sorted(ranks, key=lambda r: r["rank"])
