@@ -30,6 +30,7 @@ from sshddp_bench import (
     steady,
     sync,
     teardown,
+    top,
     workdir,
 )
 from sshddp_bench.case import Case, Sizes
@@ -49,6 +50,7 @@ CASES: tuple[Case[Any], ...] = (
     slurm.CASE,
     fetch.CASE,
     stacks.CASE,
+    top.CASE,
     ps.CASE,
     workdir.CASE,
     hang.CASE,

@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import SSHDDP, cli_env, sshddp, wait_until, write_inventory
+from launch_helpers import (
+    SSHDDP,
+    cli_env,
+    exit_record,
+    launch,
+    sshddp,
+    wait_until,
+    write_inventory,
+)
+from test_bars import Tmux
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -73,6 +82,7 @@ def test_top_names_the_slow_rank_of_a_detached_run(
         assert [r["rank"] for r in narrow["ranks"]] == [5]
         assert [n["host"] for n in narrow["nodes"]] == ["h3"]
         _live_view_redraws(ssh_env, tmp_path)
+        _live_view_in_a_terminal(ssh_env, tmp_path)
     finally:
         stop = sshddp(ssh_env, tmp_path, "stop", "pac")
     assert stop.returncode == 0, stop.stderr
@@ -113,3 +123,54 @@ def _live_view_redraws(cluster: SshdCluster, cwd: Path) -> None:
     assert any("SLOW" in f for f in frames), frames
     assert live.returncode == 130, err
     assert "Traceback" not in err, err
+
+
+def test_a_cpu_runs_report_says_nothing_of_gpus(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """2 CPU hosts x 2 ranks to the end: each node's exit record carries its usage, over
+    the samples it kept, with null GPU fields, and the run's report says nothing of GPUs."""
+    run = launch(ssh_env, tmp_path, free_port(), ["ok"], hosts=[1, 2])
+    assert run.rc == 0, run.stderr
+    assert "GPU" not in run.stderr and "GPU" not in run.stdout, run.stderr
+    for node in range(2):
+        record = exit_record(run.workdir, run.run_id, node)
+        assert record is not None and record["schema"] >= 8, record
+        usage = record["usage"]
+        assert usage["samples"] >= 1, record  # torch's import alone outlasts the first one
+        assert usage["gpus"] == 0, record
+        assert usage["gpu_util"] is None and usage["gpu_mem_peak"] is None, record
+        assert usage["gpu_mem_total"] is None, record
+    run_no_leak(run.run_id)
+
+
+def _live_view_in_a_terminal(cluster: SshdCluster, cwd: Path) -> None:
+    """Live `top` in a real terminal (a tmux pane): the table is redrawn in place, so at
+    every look over several refreshes (the header's clock moved on) the pane shows one
+    header, on its first line, and one table, never a refresh below the last; Ctrl-C ends
+    it with status 130."""
+    term = Tmux(cli_env(cluster))
+    try:
+        term.start(cwd, " ".join([*SSHDDP, "top", "pac"]))
+        clocks: set[str] = set()
+        screens: list[list[str]] = []
+
+        def refreshed() -> bool:
+            lines = term.screen().splitlines()
+            heads = [x for x in lines if x.startswith("sshddp top pac ")]
+            if heads:
+                screens.append(lines)
+                clocks.update(h.split()[3] for h in heads)
+            return len(clocks) >= 3
+
+        wait_until(refreshed, 90, "live top to refresh three times in the pane")
+        for lines in screens:
+            assert lines[0].startswith("sshddp top pac "), lines
+            assert sum(x.startswith("sshddp top pac ") for x in lines) == 1, lines
+            assert sum(x.startswith("RANK HOST") for x in lines) <= 1, lines
+        assert any("SLOW" in x for x in screens[-1]), screens[-1]
+        term.tmux("send-keys", "C-c")
+        wait_until(lambda: "EXIT=" in term.screen(), 60, "top to end on Ctrl-C")
+        assert "EXIT=130" in term.screen() and "Traceback" not in term.history()
+    finally:
+        term.stop()

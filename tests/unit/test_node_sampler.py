@@ -50,3 +50,44 @@ def test_nvml_answers_make_a_gpu_record() -> None:
     }
     unknown = node_sampler.nvml_sample(0, b"", None, None, None, None)
     assert unknown["util"] is None and unknown["mem_used"] is None and unknown["power"] is None
+
+
+def _sample(*gpus: tuple[float, int]) -> dict:
+    return {
+        "gpus": [
+            {"index": i, "util": u, "mem_used": m, "mem_total": 80 << 30}
+            for i, (u, m) in enumerate(gpus)
+        ]
+    }
+
+
+def test_a_nodes_usage_is_its_gpus_mean_and_the_fullest_gpu() -> None:
+    samples = [_sample((90.0, 10 << 30), (70.0, 30 << 30)), _sample((80.0, 40 << 30), (0.0, 1))]
+    assert node_sampler.usage_of(samples) == {  # type: ignore[arg-type]
+        "samples": 2,
+        "gpus": 2,
+        "gpu_util": 60.0,
+        "gpu_mem_peak": 40 << 30,
+        "gpu_mem_total": 80 << 30,
+    }
+
+
+def test_a_node_without_gpus_has_a_usage_of_nulls() -> None:
+    usage = node_sampler.usage_of([{"gpus": []}, {"gpus": []}])  # type: ignore[list-item]
+    assert usage == {
+        "samples": 2,
+        "gpus": 0,
+        "gpu_util": None,
+        "gpu_mem_peak": None,
+        "gpu_mem_total": None,
+    }
+
+
+def test_usage_reads_both_kept_files_and_skips_a_broken_line(tmp_path) -> None:
+    import json
+
+    (tmp_path / "samples.1.jsonl").write_text(json.dumps(_sample((10.0, 5))) + "\n")
+    good = json.dumps(_sample((30.0, 7)))
+    (tmp_path / "samples.jsonl").write_text(good + "\n" + good[:20] + "\n")
+    usage = node_sampler.usage(str(tmp_path))
+    assert usage["samples"] == 2 and usage["gpu_util"] == 20.0 and usage["gpu_mem_peak"] == 7

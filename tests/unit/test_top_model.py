@@ -119,3 +119,42 @@ def test_rank_rows_read_rate_quiet_time_and_gpu_from_a_node_answer() -> None:
     assert doc["ranks"][1]["cpu"] is None and doc["ranks"][1]["steps_per_s"] is None
     assert set(doc["ranks"][0]) >= {"rank", "host", "cpu", "rss", "steps_per_s", "slow"}
     assert doc["nodes"][0]["gpus"][0]["name"] == "NVIDIA H200"
+
+
+def _bar(rate: float) -> str:
+    return f"rank 0:   1%|1         | 120/10000 [00:10<13:42, {rate:5.2f}it/s]"
+
+
+def test_a_ranks_last_minute_is_a_sparkline_scaled_to_the_runs_fastest() -> None:
+    node = _node(0, [])
+    assert node.sample is not None
+    node.sample["ranks"] = [
+        {
+            "rank": r,
+            "local_rank": r,
+            "pid": 7 + r,
+            "cpu": 1.0,
+            "rss": 1,
+            "out_bytes": 9,
+            "last_output": 99.0,
+            "last_span": [0, 9],
+        }  # fmt: skip
+        for r in (0, 1)
+    ]
+    history = {
+        "0": [[t, _bar(24.0)] for t in range(12)],
+        "1": [[0, "loading data\n"], *[[t, _bar(24.0 - 2 * t)] for t in range(1, 12)]],
+    }
+    rows = top.flag_slow(top.rank_rows(node, {}, 100.0, history))
+    assert rows[0].trend == (24.0,) * 12
+    assert rows[1].trend[0] is None and rows[1].trend[-1] == 2.0
+    table = top.render([node], rows).splitlines()
+    assert table[-2].endswith("  " + "█" * 12), table
+    assert table[-1].endswith("  " + " ▇▇▆▆▅▅▄▃▃▂▂"), table
+    assert top.json_doc("r1", 1.0, [node], rows)["ranks"][1]["trend"][:2] == [None, 22.0]
+
+
+def test_no_history_is_no_sparkline() -> None:
+    assert top.sparkline((None, None), None) == "  "
+    assert top.sparkline((), 3.0) == ""
+    assert top.sparkline((0.0, 1.5, 3.0), 3.0) == "▁▅█"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -231,6 +232,7 @@ def run_report(
         out.append(f"  node {n.node_rank:<3} {n.host:<20} {n.state.value:<12} {detail}".rstrip())
     out.extend(attempts_lines(result))
     out.extend(world_warning(result))
+    out.extend(usage_lines(result))
     if result.cause and not result.ok:
         out.append(f"root cause: {result.cause}")
         return "\n".join(out)
@@ -343,6 +345,33 @@ def world_warning(result: RunResult) -> list[str]:
     out.extend(_silent_fix() if silent else _world_fix(bool(sizes)))
     out.append("  (the exit code stays 0: the processes themselves succeeded)")
     return out
+
+
+IDLE_BELOW = 0.5  #: a node's mean GPU use below this times the others' median is idle
+IDLE_BUSY = 20.0  #: % mean use: a median below this means no node worked, so none idled
+
+
+def usage_lines(result: RunResult) -> list[str]:
+    """Per node with GPUs, their mean utilisation and peak memory, and the nodes whose GPUs
+    sat mostly idle while the others worked; nothing at all for a run without GPUs."""
+    used = [(n, n.usage) for n in result.nodes if n.usage is not None]
+    if not used:
+        return []
+    out = ["GPUs (mean utilisation, peak memory of one GPU):"]
+    for n, u in used:
+        peak = "-" if u.mem_peak is None else _gib(u.mem_peak)
+        of = "" if u.mem_total is None or u.mem_peak is None else f" of {_gib(u.mem_total)}"
+        out.append(f"  node {n.node_rank:<3} {n.host:<20} {u.gpus} GPU  {u.util:.0f}%  {peak}{of}")
+    median = statistics.median(u.util for _, u in used)
+    idle = [(n, u) for n, u in used if median >= IDLE_BUSY and u.util < IDLE_BELOW * median]
+    if len(used) >= 2 and idle:
+        named = ", ".join(f"node {n.node_rank} ({n.host}) averaged {u.util:.0f}%" for n, u in idle)
+        out.append(f"idle GPUs: {named} against a median of {median:.0f}%")
+    return out
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
 
 
 def _sizes(sizes: Sequence[int]) -> str:

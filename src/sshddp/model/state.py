@@ -103,6 +103,36 @@ class NodeWorld:
         return cls(planned, ranks, joined, tuple(sizes), ran)
 
 
+@dataclass(frozen=True)
+class NodeUsage:
+    """What a node's GPUs did over its kept samples (exit.json's ``usage``)."""
+
+    gpus: int  #: the node's GPUs
+    util: float  #: mean utilisation, %
+    mem_peak: Optional[int]  #: the most memory one GPU held, bytes
+    mem_total: Optional[int]  #: that GPU's memory, bytes
+
+    @classmethod
+    def of(cls, value: object) -> Optional[NodeUsage]:
+        """From a host's record; None when absent, malformed, or the node has no GPU."""
+        if not isinstance(value, Mapping):
+            return None
+        gpus, util = value.get("gpus"), value.get("gpu_util")
+        if not _is_int(gpus) or not gpus or not isinstance(util, (int, float)):
+            return None
+        return cls(
+            int(gpus),
+            float(util),
+            _count_or_none(value, "gpu_mem_peak"),
+            _count_or_none(value, "gpu_mem_total"),
+        )
+
+
+def _count_or_none(record: Mapping[str, Any], key: str) -> Optional[int]:
+    value = record.get(key)
+    return value if isinstance(value, int) and _is_int(value) else None
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -145,6 +175,7 @@ class NodeResult:
     attempts: int = 1  #: how many attempts the run may make: 1 + its restarts
     earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
     world: Optional[NodeWorld] = None  #: the worlds its processes joined, once it ended
+    usage: Optional[NodeUsage] = None  #: what its GPUs did, once it ended (None: no GPU)
 
     def apply(self, record: Mapping[str, Any]) -> None:
         """Take a node's exit record (exit.json, or follow's status) as its state."""
@@ -158,6 +189,7 @@ class NodeResult:
         earlier = record.get("earlier")
         self.earlier = tuple(str(e) for e in earlier) if isinstance(earlier, list) else ()
         self.world = NodeWorld.of(record.get("world"))
+        self.usage = NodeUsage.of(record.get("usage"))
 
 
 @dataclass

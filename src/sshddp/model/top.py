@@ -56,6 +56,8 @@ class RankRow:
     quiet: Optional[float]  #: seconds since its last output
     gpu: Optional[GpuSample]  #: the GPU it uses (local rank's), when the node has GPUs
     slow: bool = False
+    #: its step rate over the last minute, oldest first (None: no bar at that point)
+    trend: tuple[Optional[float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,14 @@ class NodeRow:
     error: str = ""  #: why it has no answer
 
 
-def rank_rows(node: NodeRow, tails: dict[str, str], now: float) -> list[RankRow]:
-    """The node's ranks from its sample, each with its step rate and quiet time."""
+def rank_rows(
+    node: NodeRow,
+    tails: dict[str, str],
+    now: float,
+    history: Optional[dict[str, list[list[Any]]]] = None,
+) -> list[RankRow]:
+    """The node's ranks from its sample, each with its step rate, quiet time and the
+    step rates of its bars over the last minute (``history``: the node's answer)."""
     if node.sample is None:
         return []
     gpus = node.sample["gpus"]
@@ -92,9 +100,34 @@ def rank_rows(node: NodeRow, tails: dict[str, str], now: float) -> list[RankRow]
                 step_rate(tail),
                 round(now - seen, 1) if seen else None,
                 gpu,
+                trend=trend((history or {}).get(str(local), [])),
             )
         )
     return rows
+
+
+def trend(points: list[list[Any]]) -> tuple[Optional[float], ...]:
+    """The step rates of a rank's bars at each point of its history."""
+    return tuple(step_rate(str(text).encode("utf-8", "replace")) for _, text in points)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: tuple[Optional[float], ...], top: Optional[float]) -> str:
+    """``values`` as bars scaled to ``top`` (the run's fastest rate, so a slow rank's line
+    sits low beside the others'); a blank where a point had no rate."""
+    if not top or top <= 0:
+        return " " * len(values)
+    last = len(SPARKS) - 1
+    return "".join(
+        " " if v is None else SPARKS[max(0, min(last, round(v / top * last)))] for v in values
+    )
+
+
+def trend_top(rows: list[RankRow]) -> Optional[float]:
+    """The fastest rate any rank's history shows."""
+    return max((v for r in rows for v in r.trend if v is not None), default=None)
 
 
 def median_rate(rows: list[RankRow]) -> Optional[float]:
@@ -167,6 +200,7 @@ def json_doc(run_id: str, at: float, nodes: list[NodeRow], rows: list[RankRow]) 
                 "slow": r.slow,
                 "gpu_util": r.gpu["util"] if r.gpu else None,
                 "gpu_mem": r.gpu["mem_used"] if r.gpu else None,
+                "trend": list(r.trend),
             }
             for r in rows
         ],
@@ -218,12 +252,17 @@ def render(nodes: list[NodeRow], rows: list[RankRow]) -> str:
                 f"{_size(g['mem_used'])}/{_size(g['mem_total'])} {_num(g['power'], '.0f')}W "
                 f"{_num(g['temp'], '.0f')}C{flag}"
             )
-    out.append("RANK HOST             CPU%      RSS   STEP/S  QUIET  GPU%  GPUMEM")
+    out.append("RANK HOST             CPU%      RSS   STEP/S  QUIET  GPU%  GPUMEM  LAST MINUTE")
+    top = trend_top(rows)
     for r in rows:
         out.append(
             f"{r.rank:>4} {r.host:<16} {_num(r.cpu, '.0f'):>5} {_size(r.rss):>8} "
             f"{_num(r.steps_per_s, '.3g'):>8} {_num(r.quiet, '.0f'):>5}s "
             f"{_num(r.gpu['util'] if r.gpu else None, '.0f'):>5} "
-            f"{_size(r.gpu['mem_used'] if r.gpu else None):>7}{'  SLOW' if r.slow else ''}"
+            f"{_size(r.gpu['mem_used'] if r.gpu else None):>7}  "
+            f"{sparkline(r.trend[-_TREND:], top):<{_TREND}}{'  SLOW' if r.slow else ''}".rstrip()
         )
     return "\n".join(out)
+
+
+_TREND = 12  #: points of the sparkline: a minute, one every 5 seconds

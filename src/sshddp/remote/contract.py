@@ -15,9 +15,11 @@ every file in it is made new too (``O_EXCL | O_NOFOLLOW``), owner-only.
 
 from __future__ import annotations
 
-from typing import Optional, TypedDict
+from typing import Any, Optional, TypedDict
 
-SCHEMA = 7  #: 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
+SCHEMA = 8  #: 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples);
+# RankSample `last_span`; TopRecord `history` (the last minute's progress bars)
+# 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
 # 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
 # state.json and attempts.json `standby` (was `warm`); agent's standby_messages.py
 # 5: joined/p<pid>, JoinedRecord `world` and `collectives`; exit.json `world`;
@@ -312,6 +314,17 @@ class Escaped(TypedDict):
     command: str  #: its command line, printable characters only
 
 
+class UsageRecord(TypedDict):
+    """exit.json's ``usage``: what the node's GPUs did over its kept samples (SAMPLES and
+    SAMPLES_OLD); the GPU fields are None on a host without GPUs (or none readable)."""
+
+    samples: int  #: the samples it is computed from
+    gpus: int  #: the most GPUs one sample saw
+    gpu_util: Optional[float]  #: mean utilisation (%) over every GPU of every sample
+    gpu_mem_peak: Optional[int]  #: the most memory (bytes) one GPU held in one sample
+    gpu_mem_total: Optional[int]  #: that GPU's memory (bytes)
+
+
 class ExitRecord(TypedDict, total=False):
     """exit.json, and the status ``follow`` reports for a node still running."""
 
@@ -331,6 +344,7 @@ class ExitRecord(TypedDict, total=False):
     earlier: list[str]  #: why each earlier attempt ended, oldest first (schema 4)
     offsets: list[int]  #: where each attempt starts in node.log, by attempt (schema 4)
     world: WorldRecord  #: the worlds the node's processes joined (schema 5)
+    usage: UsageRecord  #: its GPUs over its kept samples (schema 8)
 
 
 class StopAnswer(ExitRecord, total=False):
@@ -426,6 +440,8 @@ class RankSample(TypedDict):
     rss: int  #: resident bytes, workers included
     out_bytes: int  #: bytes of output the rank wrote so far (node.idx)
     last_output: Optional[float]  #: when the sampler first saw its latest output (epoch s)
+    #: node.log's offset and length of the rank's latest span of output (schema 8)
+    last_span: Optional[list[int]]
 
 
 class GpuSample(TypedDict):
@@ -461,4 +477,7 @@ class TopRecord(TypedDict):
     state: str  #: the node's state (RUNNING, or how it ended)
     sample: Optional[SampleRecord]  #: the latest sample, None before the first
     tails: dict[str, str]  #: local rank -> the last bytes of its output (bars included)
+    #: local rank -> [[when, its latest span's last bytes then], ...] over the last minute,
+    #: oldest first: the step rates its sparkline draws (schema 8)
+    history: dict[str, list[list[Any]]]
     now: float  #: the host's clock when it answered (ages are counted from it)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from sshddp.remote import contract
 from sshddp.remote.common import read_json, run_pids, which
-from sshddp.remote.contract import GpuSample, RankSample, SampleRecord, SpecRecord
+from sshddp.remote.contract import GpuSample, RankSample, SampleRecord, SpecRecord, UsageRecord
 from sshddp.remote.host_stacks import Proc, describe, role
 from sshddp.remote.stop import torchrun_group
 
@@ -116,6 +116,54 @@ class Sampler(threading.Thread):
         self.lines += 1
 
 
+def usage(rundir: str) -> UsageRecord:
+    """What the node's GPUs did over its kept samples (exit.json's ``usage``)."""
+    samples = []
+    for name in (contract.SAMPLES_OLD, contract.SAMPLES):
+        samples.extend(_read_samples(os.path.join(rundir, name)))
+    return usage_of(samples)
+
+
+def _read_samples(path: str) -> list[SampleRecord]:
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    out: list[SampleRecord] = []
+    for line in lines:
+        try:
+            record: SampleRecord = json.loads(line)
+        except ValueError:  # a line cut short by a full disk: the others still count
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def usage_of(samples: list[SampleRecord]) -> UsageRecord:
+    """The mean utilisation of every GPU reading, and the fullest GPU of any sample."""
+    utils: list[float] = []
+    peak: tuple[int, Optional[int]] = (-1, None)
+    gpus = 0
+    for s in samples:
+        readings = s.get("gpus") or []
+        gpus = max(gpus, len(readings))
+        for g in readings:
+            if g.get("util") is not None:
+                utils.append(float(g["util"]))  # type: ignore[arg-type]
+            used = g.get("mem_used")
+            if used is not None and used > peak[0]:
+                peak = (used, g.get("mem_total"))
+    return {
+        "samples": len(samples),
+        "gpus": gpus,
+        "gpu_util": round(sum(utils) / len(utils), 1) if utils else None,
+        "gpu_mem_peak": peak[0] if peak[0] >= 0 else None,
+        "gpu_mem_total": peak[1] if peak[0] >= 0 else None,
+    }
+
+
 class Output:
     """How much each local rank wrote (node.idx, read as it grows), and when it last did."""
 
@@ -124,6 +172,7 @@ class Output:
         self.offset = 0
         self.bytes: dict[int, int] = {}
         self.last: dict[int, float] = {}
+        self.span: dict[int, list[int]] = {}  #: each rank's latest span: [offset, length]
 
     def read(self, now: float) -> None:
         try:
@@ -134,9 +183,10 @@ class Output:
             return
         whole = len(data) - len(data) % contract.INDEX_BYTES
         self.offset += whole
-        for _, length, source in _records(data[:whole]):
+        for offset, length, source in _records(data[:whole]):
             self.bytes[source] = self.bytes.get(source, 0) + length
             self.last[source] = now
+            self.span[source] = [offset, length]
 
 
 def _records(data: bytes) -> list[tuple[int, int, int]]:
@@ -170,6 +220,7 @@ def rank_samples(
                 "rss": sum(rss.get(p, 0) for p in mine),
                 "out_bytes": output.bytes.get(local, 0) if local is not None else 0,
                 "last_output": output.last.get(local) if local is not None else None,
+                "last_span": output.span.get(local) if local is not None else None,
             }
         )
     return sorted(ranks, key=lambda r: r["rank"])

@@ -12,7 +12,7 @@ import json
 import os
 import struct
 import time
-from typing import Any, Optional
+from typing import Any
 
 from sshddp.remote import contract
 from sshddp.remote.common import emit, read_json
@@ -21,7 +21,10 @@ from sshddp.remote.host_follow import node_status
 
 TAIL = 2048  #: bytes of each rank's output sent by default
 INDEX_WINDOW = 4096  #: records of node.idx looked at, from its end
-LAST_LINE = 64 * 1024  #: bytes read from the end of samples.jsonl
+LAST_LINES = 256 * 1024  #: bytes read from the end of samples.jsonl: a minute of samples
+TREND = 60.0  #: seconds of history sent for the sparkline
+TREND_EVERY = 5.0  #: seconds between two of its points
+SPAN_BYTES = 256  #: bytes of a rank's span sent per point: one progress bar's state
 
 
 def main(args: dict[str, Any]) -> None:
@@ -30,31 +33,61 @@ def main(args: dict[str, Any]) -> None:
 
 def collect(rundir: str, tail: int) -> TopRecord:
     spec = read_json(os.path.join(rundir, contract.SPEC))
+    samples = recent(os.path.join(rundir, contract.SAMPLES))
     return {
         "schema": contract.SCHEMA,
         "node_rank": spec["node_rank"] if spec else -1,
         "state": node_status(rundir)["state"],
-        "sample": latest(os.path.join(rundir, contract.SAMPLES)),
+        "sample": samples[-1] if samples else None,
         "tails": tails(rundir, tail),
+        "history": history(os.path.join(rundir, contract.LOG), samples),
         "now": time.time(),
     }
 
 
-def latest(path: str) -> Optional[SampleRecord]:
-    """The last whole line of samples.jsonl, or None."""
+def recent(path: str) -> list[SampleRecord]:
+    """The whole lines of samples.jsonl's last LAST_LINES bytes, oldest first."""
     try:
         with open(path, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - LAST_LINE))
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - LAST_LINES))
             lines = fh.read().splitlines()
     except OSError:
-        return None
-    for line in reversed(lines):
+        return []
+    out: list[SampleRecord] = []
+    for line in lines:
         try:
-            record: SampleRecord = json.loads(line)
-            return record
-        except ValueError:
+            out.append(json.loads(line))
+        except ValueError:  # the first line, cut by the seek; a line being written
             continue
-    return None
+    return out
+
+
+def history(log: str, samples: list[SampleRecord]) -> dict[str, list[list[Any]]]:
+    """Each rank's latest span at one sample every TREND_EVERY seconds of the last TREND."""
+    if not samples:
+        return {}
+    points: list[SampleRecord] = []
+    for s in reversed(samples):
+        if s["at"] < samples[-1]["at"] - TREND:
+            break
+        if not points or points[-1]["at"] - s["at"] >= TREND_EVERY - 0.5:
+            points.append(s)
+    out: dict[str, list[list[Any]]] = {}
+    try:
+        fh = open(log, "rb")
+    except OSError:
+        return {}
+    with fh:
+        for s in reversed(points):
+            for r in s["ranks"]:
+                span = r.get("last_span")
+                if span is None or r["local_rank"] is None:
+                    continue
+                take = min(span[1], SPAN_BYTES)
+                fh.seek(span[0] + span[1] - take)
+                text = fh.read(take).decode("utf-8", "replace")
+                out.setdefault(str(r["local_rank"]), []).append([s["at"], text])
+    return out
 
 
 def tails(rundir: str, tail: int) -> dict[str, str]:

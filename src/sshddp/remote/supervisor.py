@@ -65,7 +65,7 @@ from sshddp.remote.node_events import (
     word_to_node_0,
 )
 from sshddp.remote.node_inbox import Inbox
-from sshddp.remote.node_sampler import Sampler
+from sshddp.remote.node_sampler import Sampler, usage
 from sshddp.remote.output import NodeOutput, node_output
 from sshddp.remote.peer_messages import fail, halted
 from sshddp.remote.peers import Peers, peers_for
@@ -311,8 +311,10 @@ class Supervisor:
 
 def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
     """What exit.json adds to the node's end: its attempts, and the world its processes
-    joined (the report warns of a run that succeeded without forming one)."""
+    joined (the report warns of a run that succeeded without forming one), and what its
+    GPUs did over its kept samples (the report's mean utilisation, peak memory, idle GPUs)."""
     facts = restarts.summary()
+    facts["usage"] = usage(rundir)
     world = node_world(rundir, spec)
     if world is not None:
         facts["world"] = world

@@ -57,7 +57,7 @@ def snapshot(
         answer = outcome.value
         row = NodeRow(n.node_rank, n.host.host, answer["state"], answer["sample"])
         rows.append(row)
-        ranks += top.rank_rows(row, answer["tails"], answer["now"])
+        ranks += top.rank_rows(row, answer["tails"], answer["now"], answer.get("history"))
     ranks = top.flag_slow(sorted(ranks, key=lambda r: r.rank))
     return Snapshot(record.run_id, at, top.idle_gpus(rows), ranks)
 
