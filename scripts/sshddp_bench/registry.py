@@ -59,6 +59,8 @@ CASES: tuple[Case[Any], ...] = (
     steady.RELAY_CASE,
     startup.CASE,
     sync.CASE,
+    sync.COLD_CASE,
+    sync.OFFLINE_CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

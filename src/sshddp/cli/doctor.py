@@ -24,7 +24,7 @@ from sshddp.cli.terminal import Terminal
 from sshddp.errors import ExitCode, UsageError
 from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.hosts.transport import SshOptions
-from sshddp.model import envvars
+from sshddp.model import cudadriver, envvars
 from sshddp.model import sync as sync_model
 from sshddp.model.checks import Context, reports_ok
 from sshddp.model.inventory import Inventory
@@ -81,9 +81,11 @@ def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
         raise UsageError(f"{inventory}: give an INVENTORY or -H, not both")
     inv, _, _ = split_hosts(ctx, [inventory] if inventory else [], kw, "the options")
     project = project_path(kw["sync_project"], inv)
+    locked_cuda = None
     if project is not None:
-        inv = _in_environments(terminal, inv, project, ssh, kw["fanout"])
+        inv, locked_cuda = _in_environments(terminal, inv, project, ssh, kw["fanout"])
     checks = _context(inv, kw, node_addr(inv.hosts[0], ssh), env, secrets)
+    checks = replace(checks, locked_cuda=locked_cuda)
     with HostPool(inv.hosts, ssh, kw["fanout"]) as pool:
         facts, reports = preflight.doctor(pool, checks)
     if kw["as_json"]:
@@ -95,9 +97,10 @@ def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
 
 def _in_environments(
     terminal: Terminal, inv: Inventory, project: str, ssh: SshOptions, fanout: int
-) -> Inventory:
-    """``inv`` with each host's python its synced environment's; each host's hash shown.
-    A host without the environment fails doctor (exit 3) here."""
+) -> tuple[Inventory, Optional[str]]:
+    """``inv`` with each host's python its synced environment's, and the CUDA of the torch
+    build the lock pins (each host's driver is checked against it); each host's hash
+    shown. A host without the environment fails doctor (exit 3) here."""
     loaded = load_project(project)
     results = sync_hosts(inv, loaded, ssh, fanout, check=True)
     for result in sorted(results, key=lambda r: r.node):
@@ -106,7 +109,8 @@ def _in_environments(
     if pythons is None:
         terminal.err(sync_model.summary(results))
         raise Exit(ExitCode.CHECK_FAILED)
-    return replace(inv, hosts=tuple(replace(h, python=pythons[h.index]) for h in inv.hosts))
+    hosts = tuple(replace(h, python=pythons[h.index]) for h in inv.hosts)
+    return replace(inv, hosts=hosts), cudadriver.locked_cuda(loaded.files)
 
 
 def _context(

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any, Callable, Optional, TypedDict
 
 from sshddp import defaults
-from sshddp.model import rankenv
+from sshddp.model import cudadriver, rankenv
 from sshddp.model.commands import endpoint, quote_path
 from sshddp.model.envvars import MASK, EnvPairs
 from sshddp.model.imports import ScriptImports
@@ -35,6 +35,7 @@ CHECKS = (
     "python",
     "torch",
     "cuda",
+    "driver",
     "nccl",
     "gpus",
     "gpu_model",
@@ -221,6 +222,7 @@ class Context:
     cli_env: EnvPairs = ()  #: --env, applied over every host's inventory env
     secret_names: frozenset[str] = frozenset()  #: env names whose values are never shown
     imports: Optional[ScriptImports] = None  #: what the script imports (None: no check)
+    locked_cuda: Optional[str] = None  #: doctor --sync: the CUDA of the lock's torch build
 
     @classmethod
     def for_launch(
@@ -466,6 +468,25 @@ def pip_install(hf: HostFacts, requirement: str) -> str:
     return (
         f"{hf.host.python} has no pip{where}: install it (Debian/Ubuntu: `sudo apt install "
         f"python3-pip`), then `{install}`"
+    )
+
+
+def _driver(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    """doctor --sync: the host's NVIDIA driver can run the lock's torch CUDA build."""
+    smi = (hf.facts or {}).get("nvidia_smi") or {}
+    drivers = [str(g.get("driver", "")) for g in smi.get("gpus", [])]
+    if ctx.locked_cuda is None or not drivers:
+        return None
+    old = cudadriver.too_old(drivers, ctx.locked_cuda)
+    if old is None:
+        return Finding("driver", Status.OK, f"driver runs the lock's CUDA {ctx.locked_cuda}")
+    return Finding(
+        "driver",
+        Status.FAIL,
+        f"NVIDIA driver {old} cannot run the lock's torch build for CUDA {ctx.locked_cuda} "
+        f"(it needs {cudadriver.driver_needed(ctx.locked_cuda)} or newer)",
+        f"update the NVIDIA driver on {hf.host.host}, or lock a torch build for an older "
+        "CUDA (docs/sync.md: torch's CUDA build per host)",
     )
 
 
@@ -1220,6 +1241,7 @@ _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
     _python,
     _torch,
     _parity("cuda", "CUDA", "install the same torch build (same +cuXXX) on every host"),
+    _driver,
     _parity("nccl", "NCCL", "install the same torch build (its NCCL comes with it) everywhere"),
     _gpus,
     _gpu_model,

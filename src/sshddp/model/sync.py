@@ -224,3 +224,41 @@ def sent_line(sent: int, wheels: int, count: int) -> str:
         f"sshddp: sync: {sent} bytes sent to the hosts over SSH; the {count} wheel(s) are "
         f"{wheels} bytes ({sent / max(wheels, 1):.3f}x)"
     )
+
+
+#: The machines the ``uv`` wheel is built for (``sysconfig.get_platform()``'s last part,
+#: as a host says it) under the tag pip asks for; glibc 2.17 and musl 1.1 are its floors.
+UV_MACHINES = {
+    "x86_64": "x86_64",
+    "aarch64": "aarch64",
+    "arm64": "aarch64",
+    "armv7l": "armv7l",
+    "i686": "i686",
+    "ppc64le": "ppc64le",
+    "s390x": "s390x",
+}
+UV_MACOS = {"arm64": "macosx_11_0_arm64", "x86_64": "macosx_10_12_x86_64"}
+
+
+def uv_wheel_tag(host_platform: str) -> Optional[str]:
+    """The platform tag of the ``uv`` wheel that runs on a host whose platform is
+    ``host_platform`` (``remote/envsync.host_platform``: ``linux-aarch64-glibc2.31``), for
+    ``pip download --platform``; None where uv publishes no wheel for it. A Linux host
+    whose C library Python cannot name is taken for musl (Alpine): ``platform.libc_ver``
+    recognises glibc only."""
+    parts = host_platform.split("-")
+    if len(parts) < 3:
+        return None
+    system, machine, libc = parts[0], parts[-2], parts[-1]
+    if system == "macosx":
+        return UV_MACOS.get(machine)
+    if system != "linux" or machine not in UV_MACHINES:
+        return None
+    arch = UV_MACHINES[machine]
+    glibc = re.fullmatch(r"glibc(\d+)\.(\d+)", libc)
+    if glibc is not None:
+        too_old = (int(glibc[1]), int(glibc[2])) < (2, 17)
+        return None if too_old else f"manylinux_2_17_{arch}"
+    if libc.startswith("musl") or libc == "nolibc":
+        return f"musllinux_1_1_{arch}"
+    return None

@@ -2,8 +2,9 @@
 
 Each host answers in one call (``remote/envsync.py``): its environment for this lock is
 there, or it builds it and says so, or says what failed. A host without our uv answers
-``need_uv`` and gets a second call carrying the laptop's uv binary (the ``uv`` package
-sshddp depends on), when the host's platform is the laptop's. Hosts run in the pool's
+``need_uv`` and gets a second call carrying a uv binary: the laptop's own (the ``uv``
+package sshddp depends on) for a host of its platform, else the one from the ``uv`` wheel
+for the host's (``syncuv``). Hosts run in the pool's
 threads (at most ``fanout`` at once); one failing never stops the others.
 """
 
@@ -28,6 +29,7 @@ from sshddp.model import sync as model
 from sshddp.model.commands import python_command
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.sync import HostSync, Progress, Project, SyncStatus
+from sshddp.run import syncuv
 from sshddp.run.syncwheels import Wheels
 
 #: what a sync says of a host while it builds: (the host's index, its name, how far)
@@ -182,14 +184,11 @@ class _Sync:
             return answer
         if self.check:  # doctor changes nothing on a host
             return {"status": "missing"}
-        if answer.get("platform") != local_platform():
-            return {
-                "status": "failed",
-                "error": f"no uv there, and this machine's uv is for {local_platform()}, not "
-                f"{answer.get('platform')}: install uv {uv_version()} on the host "
-                "(`pip install uv`) and put it at <workdir>/tools/uv-VERSION/uv",
-            }
-        return _Channel(transport, args, [_uv_packed()], self.meter).answer(self.said(host))
+        try:
+            packed = _uv_packed(str(answer.get("platform")))
+        except UsageError as exc:
+            return {"status": "failed", "error": f"no uv there, and none for it here: {exc}"}
+        return _Channel(transport, args, [packed], self.meter).answer(self.said(host))
 
 
 def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
@@ -280,10 +279,14 @@ def local_platform() -> str:
 
 
 @functools.cache
-def _uv_packed() -> bytes:
-    import uv
+def _uv_packed(host_platform: str) -> bytes:
+    """uv for a host of ``host_platform``: this machine's own binary where the platforms
+    match, else the one in the ``uv`` wheel for the host's (``syncuv``), compressed."""
+    if host_platform == local_platform():
+        import uv
 
-    return zlib.compress(Path(uv.find_uv_bin()).read_bytes(), UV_LEVEL)
+        return zlib.compress(Path(uv.find_uv_bin()).read_bytes(), UV_LEVEL)
+    return zlib.compress(syncuv.uv_for(host_platform, uv_version()), UV_LEVEL)
 
 
 def _said(exc: SshddpError) -> str:
