@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sshddp_lab.netns import Netns, NetnsCluster, NetnsError
 from sshddp_lab.slurm import SlurmCluster, SlurmClusterError
 
 SLURM_NODES = 3
@@ -34,3 +35,20 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture
+def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    """Three sshd hosts, each in its own network namespace on one bridge (see netns.py)."""
+    try:
+        net = Netns(3)
+        net.setup()
+    except NetnsError as exc:
+        pytest.fail(f"cannot build the test network: {exc}")
+    cluster = NetnsCluster(tmp_path_factory.mktemp("sshd-netns"), net)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+        net.close()

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from launch_helpers import JOB, SSHDDP, cli_env, finish, has_node_mark, sshddp, start, wait_until
 
-from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
+from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster
 from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 BOUND = 60.0  # generous upper bound for anything that should take seconds
@@ -102,23 +102,6 @@ def assert_whole_ticks(text: str, rank: int, at_least: int = 1) -> None:
 
 
 # ------------------------------------------------------------------- 1. network partition
-
-
-@pytest.fixture
-def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    """Three sshd hosts, each in its own network namespace on one bridge (see netns.py)."""
-    try:
-        net = Netns(3)
-        net.setup()
-    except NetnsError as exc:
-        pytest.fail(f"cannot build the test network: {exc}")
-    cluster = NetnsCluster(tmp_path_factory.mktemp("sshd-netns"), net)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.close()
-        net.close()
 
 
 def test_partitioned_node_stops_everywhere_and_is_reported(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -16,7 +15,7 @@ import yaml
 from launch_helpers import SSHDDP, cli_env
 
 from sshddp.errors import ExitCode
-from sshddp_lab.netns import INNER_IFNAME, Netns, NetnsCluster, NetnsError
+from sshddp_lab.netns import INNER_IFNAME, NetnsCluster
 from sshddp_lab.sshd import SshdCluster
 
 FAST = ["--iters", "3", "--sizes", "4K,256K", "--p2p-size", "256K"]
@@ -85,23 +84,6 @@ def test_smoke_table_on_the_terminal(
     assert "  node 1   h2 " in proc.stdout
     assert "  node 0   h1                   2/2" in proc.stdout  # node 0 is named too
     assert "ok: every rank joined, the sum is exact" in proc.stdout
-
-
-@pytest.fixture
-def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    """Three sshd hosts, each in its own network namespace on one bridge."""
-    try:
-        net = Netns(3)
-        net.setup()
-    except NetnsError as exc:
-        pytest.fail(f"cannot build the test network: {exc}")
-    cluster = NetnsCluster(tmp_path_factory.mktemp("sshd-netns"), net)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.close()
-        net.close()
 
 
 @pytest.mark.slow

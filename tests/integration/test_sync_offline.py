@@ -20,26 +20,9 @@ from test_sync import UV, keys, make_project
 from cli_helpers import Result, assert_clean_failure, sshddp
 from sshddp.errors import ExitCode
 from sshddp.run.sync import uv_version
-from sshddp_lab.netns import Netns, NetnsCluster, NetnsError
+from sshddp_lab.netns import NetnsCluster
 
 DEPS = ["numpy==2.2.6", "six==1.17.0"]
-
-
-@pytest.fixture
-def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    """Three sshd hosts, each in its own network namespace on one bridge."""
-    try:
-        net = Netns(3)
-        net.setup()
-    except NetnsError as exc:
-        pytest.fail(f"cannot build the test network: {exc}")
-    cluster = NetnsCluster(tmp_path_factory.mktemp("sshd-netns"), net)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.close()
-        net.close()
 
 
 @pytest.fixture
