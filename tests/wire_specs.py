@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 from sshddp.remote.contract import SpecRecord
@@ -16,7 +17,7 @@ def spec(rank: int, port: int) -> SpecRecord:
         "node_rank": rank,
         "cwd": None,
         "grace": 1,
-        "mark": "r1/n0",
+        "mark": f"r1/n0-{os.getpid()}",
         "peers": {"nnodes": 3, "addr": "127.0.0.1", "port": port, "timeout": 30, "hosts": []},
         "tty": False,
     }

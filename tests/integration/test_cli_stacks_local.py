@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,7 +28,9 @@ NAPS = "import time\nprint('ready', flush=True)\ndef nap():\n    time.sleep(600)
 def ended(run: RunRecord, node: int, state: str) -> None:
     rundir = Path(run.nodes[node].rundir)
     rundir.mkdir(parents=True)
-    (rundir / "spec.json").write_text(json.dumps({"node_rank": node, "mark": f"r1/n{node}"}))
+    (rundir / "spec.json").write_text(
+        json.dumps({"node_rank": node, "mark": f"r1/n{node}-{os.getpid()}"})
+    )
     (rundir / "exit.json").write_text(json.dumps({"state": state}))
 
 
@@ -59,7 +62,7 @@ def live(tmp_path: Path) -> Iterator[RunRecord]:
     (rundir / contract.SITE).mkdir(parents=True)
     site = rundir / contract.SITE / "sitecustomize.py"
     site.write_text(shipped.source("sshddp.remote.ranksite"))
-    mark = f"r1/n0-{tmp_path.name}"
+    mark = f"r1/n0-{tmp_path.name}-{os.getpid()}"
     (rundir / contract.SPEC).write_text(json.dumps({"node_rank": 0, "mark": mark}))
     env = {"PYTHONPATH": str(site.parent), contract.MARK_VAR: mark, "RANK": "0"}
     proc = subprocess.Popen(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ def boot_args(rundir: Path) -> dict[str, Any]:
             **torchrun_node(),
             "cwd": str(rundir / "code"),
             "grace": 5,
-            "mark": f"r1/n0-{rundir.parent.name}",
+            "mark": f"r1/n0-{rundir.parent.name}-{os.getpid()}",
             "peers": {},
             "tty": False,
         },

@@ -86,7 +86,7 @@ class Node:
         (self.rundir / contract.SITE / "sitecustomize.py").write_text(
             shipped.source("sshddp.remote.ranksite")
         )
-        self.mark = f"r1/n0-{tmp.name}"
+        self.mark = f"r1/n0-{tmp.name}-{os.getpid()}"  # pid: xdist workers share tmp names
         spec = {"run_id": "r1", "node_rank": 0, "mark": self.mark}
         (self.rundir / contract.SPEC).write_text(json.dumps(spec))
         self.cwd = tmp / "cwd"

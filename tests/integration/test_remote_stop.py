@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def test_stop_never_signals_a_process_that_reused_the_pid(tmp_path: Path) -> Non
     supervisor's job (nothing of the run is left) and leaves that process alone."""
     rundir = tmp_path / "runs" / "r1" / "n0"
     rundir.mkdir(parents=True)
-    (rundir / "spec.json").write_text(json.dumps({"node_rank": 0, "mark": "r1/n0", "grace": 1}))
+    (rundir / "spec.json").write_text(
+        json.dumps({"node_rank": 0, "mark": f"r1/n0-{os.getpid()}", "grace": 1})
+    )
     with subprocess.Popen(["sleep", "30"]) as stranger:
         state = {
             "state": "running",

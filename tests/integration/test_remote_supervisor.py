@@ -5,6 +5,7 @@ must wake it at once, or these runs would hang."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from standin_specs import stand_in
 
 def start_supervisor(rundir: Path, code: str, python: str) -> subprocess.Popen[bytes]:
     rundir.mkdir(parents=True)
-    mark = "r1/n0-" + rundir.parent.name  # unique: what the supervisor stops carries it
+    # unique, across xdist workers too (their tmp names are alike): the supervisor stops by it
+    mark = f"r1/n0-{rundir.parent.name}-{os.getpid()}"
     spec = {
         **stand_in(rundir, code),  # the code runs as the node's torchrun
         "run_id": "r1",

@@ -4,6 +4,7 @@ runs): attempts recorded, success in attempt 2, or the end after its attempts.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ def supervise(tmp_path: Path, code: str, restarts: int = 2) -> tuple[dict[str, A
         },
         "cwd": None,
         "grace": 1.0,
-        "mark": f"rs/n0/{tmp_path.name}",
+        "mark": f"rs/n0/{tmp_path.name}-{os.getpid()}",
         "launcher": contract.LAUNCH_COMMAND,
         "restarts": restarts,
     }

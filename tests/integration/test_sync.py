@@ -94,7 +94,9 @@ def test_sync_builds_every_hosts_env_then_answers_ready(
     ssh_env: SshdCluster, tmp_path: Path, uv_cache: Path
 ) -> None:
     project = make_project(tmp_path / "proj", ["numpy==2.2.6", "six==1.17.0"], uv_cache)
-    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache)
+    # each host its own uv cache, as separate machines have: each one downloads and installs
+    caches = {f"h{i}__UV_CACHE_DIR": str(tmp_path / f"cache{i}") for i in (1, 2)}
+    inv = inventory(ssh_env, tmp_path, [1, 2], uv_cache, **caches)
 
     first = sync(ssh_env, inv, project)
     assert first.code == 0, first.explain()
