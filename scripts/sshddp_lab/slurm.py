@@ -54,7 +54,9 @@ STOP_TIMEOUT_S = 10.0  # per daemon, SIGTERM then SIGKILL
 CANCEL_TIMEOUT_S = 10.0  # jobs cancelled at close() before the daemons stop
 COMMAND_TIMEOUT_S = 30.0  # a client command (sinfo, scancel, ...) run by the lab
 SLURMD_PORT = 6818  # inside each node's namespace, so never taken by anyone else
-CTLD_PORTS = range(29000, 31000)  # clear of the sshd (22000-28000) and rdzv ports
+#: clear of the sshd clusters (22000-28000), of torch's default rendezvous port and of
+#: --port auto's pairs above it (29500-29700), and of the ephemeral range (32768+)
+CTLD_PORTS = range(30000, 32000)
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the NUL
 # slurmstepd's socket: <spool>/<node>_<jobid>.<stepid>, ids up to 10 digits each.
 STEPD_SOCKET_TAIL = len("/_4294967294.4294967294")

@@ -187,22 +187,27 @@ class PeerServer(Peers):
     def start(self) -> None:
         threading.Thread(target=self._serve, daemon=True).start()
 
-    def _listen(self) -> Optional[socket.socket]:
+    def _listen(self) -> tuple[Optional[socket.socket], str]:
+        """The listening socket, or None and why (the OS's words) it could not listen."""
+        why = ""
         for host in (self.addr, ""):
             s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, self.port))
                 s.listen(256)
-                return s
-            except OSError:
+                return s, ""
+            except OSError as exc:
+                why = exc.strerror or str(exc)
                 s.close()
-        return None
+        return None, why
 
     def _serve(self) -> None:
-        srv = self._listen()
+        srv, why = self._listen()
         if srv is None:
-            self._set_abort(f"cannot listen on port {self.port} for the other nodes' supervisors")
+            self._set_abort(
+                f"cannot listen on port {self.port} for the other nodes' supervisors: {why}"
+            )
             return
         threading.Thread(target=self._heartbeat, daemon=True).start()
         threading.Thread(target=self._deadline, daemon=True).start()

@@ -278,10 +278,23 @@ def local_platform() -> str:
     return f"{sysconfig.get_platform()}-{libc or 'nolibc'}{version}"
 
 
-@functools.cache
+_PACKING = threading.Lock()
+
+
 def _uv_packed(host_platform: str) -> bytes:
-    """uv for a host of ``host_platform``: this machine's own binary where the platforms
-    match, else the one in the ``uv`` wheel for the host's (``syncuv``), compressed."""
+    """uv for a host of ``host_platform``, compressed once for every host that lacks it.
+    The pool's threads ask at once: one packs while the others wait (else each would
+    compress the same 38 MB), and ``sysconfig``'s first use, in ``local_platform`` and
+    ``uv.find_uv_bin``, is not thread-safe before Python 3.12 (a second thread read its
+    half-made variables: "can only concatenate str (not NoneType) to str")."""
+    with _PACKING:
+        return _packed(host_platform)
+
+
+@functools.cache
+def _packed(host_platform: str) -> bytes:
+    """This machine's own uv binary where the platforms match, else the one in the ``uv``
+    wheel for the host's (``syncuv``), compressed."""
     if host_platform == local_platform():
         import uv
 
