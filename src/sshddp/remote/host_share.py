@@ -31,6 +31,7 @@ from sshddp.remote import wire
 
 CHUNK = 1 << 20  #: bytes hashed, read or sent at a time
 CONNECT_TIMEOUT = 2.0  #: seconds one connect attempt waits
+RESOLVE_WAIT = 10.0  #: seconds a name that the resolver cannot answer for yet is retried
 Answer = Dict[str, Any]
 
 
@@ -204,7 +205,8 @@ def pull(order: dict[str, Any]) -> Answer:
     {"ok": true, "received": bytes} or {"error"}."""
     cwd = os.path.expanduser(order["cwd"])
     where = f"{order['addr']}:{order['port']}"
-    sock = _connect(order["addr"], int(order["port"]), float(order["timeout"]))
+    who = str(order.get("source") or "node 0")
+    sock = _connect(order["addr"], int(order["port"]), float(order["timeout"]), who)
     received = 0
     try:
         conn = wire.join(sock, bytes.fromhex(order["key"]), order["run"], order["rank"], where)
@@ -221,14 +223,26 @@ def pull(order: dict[str, Any]) -> Answer:
     return {"ok": True, "received": received}
 
 
-def _connect(addr: str, port: int, timeout: float) -> socket.socket:
+def _connect(addr: str, port: int, timeout: float, who: str = "node 0") -> socket.socket:
+    """A connection to ``who``'s server, retried until ``timeout`` (it may not listen yet);
+    a name this host cannot resolve fails at once (a resolver that cannot answer, within
+    RESOLVE_WAIT): waiting would not change the answer."""
     deadline = time.time() + timeout
+    resolving = time.time() + min(timeout, RESOLVE_WAIT)
     while True:
         try:
             return socket.create_connection((addr, port), timeout=CONNECT_TIMEOUT)
+        except socket.gaierror as exc:
+            if exc.errno == socket.EAI_AGAIN and time.time() <= resolving:
+                time.sleep(0.1)  # the resolver is busy or unreachable for now
+                continue
+            raise OSError(
+                f"cannot resolve {addr}, the name of {who}, on this host ({exc.strerror}): "
+                f"give {who} an `addr:` in the inventory that this host can reach"
+            ) from exc
         except OSError as exc:
             if time.time() > deadline:
-                raise OSError(f"cannot reach node 0 at {addr}:{port}: {exc}") from exc
+                raise OSError(f"cannot reach {who} at {addr}:{port}: {exc}") from exc
             time.sleep(0.1)
 
 

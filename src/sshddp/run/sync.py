@@ -211,7 +211,7 @@ def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
         said(progress)
     results = []
     if port is not None:
-        pull = dict(order, addr=seed.addr or seed.host, port=port)
+        pull = dict(order, addr=seed.addr or seed.host, port=port, source=seed.host)
         pulled = sync.pool.map(lambda h: sync.one(h, {"pull": dict(pull, rank=h.index)}), rest)
         results = pulled.in_order(rest, _unreachable)
     answer = channel.answer(said)
