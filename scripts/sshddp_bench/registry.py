@@ -31,6 +31,7 @@ from sshddp_bench import (
     sync,
     teardown,
     top,
+    topsteps,
     workdir,
 )
 from sshddp_bench.case import Case, Sizes
@@ -51,6 +52,7 @@ CASES: tuple[Case[Any], ...] = (
     fetch.CASE,
     stacks.CASE,
     top.CASE,
+    topsteps.CASE,
     ps.CASE,
     workdir.CASE,
     hang.CASE,

@@ -8,6 +8,7 @@ the run runs detached, then after it was stopped.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -109,20 +110,43 @@ def _live_view_redraws(cluster: SshdCluster, cwd: Path) -> None:
         text=True,
     )
     out = ""
+    watchers: list[set[int]] = []
     try:
         deadline = time.monotonic() + 60
-        while out.count("\x1b[H\x1b[J") < 3 and time.monotonic() < deadline:
+        while out.count("\x1b[H\x1b[J") < 5 and time.monotonic() < deadline:
             assert live.stdout is not None
-            out += live.stdout.read(1)  # three redraws seen, then stop reading
+            out += live.stdout.read(1)  # five redraws seen, then stop reading
+            if out.endswith("\x1b[H\x1b[J") and out.count("\x1b[H\x1b[J") >= 2:
+                watchers.append(_node_top_processes())
     finally:
         live.send_signal(signal.SIGINT)
         rest, err = live.communicate(timeout=60)
-    assert out.count("\x1b[H\x1b[J") >= 3, out
+    assert out.count("\x1b[H\x1b[J") >= 5, out
+    # one host-side process per node streams the records, the same at every redraw, not a
+    # new one per refresh; and none is left once the view has ended
+    assert len(watchers[0]) == 3 and all(w == watchers[0] for w in watchers), watchers
+    wait_until(lambda: not _node_top_processes(), 30, "the hosts' node_top streams to end")
     frames = (out + rest).split("\x1b[H\x1b[J")[1:]
     assert all(f.startswith("sshddp top pac ") for f in frames if f), frames
     assert any("SLOW" in f for f in frames), frames
     assert live.returncode == 130, err
     assert "Traceback" not in err, err
+
+
+def _node_top_processes() -> set[int]:
+    """The pids of the hosts' live ``node_top`` streams of run pac (argv ends RUNDIR/top;
+    every lab host is this machine)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if re.search(rb"/runs/pac/n\d+/top$", argv[-1]):
+            found.add(int(entry.name))
+    return found
 
 
 def test_a_cpu_runs_report_says_nothing_of_gpus(

@@ -27,7 +27,6 @@ from sshddp.run import registry
 from sshddp.run import top as run_top
 from sshddp.run.top import Snapshot
 
-REFRESH = 1.0  #: seconds between a live view's snapshots (the hosts sample once a second)
 _HOME_CLEAR = "\x1b[H\x1b[J"  # cursor home, then clear below: the table redraws in place
 
 
@@ -55,13 +54,14 @@ def top(ctx: click.Context, run: str, **kw: Any) -> None:
         if kw["as_json"] or kw["once"]:
             _show(terminal, got, ranks, kw["as_json"])
             raise Exit(ExitCode.OK)
-        while True:  # Ctrl-C ends it (exit 130, as for attach)
-            terminal.out(_HOME_CLEAR + _table(got, ranks))
-            time.sleep(REFRESH)
-            got = run_top.snapshot(record, ssh, kw["fanout"], node, pool)
-            if not any(n.state in ("starting", "running") for n in got.nodes):
-                _show(terminal, got, ranks, False)
-                raise Exit(ExitCode.OK)
+        with run_top.LiveTop(record, pool, node) as live:
+            while True:  # Ctrl-C ends it (exit 130, as for attach)
+                terminal.out(_HOME_CLEAR + _table(got, ranks))
+                time.sleep(run_top.REFRESH)
+                got = live.snapshot()
+                if not any(n.state in ("starting", "running") for n in got.nodes):
+                    _show(terminal, got, ranks, False)
+                    raise Exit(ExitCode.OK)
 
 
 def _narrow(got: Snapshot, ranks: Optional[frozenset[int]]) -> list[model.RankRow]:

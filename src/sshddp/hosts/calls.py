@@ -50,6 +50,13 @@ def node_top(transport: Transport, rundir: str, tail: int) -> TopRecord:
     return answer
 
 
+def watch_top(transport: Transport, rundir: str, tail: int, every: float) -> RemoteProcess:
+    """``node_top``'s records as a stream, one JSON line every ``every`` s, until its stdin
+    is closed (a live ``sshddp top``); the host's process list shows it as RUNDIR/top."""
+    args = {"rundir": rundir, "tail": tail, "every": every}
+    return shipped.start(transport, "node_top", args, label=f"{rundir}/top")
+
+
 def resize_node(transport: Transport, rundir: str, columns: int, rows: int) -> str:
     """Give the node's pty (--tty) a new size (``remote/winsize.py``); "" or why not."""
     answer = shipped.call(

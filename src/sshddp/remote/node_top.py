@@ -2,14 +2,17 @@
 bytes of each local rank's output, where its progress bar is (node.idx says which rank
 wrote each span of node.log).
 
-args: {"rundir", "tail": int}
-Prints one JSON line: the node's ``TopRecord`` (``contract``).
+args: {"rundir", "tail": int, "every": seconds (a live view's stream; absent: once)}
+Prints one JSON line: the node's ``TopRecord`` (``contract``). With ``every``, one such line
+every that many seconds until the asker goes away (its stdin ends): a live view costs the
+host one process for as long as it is open, not one Python start a second.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import struct
 import time
 from typing import Any
@@ -28,7 +31,18 @@ SPAN_BYTES = 256  #: bytes of a rank's span sent per point: one progress bar's s
 
 
 def main(args: dict[str, Any]) -> None:
-    emit(collect(os.path.expanduser(args["rundir"]), int(args.get("tail", TAIL))))
+    rundir, tail = os.path.expanduser(args["rundir"]), int(args.get("tail", TAIL))
+    every = float(args.get("every") or 0)
+    while True:
+        emit(collect(rundir, tail))
+        if every <= 0 or _asker_gone(every):
+            return
+
+
+def _asker_gone(wait: float) -> bool:
+    """Wait ``wait`` s for the next record; True once the asker went away (stdin ends)."""
+    ready, _, _ = select.select([0], [], [], wait)
+    return bool(ready) and not os.read(0, 4096)
 
 
 def collect(rundir: str, tail: int) -> TopRecord:

@@ -1,19 +1,23 @@
 """``sshddp top``: one snapshot of every node of a run and every rank on it, each node asked
 once over its connection (``remote/node_top.py``), in parallel through the host pool; the
-rows and the slow one are worked out by ``model.top``.
+rows and the slow one are worked out by ``model.top``. A live view (``LiveTop``) asks once
+per node and keeps the call open: the node sends a record a second, so an hours-long view
+costs each host one process, not one Python start a second.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from sshddp import defaults
-from sshddp.errors import HostUnreachable, RunNotRunning
+from sshddp.errors import HostUnreachable, RunNotRunning, SshddpError
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
-from sshddp.hosts.transport import SshOptions
+from sshddp.hosts.transport import RemoteProcess, SshOptions
 from sshddp.model import top
 from sshddp.model.layout import NodeLayout
 from sshddp.model.top import NodeRow, RankRow
@@ -22,6 +26,8 @@ from sshddp.remote.contract import TopRecord
 from sshddp.run.registry import RunRecord
 
 TAIL = 2048  #: bytes of each rank's latest output asked for (its progress bar)
+REFRESH = 1.0  #: seconds between a live view's records (the hosts sample once a second)
+STALE = 5.0  #: seconds without a record after which a live view says so
 
 
 @dataclass(frozen=True)
@@ -39,33 +45,127 @@ def snapshot(
 ) -> Snapshot:
     """Ask every node of the run (or node ``node`` only) for its latest sample."""
     at = time.time()
-    nodes = [n for n in record.layout().nodes if node is None or n.node_rank == node]
+    nodes = asked(record, node)
     errors = pool.connect_all()
 
     def ask(n: NodeLayout) -> TopRecord:
         return calls.node_top(pool.transport(n), n.rundir, TAIL)
 
     outcomes = pool.map(ask, [n for n in nodes if errors[n.index] is None])
-    rows: list[NodeRow] = []
-    ranks: list[RankRow] = []
+    answers: dict[int, Answer] = {}
     for n in nodes:
         err, outcome = errors[n.index], outcomes.get(n.index)
         if err is not None or outcome is None or outcome.value is None:
             why = err.message if err is not None else str(outcome.error if outcome else "no answer")
-            rows.append(NodeRow(n.node_rank, n.host.host, "?", None, error=why))
+            answers[n.index] = why
+        else:
+            answers[n.index] = outcome.value
+    return _snapshot(record.run_id, at, nodes, answers)
+
+
+#: a node's record, or why there is none
+Answer = Union[TopRecord, str]
+
+
+def asked(record: RunRecord, node: Optional[int]) -> list[NodeLayout]:
+    """The run's nodes that a view shows: all, or node ``node`` only."""
+    return [n for n in record.layout().nodes if node is None or n.node_rank == node]
+
+
+def _snapshot(
+    run_id: str, at: float, nodes: list[NodeLayout], answers: dict[int, Answer]
+) -> Snapshot:
+    rows: list[NodeRow] = []
+    ranks: list[RankRow] = []
+    for n in nodes:
+        answer = answers.get(n.index, "no answer")
+        if isinstance(answer, str):
+            rows.append(NodeRow(n.node_rank, n.host.host, "?", None, error=answer))
             continue
-        answer = outcome.value
         row = NodeRow(n.node_rank, n.host.host, answer["state"], answer["sample"])
         rows.append(row)
         ranks += top.rank_rows(row, answer["tails"], answer["now"], answer.get("history"))
     ranks = top.flag_slow(sorted(ranks, key=lambda r: r.rank))
-    return Snapshot(record.run_id, at, top.idle_gpus(rows), ranks)
+    return Snapshot(run_id, at, top.idle_gpus(rows), ranks)
+
+
+class LiveTop:
+    """A live view's streams: one open ``node_top`` call per asked node, each node's latest
+    record kept by its reader thread. A node whose stream ended (or that sent nothing for
+    STALE seconds) shows why in its row, and is called again at the next look."""
+
+    def __init__(self, record: RunRecord, pool: HostPool, node: Optional[int]) -> None:
+        self.run_id, self.pool, self.nodes = record.run_id, pool, asked(record, node)
+        self.lock = threading.Condition()
+        self.latest: dict[int, tuple[float, Answer]] = {}  #: when it came, and what
+        self.streams: dict[int, RemoteProcess] = {}
+        self.closing = False
+
+    def __enter__(self) -> LiveTop:
+        """Every node's stream opened, and its first record in (or STALE seconds gone)."""
+        self.pool.map(self._open, self.nodes)
+        with self.lock:
+            self.lock.wait_for(lambda: len(self.latest) == len(self.nodes), STALE)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.closing = True
+            streams = list(self.streams.values())
+        for proc in streams:
+            proc.close()  # its stdin ends: the host's node_top ends
+
+    def snapshot(self) -> Snapshot:
+        """The latest record of every node; a node with no open stream is called again."""
+        now = time.monotonic()
+        with self.lock:
+            dead = [n for n in self.nodes if n.index not in self.streams]
+        for n in dead:
+            self._open(n)
+        answers: dict[int, Answer] = {}
+        with self.lock:
+            for n in self.nodes:
+                came, answer = self.latest.get(n.index, (now, "no sample yet"))
+                stale = not isinstance(answer, str) and now - came > STALE
+                answers[n.index] = f"no sample for {now - came:.0f} s" if stale else answer
+        return _snapshot(self.run_id, time.time(), self.nodes, answers)
+
+    def _open(self, n: NodeLayout) -> None:
+        try:
+            transport = self.pool.transport(n)
+            transport.connect()
+            proc = calls.watch_top(transport, n.rundir, TAIL, REFRESH)
+        except SshddpError as exc:
+            with self.lock:
+                self.latest[n.index] = (time.monotonic(), exc.message)
+            return
+        with self.lock:
+            self.streams[n.index] = proc
+        threading.Thread(target=self._read, args=(n, proc), daemon=True).start()
+
+    def _read(self, n: NodeLayout, proc: RemoteProcess) -> None:
+        why = "its stream ended"
+        pending = b""
+        try:
+            while chunk := proc.read():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    with self.lock:
+                        self.latest[n.index] = (time.monotonic(), json.loads(line))
+                        self.lock.notify_all()
+        except (SshddpError, OSError, ValueError) as exc:
+            why = f"its stream failed: {getattr(exc, 'message', None) or exc}"
+        finally:
+            proc.close()
+            with self.lock:
+                self.streams.pop(n.index, None)
+                if not self.closing:
+                    self.latest[n.index] = (time.monotonic(), why)
 
 
 def open_pool(record: RunRecord, ssh: SshOptions, fanout: int, node: Optional[int]) -> HostPool:
     """The pool of the asked nodes' hosts, kept open across a live view's refreshes."""
-    nodes = [n for n in record.layout().nodes if node is None or n.node_rank == node]
-    return HostPool([n.host for n in nodes], ssh, fanout)
+    return HostPool([n.host for n in asked(record, node)], ssh, fanout)
 
 
 def check_live(got: Snapshot) -> None:
