@@ -147,6 +147,7 @@ def _wheel(entry: Mapping[str, object], lock: str) -> Wheel:
     return Wheel(file, url, sha256.lower())
 
 
+Tokens = list[tuple[str, str]]  #: a marker's (kind, text): string, op or name
 _TOKEN = re.compile(
     r"""\s*(?:(?P<string>'[^']*'|"[^"]*")|(?P<op>===|==|!=|<=|>=|~=|<|>|\(|\)"""
     r"""|not\s+in\b|in\b|and\b|or\b)|(?P<name>[A-Za-z_][A-Za-z0-9_.]*))"""
@@ -166,7 +167,6 @@ def marker_holds(marker: str, environment: Mapping[str, str], lock: str = "") ->
     return value
 
 
-Tokens = list[tuple[str, str]]
 _SETS = ("extras", "dependency_groups")  #: PEP 751's variables that are sets of names
 _VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?")
 _PRE = {"a": 0, "b": 1, "rc": 2}
