@@ -1,22 +1,31 @@
 """``sshddp sync --offline`` on this machine: the lock's wheels, fetched once, here.
 
 The project becomes exact pins (a uv project's lock exported; a requirements file's pins as
-resolved), with the index lines dropped: the hosts install with no index, from these
-wheels only. pip downloads them (uv has no download command), for this machine's platform
-and Python, into a temporary directory; each is listed with its size and SHA-256, which
-every host checks.
-"""
+resolved; a pylock.toml's packages whose markers hold here), with the index lines dropped:
+the hosts install with no index, from these wheels only. pip downloads them (uv has no
+download command), for this machine's platform and Python, into a temporary directory;
+each is listed with its size and SHA-256, which every host checks.
+
+A pylock.toml names its wheels itself: they become a simple index of their own (a page a
+package), from which alone pip picks this machine's wheel of each pinned version (pip
+knows the platform tags, sshddp does not resolve); each wheel fetched must have the hash
+the lock gives it. A package with no wheel for this machine is an error naming it."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import platform
+import re
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from sshddp.errors import UsageError
+from sshddp.model import pylock
 from sshddp.model import sync as model
 from sshddp.model.sync import Project
 
@@ -47,20 +56,78 @@ class Wheels:
 
 def fetch(project: Project, uv_version: str, into: Path) -> tuple[Project, Wheels]:
     """``project`` as exact pins with no index lines (what an offline host installs), and
-    every wheel they name, downloaded into ``into`` from the project's indexes."""
-    if model.PYLOCK in project.files:
-        raise UsageError(f"{project.root}: --offline takes a uv project or a requirements file")
+    every wheel they name, downloaded into ``into`` from the project's indexes (a
+    pylock.toml's: its own wheels)."""
     source = Path(project.root)
     cwd = source if source.is_dir() else source.parent  # where relative --find-links start
-    pins = project.files.get(model.PINNED) or _export(source)
-    (into / "pins.txt").write_text(pins)
     wheels = into / "wheels"
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary"]
     argv += [":all:", "--dest", str(wheels), "--requirement", str(into / "pins.txt")]
-    _run(argv, cwd, "--offline: pip could not download the wheels here")
+    if model.PYLOCK in project.files:
+        lock = str(source if source.is_file() else source / model.PYLOCK)
+        packages = pylock.applying(project.files[model.PYLOCK], lock, marker_environment())
+        pins = pylock.pins(packages)
+        (into / "pins.txt").write_text(pins)
+        _download_locked(argv, _index(packages, into), cwd, lock)
+    else:
+        pins = project.files.get(model.PINNED) or _export(source)
+        (into / "pins.txt").write_text(pins)
+        _run(argv, cwd, "--offline: pip could not download the wheels here")
     listed = tuple(_listed(path) for path in sorted(wheels.glob("*.whl")))
+    if model.PYLOCK in project.files:
+        pylock.checked({str(w["name"]): str(w["sha256"]) for w in listed}, packages, lock)
     offline = {model.PINNED: model.without_options(pins)}
     return model.project(project.root, offline, uv_version), Wheels(wheels, listed)
+
+
+def _index(packages: tuple[pylock.Locked, ...], into: Path) -> Path:
+    """A simple index of the lock's wheels, for pip to choose this machine's among."""
+    index = into / "simple"
+    for name, page in pylock.index_pages(packages).items():
+        (index / name).mkdir(parents=True)
+        (index / name / "index.html").write_text(page)
+    index.mkdir(exist_ok=True)  # a lock with no package for this machine
+    return index
+
+
+def _download_locked(argv: list[str], index: Path, cwd: Path, lock: str) -> None:
+    """pip download from the lock's wheels alone; a package with none for this machine is
+    named."""
+    done = subprocess.run(
+        [*argv, "--isolated", "--index-url", index.as_uri()],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode == 0:
+        return
+    unmatched = re.search(r"No matching distribution found for (\S+)", done.stderr)
+    if unmatched:
+        where = f"this machine ({sysconfig.get_platform()}, Python {platform.python_version()})"
+        raise pylock.no_wheel(lock, unmatched[1], where)
+    said = done.stderr.strip() or f"exit {done.returncode}"
+    raise UsageError(f"{lock}: --offline: pip could not download the wheels here:\n{said}")
+
+
+def marker_environment() -> dict[str, str]:
+    """This Python's values of the PEP 508 marker variables (the wheels are fetched for it)."""
+    impl = sys.implementation
+    version = f"{impl.version.major}.{impl.version.minor}.{impl.version.micro}"
+    if impl.version.releaselevel != "final":
+        version += impl.version.releaselevel[0] + str(impl.version.serial)
+    return {
+        "implementation_name": impl.name,
+        "implementation_version": version,
+        "os_name": os.name,
+        "platform_machine": platform.machine(),
+        "platform_release": platform.release(),
+        "platform_system": platform.system(),
+        "platform_version": platform.version(),
+        "python_full_version": platform.python_version(),
+        "platform_python_implementation": platform.python_implementation(),
+        "python_version": ".".join(platform.python_version_tuple()[:2]),
+        "sys_platform": sys.platform,
+    }
 
 
 def _export(root: Path) -> str:
