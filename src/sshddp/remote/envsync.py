@@ -126,7 +126,8 @@ def _building(envs: str, key: str) -> Iterator[None]:
     """Hold ``envs/.lock-<key>`` while building: hosts that share a workdir (a cluster's
     shared home) build an environment once, the others wait for it and use it. A file
     system without locks builds on every host at once, each aside, as before."""
-    fd = os.open(os.path.join(envs, ".lock-" + key), os.O_RDWR | os.O_CREAT, 0o600)
+    path = os.path.join(envs, ".lock-" + key)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -137,6 +138,10 @@ def _building(envs: str, key: str) -> Iterator[None]:
             pass  # no locks on this file system
         yield
     finally:
+        # gone while still held: a host waiting on it finds the env; one that comes later
+        # makes a new lock and finds it too (or, after a failed build, builds it again)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         os.close(fd)
 
 
@@ -392,8 +397,6 @@ def _prune_envs(envs: str, keep: int, current: str) -> None:
         if (path + os.sep).encode() not in busy:
             os.unlink(os.path.join(path, MARKER))  # no longer complete: never picked up again
             shutil.rmtree(path, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(envs, ".lock-" + name))
 
 
 def _command_lines() -> bytes:
