@@ -12,11 +12,13 @@ platform and the real path of the interpreter it is built on: a changed lock, an
 machine type or another Python is another environment, and a run already going keeps its
 own. One that holds ``sshddp-env.json`` is complete and is answered at once (one round
 trip); the marker's time is when a sync last asked for it. Otherwise it is built by uv in
-``envs/.build-<key>-<pid>-*`` and renamed into place (a relocatable venv, so its scripts
-still work there): an interrupted build leaves only a ``.build-`` directory no run ever
-uses, removed by the next sync once its process is gone. Past ``keep`` environments the
-least recently asked for go, but never one a process here runs from (its path in the
-process's command line), and never by halves: the marker goes first.
+``envs/.build-<key>-<pid>-<machine>-*`` and renamed into place (a relocatable venv, so its
+scripts still work there): an interrupted build leaves only a ``.build-`` directory no run
+ever uses, removed by the next sync on that machine once its process is gone. A build
+holds ``envs/.lock-<key>``, so hosts whose workdir is one shared directory (a cluster's
+shared home, reached over srun) build it once and the others use it. Past ``keep``
+environments the least recently asked for go, but never one a process here runs from (its
+path in the process's command line), and never by halves: the marker goes first.
 
 uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
 coordinator then sends the binary, zlib-compressed, after the modules on stdin.
@@ -39,18 +41,21 @@ has, when none matches), "platform"}.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import zlib
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from sshddp.remote import wheelpass
 from sshddp.remote.common import emit, pid_alive
@@ -104,12 +109,40 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
 def _built(
     uv: str, envs: str, key: str, python: str, args: dict[str, Any], env: dict[str, str]
 ) -> dict[str, Any]:
-    _prune_builds(envs)
-    error = _build(uv, envs, os.path.join(envs, key), key, python, args, env)
+    final = os.path.join(envs, key)
+    with _building(envs, key):
+        if _touch(os.path.join(final, MARKER)):  # a host sharing this workdir built it
+            return {"status": "ready"}
+        _prune_builds(envs)
+        error = _build(uv, envs, final, key, python, args, env)
     if error:
         return {"status": "failed", "error": error}
     _prune_envs(envs, int(args.get("keep") or 0), key)
     return {"status": "built"}
+
+
+@contextlib.contextmanager
+def _building(envs: str, key: str) -> Iterator[None]:
+    """Hold ``envs/.lock-<key>`` while building: hosts that share a workdir (a cluster's
+    shared home) build an environment once, the others wait for it and use it. A file
+    system without locks builds on every host at once, each aside, as before."""
+    path = os.path.join(envs, ".lock-" + key)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _progress("waiting", "another host sharing this workdir builds it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no locks on this file system
+        yield
+    finally:
+        # gone while still held: a host waiting on it finds the env; one that comes later
+        # makes a new lock and finds it too (or, after a failed build, builds it again)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def _wheels(
@@ -220,7 +253,7 @@ def _build(
     env: dict[str, str],
 ) -> str:
     """Build the environment aside and rename it into place; "" or uv's error."""
-    build = tempfile.mkdtemp(prefix=f".build-{key}-{os.getpid()}-", dir=envs)
+    build = tempfile.mkdtemp(prefix=f".build-{key}-{os.getpid()}-{_machine()}-", dir=envs)
     try:
         project = os.path.join(build, "project")
         os.mkdir(project)
@@ -318,12 +351,21 @@ def _place(venv: str, final: str) -> None:
             os.rename(venv, final)
 
 
+def _machine() -> str:
+    """This machine, in a build directory's name: on a workdir that several machines share,
+    a process id says something only on the machine it ran on."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
 def _prune_builds(envs: str) -> None:
-    """Remove the build directories of syncs whose process is gone (an interrupted one)."""
+    """Remove the build directories of this machine's syncs whose process is gone (an
+    interrupted one); another machine's are its own to judge."""
     for name in os.listdir(envs):
-        parts = name.split("-")
-        built_by = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
-        if name.startswith(".build-") and built_by and not pid_alive(built_by):
+        parts = name.split("-")  # .build, key, pid, machine, mkdtemp's suffix (no "-")
+        if not name.startswith(".build-") or len(parts) < 4 or not parts[2].isdigit():
+            continue
+        machine = parts[3] if len(parts) > 4 else _machine()  # one named before machines
+        if machine == _machine() and not pid_alive(int(parts[2])):
             shutil.rmtree(os.path.join(envs, name), ignore_errors=True)
 
 
