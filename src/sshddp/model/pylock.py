@@ -8,8 +8,8 @@ for this machine's platform and Python; each wheel fetched is then checked again
 lock's ``hashes``. A package that applies here but has no wheel (only an sdist, a
 directory, a VCS checkout) is refused: sshddp does not build.
 
-Markers are evaluated here (PEP 508, with PEP 751's ``extras`` and ``dependency_groups``):
-a version-like value compares as a version, anything else as a string.
+Whether a marker holds is the caller's question (``Holds``: ``run/syncwheels.py`` asks
+``packaging``, under PEP 751's rules, with the lock's default groups).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import html
 import posixpath
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -44,16 +44,20 @@ class Locked:
     wheels: tuple[Wheel, ...]
 
 
-def applying(text: str, lock: str, environment: Mapping[str, str]) -> tuple[Locked, ...]:
-    """The packages of the lock ``text`` (read from ``lock``, a path) whose marker holds in
-    ``environment`` (marker variable -> value); ``UsageError`` naming the lock and the
-    package when one of them has no wheel."""
+#: whether a ``marker`` holds on the machine the wheels are for, with these default groups
+Holds = Callable[[str, frozenset[str]], bool]
+
+
+def applying(text: str, lock: str, holds: Holds) -> tuple[Locked, ...]:
+    """The packages of the lock ``text`` (read from ``lock``, a path) whose marker
+    ``holds``; ``UsageError`` naming the lock and the package when one of them has no
+    wheel."""
     document = _parse(text, lock)
-    env = {**environment, "dependency_groups": _groups(document)}
+    groups = _groups(document)
     found = []
     for entry in document.get("packages") or ():
         marker = str(entry.get("marker") or "")
-        if marker and not marker_holds(marker, env, lock):
+        if marker and not holds(marker, groups):
             continue
         found.append(_locked(entry, lock))
     return tuple(found)
@@ -116,9 +120,9 @@ def _parse(text: str, lock: str) -> dict[str, Any]:
         raise UsageError(f"{lock}: not a valid TOML file: {exc}") from None
 
 
-def _groups(document: Mapping[str, object]) -> str:
+def _groups(document: Mapping[str, object]) -> frozenset[str]:
     groups = document.get("default-groups")
-    return "\0".join(str(g) for g in groups) if isinstance(groups, list) else ""
+    return frozenset(str(g) for g in groups) if isinstance(groups, list) else frozenset()
 
 
 def _locked(entry: Mapping[str, object], lock: str) -> Locked:
@@ -145,130 +149,3 @@ def _wheel(entry: Mapping[str, object], lock: str) -> Wheel:
     hashes = entry.get("hashes")
     sha256 = str(hashes.get("sha256") or "") if isinstance(hashes, dict) else ""
     return Wheel(file, url, sha256.lower())
-
-
-Tokens = list[tuple[str, str]]  #: a marker's (kind, text): string, op or name
-_TOKEN = re.compile(
-    r"""\s*(?:(?P<string>'[^']*'|"[^"]*")|(?P<op>===|==|!=|<=|>=|~=|<|>|\(|\)"""
-    r"""|not\s+in\b|in\b|and\b|or\b)|(?P<name>[A-Za-z_][A-Za-z0-9_.]*))"""
-)
-
-
-def marker_holds(marker: str, environment: Mapping[str, str], lock: str = "") -> bool:
-    """Whether the PEP 508 ``marker`` holds in ``environment``; ``UsageError`` naming the
-    lock when it cannot be read."""
-    env = {"extra": "", "extras": "", "dependency_groups": "", **environment}
-    try:
-        value, rest = _or(_tokens(marker), env)
-    except (IndexError, KeyError, ValueError):
-        rest = [("bad", marker)]
-    if rest:
-        raise UsageError(f"{lock or 'marker'}: cannot read the marker {marker!r}")
-    return value
-
-
-_SETS = ("extras", "dependency_groups")  #: PEP 751's variables that are sets of names
-_VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?")
-_PRE = {"a": 0, "b": 1, "rc": 2}
-
-
-def _tokens(marker: str) -> Tokens:
-    tokens: Tokens = []
-    at = 0
-    while marker[at:].strip():
-        found = _TOKEN.match(marker, at)
-        if found is None or found.lastgroup is None:
-            return [("bad", marker[at:])]
-        kind = found.lastgroup
-        tokens.append((kind, re.sub(r"\s+", " ", found.group(kind))))
-        at = found.end()
-    return tokens
-
-
-def _or(tokens: Tokens, env: Mapping[str, str]) -> tuple[bool, Tokens]:
-    value, rest = _and(tokens, env)
-    while rest and rest[0] == ("op", "or"):
-        other, rest = _and(rest[1:], env)
-        value = value or other
-    return value, rest
-
-
-def _and(tokens: Tokens, env: Mapping[str, str]) -> tuple[bool, Tokens]:
-    value, rest = _atom(tokens, env)
-    while rest and rest[0] == ("op", "and"):
-        other, rest = _atom(rest[1:], env)
-        value = value and other
-    return value, rest
-
-
-def _atom(tokens: Tokens, env: Mapping[str, str]) -> tuple[bool, Tokens]:
-    if tokens[0] == ("op", "("):
-        value, rest = _or(tokens[1:], env)
-        if rest[:1] != [("op", ")")]:
-            raise ValueError("no closing parenthesis")
-        return value, rest[1:]
-    (lkind, left), (okind, op), (rkind, right) = tokens[:3]
-    if okind != "op" or op in ("(", ")", "and", "or"):
-        raise ValueError(f"not a comparison: {op}")
-    return _compare(_value(lkind, left, env), op, _value(rkind, right, env)), tokens[3:]
-
-
-def _value(kind: str, text: str, env: Mapping[str, str]) -> str | frozenset[str]:
-    if kind == "string":
-        return text[1:-1]
-    if kind != "name":
-        raise ValueError(f"not a value: {text}")
-    if text in _SETS:
-        return frozenset(normalized(v) for v in env[text].split("\0") if v)
-    return env[text]
-
-
-def _compare(left: str | frozenset[str], op: str, right: str | frozenset[str]) -> bool:
-    if op in ("in", "not in"):
-        if isinstance(left, frozenset):
-            raise ValueError("a set on the left")
-        inside = normalized(left) in right if isinstance(right, frozenset) else left in right
-        return inside == (op == "in")
-    if isinstance(left, frozenset) or isinstance(right, frozenset):
-        raise ValueError(f"a set compared with {op}")
-    if op == "===":
-        return left == right
-    versions = _version_compare(left, op, right)
-    if versions is not None:
-        return versions
-    strings = {"==": left == right, "!=": left != right, "<": left < right}
-    strings.update({"<=": left <= right, ">": left > right, ">=": left >= right})
-    return strings[op]  # ~= between strings: KeyError, an unreadable marker
-
-
-def _version_compare(left: str, op: str, right: str) -> bool | None:
-    """``left op right`` as versions (``right`` may end in ``.*`` for == and !=), or None
-    when ``right`` is no version."""
-    wild = right.endswith(".*") and op in ("==", "!=")
-    have, want = _VERSION.fullmatch(left), _VERSION.fullmatch(right[:-2] if wild else right)
-    if want is None:
-        return None
-    if have is None:  # as packaging does: no version is in a version's range
-        return False
-    if wild:
-        prefix = _release(want)
-        return (_release(have)[: len(prefix)] == prefix) == (op == "==")
-    width = max(len(_release(have)), len(_release(want)))
-    mine, theirs = _key(have, width), _key(want, width)
-    if op == "~=":
-        stem = _release(want)[:-1]
-        return mine >= theirs and _release(have)[: len(stem)] == stem and len(stem) > 0
-    table = {"==": mine == theirs, "!=": mine != theirs, "<": mine < theirs}
-    table.update({"<=": mine <= theirs, ">": mine > theirs, ">=": mine >= theirs})
-    return table[op]
-
-
-def _release(found: re.Match[str]) -> tuple[int, ...]:
-    return tuple(int(n) for n in found.group(1).split("."))
-
-
-def _key(found: re.Match[str], width: int) -> tuple[tuple[int, ...], tuple[int, int]]:
-    release = _release(found)
-    release += (0,) * (width - len(release))
-    pre = (_PRE[found.group(2)], int(found.group(3))) if found.group(2) else (3, 0)
-    return release, pre

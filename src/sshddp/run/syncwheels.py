@@ -14,15 +14,16 @@ the lock gives it. A package with no wheel for this machine is an error naming i
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import re
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from sshddp.errors import UsageError
 from sshddp.model import pylock
@@ -65,7 +66,7 @@ def fetch(project: Project, uv_version: str, into: Path) -> tuple[Project, Wheel
     argv += [":all:", "--dest", str(wheels), "--requirement", str(into / "pins.txt")]
     if model.PYLOCK in project.files:
         lock = str(source if source.is_file() else source / model.PYLOCK)
-        packages = pylock.applying(project.files[model.PYLOCK], lock, marker_environment())
+        packages = pylock.applying(project.files[model.PYLOCK], lock, marker_holds(lock))
         pins = pylock.pins(packages)
         (into / "pins.txt").write_text(pins)
         _download_locked(argv, _index(packages, into), cwd, lock)
@@ -109,25 +110,26 @@ def _download_locked(argv: list[str], index: Path, cwd: Path, lock: str) -> None
     raise UsageError(f"{lock}: --offline: pip could not download the wheels here:\n{said}")
 
 
-def marker_environment() -> dict[str, str]:
-    """This Python's values of the PEP 508 marker variables (the wheels are fetched for it)."""
-    impl = sys.implementation
-    version = f"{impl.version.major}.{impl.version.minor}.{impl.version.micro}"
-    if impl.version.releaselevel != "final":
-        version += impl.version.releaselevel[0] + str(impl.version.serial)
-    return {
-        "implementation_name": impl.name,
-        "implementation_version": version,
-        "os_name": os.name,
-        "platform_machine": platform.machine(),
-        "platform_release": platform.release(),
-        "platform_system": platform.system(),
-        "platform_version": platform.version(),
-        "python_full_version": platform.python_version(),
-        "platform_python_implementation": platform.python_implementation(),
-        "python_version": ".".join(platform.python_version_tuple()[:2]),
-        "sys_platform": sys.platform,
-    }
+def marker_holds(lock: str, environment: Optional[Mapping[str, str]] = None) -> pylock.Holds:
+    """Whether a marker of ``lock`` holds on this machine (``environment``: other values of
+    its variables), by ``packaging`` under PEP 751's rules (``extras`` and
+    ``dependency_groups`` are sets); ``UsageError`` naming the lock when one cannot be read."""
+    from packaging.markers import (
+        InvalidMarker,
+        Marker,
+        UndefinedComparison,
+        UndefinedEnvironmentName,
+    )
+
+    def holds(marker: str, groups: frozenset[str]) -> bool:
+        try:
+            env: dict[str, str | AbstractSet[str]] = {**(environment or {})}
+            env["dependency_groups"] = groups
+            return Marker(marker).evaluate(env, context="lock_file")
+        except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName) as exc:
+            raise UsageError(f"{lock}: cannot read the marker {marker!r}: {exc}") from None
+
+    return holds
 
 
 def _export(root: Path) -> str:
