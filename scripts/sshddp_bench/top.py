@@ -98,10 +98,35 @@ def once_times(b: Bench, name: str, n: int, reps: int) -> list[float]:
     return times
 
 
+def wait_sampled(b: Bench, name: str, n: int, timeout: float = 60.0) -> None:
+    """Until every node's latest sample has its ranks with their CPU (the sampler looks
+    for new processes every few seconds, and a CPU figure needs two samples)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = [_last_sample(run_dir(b, name, i) / "samples.jsonl") for i in range(n)]
+        if all(
+            s is not None
+            and len(s["ranks"]) == TOP_NPROC
+            and all(r.get("cpu") is not None for r in s["ranks"])
+            for s in latest
+        ):
+            return
+        time.sleep(0.5)
+    raise BenchError(f"run {name}: not every node sampled its {TOP_NPROC} ranks in {timeout:g} s")
+
+
+def _last_sample(path: Path) -> dict | None:
+    try:
+        lines = path.read_bytes().splitlines()
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+
+
 def bench_top(b: Bench, n: int, reps: int) -> TopRow:
     name = _start(b, n, "top")
     try:
-        time.sleep(2.0)  # every node's first samples (their CPU needs two)
+        wait_sampled(b, name, n)
         once = once_times(b, name, n, reps)
         sampling = supervisors_cpu(b, name, n, reps)
     finally:
@@ -142,8 +167,9 @@ def top_noisy(r: TopRow) -> list[str]:
 
 METHOD = """\
 * **top**: a detached run of {hosts} hosts × {nproc} ranks of the rank program's `sleep`
-  mode. Once every READY is in the nodes' `node.log` (and 2 s more: the first samples),
-  `sshddp top --once RUN` runs {reps} times as a new process, which must list every rank;
+  mode. Once every READY is in the nodes' `node.log` and every node's latest sample has
+  its ranks' CPU, `sshddp top --once RUN` runs {reps} times as a new process, which must
+  list every rank;
   then each node supervisor's CPU (/proc/PID/stat) is counted over {reps} windows of
   {window:g} s. The same run made from a copy of src whose supervisor starts no sampler
   gives the CPU without it; the sampler's cost is the difference of the medians.
