@@ -130,6 +130,8 @@ class ColdRow:
     sync: Stat  #: sshddp sync of every host, each with an empty uv cache and no uv
     alone: Stat  #: one ``uv sync --frozen`` of the same lock, empty cache, nothing else running
     together: Stat  #: 8 such ``uv sync`` at once: what the lab's shared cores allow 8 hosts
+    #: sshddp sync as ``sync``, each host with sshddp's uv already (as any earlier sync leaves)
+    with_uv: Stat = Stat(())
 
 
 def _cold_inventory(b: Bench, tag: str, with_uv: bool = False) -> Path:
@@ -180,8 +182,9 @@ def bench_cold(b: Bench, reps: int) -> ColdRow:
     synced: list[float] = []
     alone: list[float] = []
     together: list[float] = []
+    with_uv: list[float] = []
     for rep in range(reps):
-        for method in order(("sync", "alone", "together"), rep):
+        for method in order(("sync", "alone", "together", "with_uv"), rep):
             tag = f"cold{rep}-{method}"
             if method == "alone":
                 alone.append(_uv_alone(b, project, tag))
@@ -189,13 +192,14 @@ def bench_cold(b: Bench, reps: int) -> ColdRow:
             if method == "together":
                 together.append(_uv_alone(b, project, tag, COLD_HOSTS))
                 continue
-            inv = _cold_inventory(b, tag)
+            inv = _cold_inventory(b, tag, with_uv=method == "with_uv")
             argv = [*b.sshddp, "sync", "--ssh-config", b.ssh_config, str(inv), str(project)]
-            synced.append(expect_rc(b.start(argv).finish(), 0, "sshddp sync (cold)").wall)
-    row = ColdRow(COLD_HOSTS, stat(synced), stat(alone), stat(together))
+            took = expect_rc(b.start(argv).finish(), 0, "sshddp sync (cold)").wall
+            (with_uv if method == "with_uv" else synced).append(took)
+    row = ColdRow(COLD_HOSTS, stat(synced), stat(alone), stat(together), stat(with_uv))
     progress(
         f"sync {COLD_HOSTS} hosts cold: {row.sync.fmt()} s, uv sync alone {row.alone.fmt()} s, "
-        f"{COLD_HOSTS} at once {row.together.fmt()} s"
+        f"{COLD_HOSTS} at once {row.together.fmt()} s, sync with uv there {row.with_uv.fmt()} s"
     )
     return row
 

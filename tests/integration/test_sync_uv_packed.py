@@ -1,13 +1,15 @@
 """uv for the hosts that lack it is packed once, however many of the pool's threads ask at
 once, in a fresh interpreter (where ``sysconfig`` is not yet set up: its first use is not
 thread-safe before Python 3.12, and a launch --sync once reported a host "unreachable:
-can only concatenate str (not NoneType) to str" from that race)."""
+can only concatenate str (not NoneType) to str" from that race); and the next sync takes it
+from this user's cache."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from sshddp.run.sync import local_platform
@@ -39,9 +41,11 @@ print(len(packs), len(got), len({bytes(g) for g in got}), errors)
 """
 
 
-def test_eight_threads_asking_at_once_pack_uv_once_and_all_get_it() -> None:
+def _ask_eight(cache: Path) -> list[str]:
+    """A fresh interpreter's 8 threads asking for uv at once: how many times it was packed,
+    how many got it, how many different answers, the errors."""
     src = Path(__file__).resolve().parents[2] / "src"
-    env = dict(os.environ, PYTHONPATH=str(src))
+    env = dict(os.environ, PYTHONPATH=str(src), XDG_CACHE_HOME=str(cache))
     done = subprocess.run(
         [sys.executable, "-c", CHILD, local_platform()],
         env=env,
@@ -50,4 +54,12 @@ def test_eight_threads_asking_at_once_pack_uv_once_and_all_get_it() -> None:
         timeout=120,
         check=True,
     )
-    assert done.stdout.strip().split(maxsplit=3) == ["1", "8", "1", "[]"], done.stdout + done.stderr
+    return done.stdout.strip().split(maxsplit=3)
+
+
+def test_eight_threads_asking_at_once_pack_uv_once_and_all_get_it(tmp_path: Path) -> None:
+    assert _ask_eight(tmp_path) == ["1", "8", "1", "[]"]
+    (kept,) = (tmp_path / "sshddp").glob("uv-*.zlib")
+    # the next sync, another process, sends what the cache keeps and packs nothing
+    assert _ask_eight(tmp_path) == ["0", "8", "1", "[]"]
+    assert zlib.decompress(kept.read_bytes())[:4] == b"\x7fELF"
