@@ -124,6 +124,10 @@ def test_sync_builds_every_hosts_env_then_answers_ready(
         assert re.fullmatch(rf"{host}: installing [12] packages?", said[2]), first.explain()
         assert said[3].endswith("MiB"), first.explain()  # the environment's size
 
+    # a warm sync runs no uv at all (the interpreter the first found is remembered): with
+    # h1's uv broken, it still answers ready
+    (uv,) = (ssh_env.home(1) / f"w-{tmp_path.name}" / "tools").glob("uv-*/uv")
+    uv.write_text("#!/bin/sh\necho 'this uv must not run' >&2\nexit 3\n")
     again = sync(ssh_env, inv, project)
     assert again.code == 0, again.explain()
     assert [line.split()[1] for line in again.out.splitlines()] == ["ready", "ready"]

@@ -78,13 +78,18 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
     if uv is None:
         return {"status": "need_uv", "platform": host_platform()}
     env = _uv_env(args.get("env") or {})
+    envs = _private_dir(os.path.join(workdir, "envs"))
+    found = _found_before(workdir, args)
+    if found is not None:
+        ready = _answer(envs, str(args["digest"]), found)
+        if _touch(os.path.join(envs, ready["key"], MARKER)):
+            return dict(ready, status="ready")
     python = _find_python(uv, str(args.get("python") or ""), env)
     if "error" in python:
         return python
-    key = env_key(str(args["digest"]), python["path"])
-    envs = _private_dir(os.path.join(workdir, "envs"))
-    final = os.path.join(envs, key)
-    answer = {"key": key, "python": os.path.join(final, "bin", "python")}
+    _remember(workdir, args, python["path"])
+    answer = _answer(envs, str(args["digest"]), python["path"])
+    key, final = answer["key"], os.path.join(envs, answer["key"])
     if _touch(os.path.join(final, MARKER)):
         return dict(answer, status="ready")
     if args.get("check"):
@@ -104,6 +109,42 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
         if server is not None:
             wheelpass.wait_for_eof()
             server.stop()
+
+
+def _answer(envs: str, digest: str, python: str) -> dict[str, Any]:
+    key = env_key(digest, python)
+    return {"key": key, "python": os.path.join(envs, key, "bin", "python")}
+
+
+def _found_file(workdir: str, args: dict[str, Any]) -> str:
+    """Where the interpreter found for this request (the project's Python, with the
+    inventory's env, which may change what uv finds) is remembered, beside our uv."""
+    asked = json.dumps([args.get("python") or "", args.get("env") or {}], sort_keys=True)
+    name = "python-" + hashlib.sha256(asked.encode()).hexdigest()[:16]
+    return os.path.join(workdir, "tools", name)
+
+
+def _found_before(workdir: str, args: dict[str, Any]) -> Optional[str]:
+    """The interpreter an earlier sync found for this request, if it is still there: a
+    warm sync then answers without running ``uv python find`` (0.13 s of CPU a host). A
+    Python installed since that would match better is used once this one is gone, or its
+    environment is."""
+    try:
+        with open(_found_file(workdir, args), encoding="utf-8") as fh:
+            path = fh.read().strip()
+    except OSError:
+        return None
+    return path if path and os.access(path, os.X_OK) else None
+
+
+def _remember(workdir: str, args: dict[str, Any], python: str) -> None:
+    path = _found_file(workdir, args)
+    try:
+        with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as fh:
+            fh.write(python)
+        os.replace(f"{path}.{os.getpid()}", path)
+    except OSError:
+        pass  # the next sync finds it again
 
 
 def _built(
