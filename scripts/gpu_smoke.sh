@@ -5,7 +5,8 @@
 # world that never runs a collective reported "not distributed", a failing NCCL rank (its
 # traceback without sshddp's frames) torn down with its GPU freed, a
 # collective that never completes found by the stall watchdog with the NCCL flight
-# recorder's dump, and `sshddp stacks --native` of a detached NCCL rank (py-spy, if there).
+# recorder's dump, `sshddp stacks --native` of a detached NCCL rank (py-spy, if there), and
+# `sshddp top` of that run: its GPUs sampled through NVML, compared with nvidia-smi.
 # Usage: bash scripts/gpu_smoke.sh [OUT_DIR]   (needs torch with CUDA and sshddp importable)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -79,7 +80,24 @@ else
     echo "py-spy is not installed here: skipping --native"
 fi
 sshddp stacks nccl-native; echo "exit $?"
+
+step "top of the detached NCCL run: the node's GPUs read through NVML (expect gpu_source nvml, a GPU row with its model, memory used/total, power and temperature; the rank's GPU memory)"
+sleep 3  # two samples: utilisation needs a period
+sshddp top --once nccl-native; echo "exit $?"
+sshddp top --json nccl-native >"$out/top.json"; echo "json exit $?"
+python3 - "$out/top.json" ~/.sshddp/runs/nccl-native/n0/samples.jsonl <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+print("nodes:", [{k: n.get(k) for k in ("host", "gpus", "gpu_util", "gpu_mem")} for n in doc["nodes"]])
+print("ranks:", [{k: r.get(k) for k in ("rank", "gpu_util", "gpu_mem")} for r in doc["ranks"]])
+last = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+print("sampler:", last["gpu_source"], last["gpus"])
+PY
+step "nvidia-smi at the same moment, to compare"
+nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu --format=csv
 sshddp stop nccl-native; echo "exit $?"
+step "the stopped run's exit record: its GPU usage over the samples it kept"
+python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"])' ~/.sshddp/runs/nccl-native/n0/exit.json
 sleep 1
 step "GPU processes left after the stop (expect none)"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
