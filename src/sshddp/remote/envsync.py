@@ -55,11 +55,13 @@ import sys
 import sysconfig
 import tempfile
 import zlib
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from sshddp.remote import wheelpass
 from sshddp.remote.common import emit, pid_alive
 from sshddp.remote.workdir import Unsafe, resolve
+
+if TYPE_CHECKING:  # --offline's code is imported (compiled, on the host) only when asked for
+    from sshddp.remote import wheelpass
 
 MARKER = "sshddp-env.json"  #: written last into a complete environment
 TAIL = 20  #: lines of uv's output kept for an error
@@ -107,6 +109,8 @@ def _sync(args: dict[str, Any]) -> dict[str, Any]:
         return dict(answer, **_built(uv, envs, key, python["path"], args, env))
     finally:
         if server is not None:
+            from sshddp.remote import wheelpass
+
             wheelpass.wait_for_eof()
             server.stop()
 
@@ -191,6 +195,8 @@ def _wheels(
 ) -> tuple[str, Optional[wheelpass.host_share.Server]]:
     """--offline: the lock's wheels here (received now if they were not), and the server
     handing them on when this host is the seed; ("", None) when they are not here yet."""
+    from sshddp.remote import wheelpass
+
     offline = args["offline"]
     path = wheelpass.folder(workdir, str(args["digest"]))
     if not wheelpass.complete(path):
