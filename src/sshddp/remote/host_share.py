@@ -188,16 +188,10 @@ class Server:
 
 
 def _listen(addr: str, port: int) -> socket.socket:
-    for host in (addr, ""):
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            s.listen(64)
-            return s
-        except OSError:
-            s.close()
-    raise OSError(f"node 0 cannot listen on port {port} to hand on the shared files")
+    sock, why = wire.listen(addr, port)
+    if sock is None:
+        raise OSError(f"node 0 cannot listen on port {port} to hand on the shared files: {why}")
+    return sock
 
 
 def pull(order: dict[str, Any]) -> Answer:

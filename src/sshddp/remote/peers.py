@@ -181,23 +181,6 @@ class Pending:
             sock.close()
 
 
-def _listen(addr: str, port: int) -> tuple[Optional[socket.socket], str]:
-    """Node 0's listening socket (on ``addr``, else every address), or None and why (the
-    OS's words) it could not listen."""
-    why = ""
-    for host in (addr, ""):
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            s.listen(256)
-            return s, ""
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-            s.close()
-    return None, why
-
-
 class PeerServer(Peers):
     """Node 0: every other supervisor connects here; an abort goes out to all of them."""
 
@@ -205,7 +188,7 @@ class PeerServer(Peers):
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        srv, why = _listen(self.addr, self.port)
+        srv, why = wire.listen(self.addr, self.port)
         if srv is None:
             self._set_abort(f"cannot listen on port {self.port} for the supervisors: {why}")
             return

@@ -267,3 +267,20 @@ def join(sock: socket.socket, key: bytes, run: str, rank: int, peer: str) -> Con
     session = bytes.fromhex(mac(key, "session", *parts))
     lines.deadline = None
     return Conn(lines, session, run, "spoke", peer)
+
+
+def listen(addr: str, port: int) -> tuple[Optional[socket.socket], str]:
+    """A socket listening on ``port`` of ``addr`` (else of every address; port 0: one the
+    system picks), or None and why (the OS's words) it could not listen."""
+    why = ""
+    for host in (addr, ""):
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen(256)
+            return s, ""
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            s.close()
+    return None, why
