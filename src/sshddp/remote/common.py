@@ -128,6 +128,28 @@ def read_json(path: str) -> Any:
         return None
 
 
+def read_json_lines(path: str, last: int = 0) -> list[Any]:
+    """The JSON objects of a file of one per line, oldest first (of its last ``last`` bytes
+    when given); a line that is not whole (cut by that seek, being written, cut short by a
+    full disk) is left out."""
+    try:
+        with open(path, "rb") as fh:
+            if last:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - last))
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 def home_path(path: str) -> str:
     """A path on this host as torchrun will see it: ``~`` expanded, relative to $HOME (the
     run's cwd for a script that lives on the host), whatever this process's cwd is."""

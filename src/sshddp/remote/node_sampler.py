@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from sshddp.remote import contract
-from sshddp.remote.common import read_json, run_pids, which
+from sshddp.remote.common import read_json, read_json_lines, run_pids, which
 from sshddp.remote.contract import GpuSample, RankSample, SampleRecord, SpecRecord, UsageRecord
 from sshddp.remote.host_stacks import Proc, describe, role
 from sshddp.remote.stop import torchrun_group
@@ -120,25 +120,8 @@ def usage(rundir: str) -> UsageRecord:
     """What the node's GPUs did over its kept samples (exit.json's ``usage``)."""
     samples = []
     for name in (contract.SAMPLES_OLD, contract.SAMPLES):
-        samples.extend(_read_samples(os.path.join(rundir, name)))
+        samples.extend(read_json_lines(os.path.join(rundir, name)))
     return usage_of(samples)
-
-
-def _read_samples(path: str) -> list[SampleRecord]:
-    try:
-        with open(path, "rb") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    out: list[SampleRecord] = []
-    for line in lines:
-        try:
-            record: SampleRecord = json.loads(line)
-        except ValueError:  # a line cut short by a full disk: the others still count
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
 
 
 def usage_of(samples: list[SampleRecord]) -> UsageRecord:

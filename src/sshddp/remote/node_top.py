@@ -10,7 +10,6 @@ host one process for as long as it is open, not one Python start a second.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import struct
@@ -18,7 +17,7 @@ import time
 from typing import Any
 
 from sshddp.remote import contract
-from sshddp.remote.common import emit, read_json
+from sshddp.remote.common import emit, read_json, read_json_lines
 from sshddp.remote.contract import SampleRecord, TopRecord
 from sshddp.remote.host_follow import node_status
 
@@ -61,19 +60,7 @@ def collect(rundir: str, tail: int) -> TopRecord:
 
 def recent(path: str) -> list[SampleRecord]:
     """The whole lines of samples.jsonl's last LAST_LINES bytes, oldest first."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - LAST_LINES))
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    out: list[SampleRecord] = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # the first line, cut by the seek; a line being written
-            continue
-    return out
+    return read_json_lines(path, LAST_LINES)
 
 
 def history(log: str, samples: list[SampleRecord]) -> dict[str, list[list[Any]]]:
