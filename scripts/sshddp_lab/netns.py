@@ -61,8 +61,8 @@ def _free_subnet() -> str:
     addrs = _ip("-4", "-o", "addr").stdout
     for _ in range(200):
         # Each xdist worker in its own 10.A range: two never pick one at the same time.
-        first = 200 + 12 * workers.worker()
-        prefix = f"10.{random.randrange(first, first + 12)}.{random.randrange(1, 250)}"
+        first = 200 + 11 * workers.worker()
+        prefix = f"10.{random.randrange(first, first + 11)}.{random.randrange(1, 250)}"
         if f"{prefix}." not in routes and f"{prefix}." not in addrs:
             return prefix
     raise NetnsError("no free 10.x.y.0/24 for the test bridge")

@@ -8,7 +8,7 @@ slots and port claims live there: one worker's run would take the other's). Work
 
 * the session cluster on ``127.0.0.{41 + 10w}..``, the address after its last host free for
   a test's own listener;
-* ``make_cluster``'s clusters on ``127.0.0.{101 + 35w}..``;
+* ``make_cluster``'s clusters on ``127.0.0.{101 + 30w}..``;
 * rendezvous ports in its own slice of 10000-21000.
 
 This module reads the environment only; it imports only the standard library.
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 
-MAX_WORKERS = 4  # the last worker's private hosts, 127.0.0.206..240, end below .254
+MAX_WORKERS = 5  # the last worker's private hosts, 127.0.0.221..250, end below .254
 SESSION_OCTETS = 10  # per worker: 4 session hosts and a spare address
-PRIVATE_OCTETS = 35  # per worker: make_cluster's hosts of one test
+PRIVATE_OCTETS = 30  # per worker: make_cluster's hosts of one test
 PORTS = range(10000, 21000)  # rendezvous ports, below Linux's ephemeral range
 
 

@@ -38,5 +38,5 @@ def test_more_workers_than_the_lab_has_addresses_for_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{workers.MAX_WORKERS}")
-    with pytest.raises(workers.WorkerError, match="-n 4 or fewer"):
+    with pytest.raises(workers.WorkerError, match=f"-n {workers.MAX_WORKERS} or fewer"):
         workers.session_first_octet()
