@@ -28,6 +28,9 @@ MAX_PROCS_PER_NODE = 1024  #: --nproc-per-node, an inventory's gpus / nproc / sl
 MAX_RESTARTS = 1000  #: --max-restarts
 MAX_FANOUT = 1024  #: --fanout
 
+# Local state
+RUN_RECORD_MAX = 8 * 1024 * 1024  #: the most of a run record (runs/ID.json) read; past it: bad
+
 # Reaching hosts
 FANOUT = 32  #: hosts contacted at once
 CONNECT_TIMEOUT = 10.0  #: seconds to connect, get the SSH banner and authenticate

@@ -13,6 +13,7 @@ import pytest
 
 from cli_helpers import sshddp
 from registry_records import record
+from sshddp import defaults
 from sshddp.errors import ExitCode, RunNotFound, StateError, UsageError
 from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.run import registry
@@ -137,3 +138,37 @@ def test_commands_on_a_run_still_being_launched_say_so(state: Path) -> None:
     assert not registry.exists("dead")
     registry.save(registry.load("busy").ended_from([{"state": "gone"}] * 2))  # type: ignore[list-item]
     assert started(registry.load("busy")).run_id == "busy"
+
+
+def test_a_fifo_a_link_or_a_huge_file_as_a_record_is_named_and_skipped(state: Path) -> None:
+    """What sits at runs/ID.json may be anything: a FIFO (reading it would wait for a writer
+    forever), a link to /dev/zero (a read without end), a file too large. Each is named as
+    a bad record, and the good runs are still listed (``ps --all``: a note, exit 0)."""
+    registry.create(record("good"))
+    runs = state / "runs"
+    os.mkfifo(runs / "fifo.json")
+    (runs / "zero.json").symlink_to("/dev/zero")
+    (runs / "linked.json").symlink_to(runs / "good.json")  # even to a good record: not followed
+    with open(runs / "huge.json", "wb") as fh:
+        fh.truncate(defaults.RUN_RECORD_MAX + 1)  # sparse: costs no disk
+    records, problems = registry.all_runs()
+    assert [r.run_id for r in records] == ["good"]
+    assert sorted(problems) == [
+        f"the run record {runs / 'fifo.json'} is not a regular file; move it away or delete it",
+        f"the run record {runs / 'huge.json'} is larger than a run record may be "
+        f"({defaults.RUN_RECORD_MAX} bytes); move it away or delete it",
+        f"the run record {runs / 'linked.json'} is a symbolic link, which sshddp does not "
+        "follow; move it away or delete it",
+        f"the run record {runs / 'zero.json'} is a symbolic link, which sshddp does not "
+        "follow; move it away or delete it",
+    ]
+    with pytest.raises(StateError) as fifo:
+        registry.resolve("fifo")
+    assert fifo.value.exit_code == ExitCode.BAD_INPUT
+    registry.save(registry.load("good").ended_from([{"state": "succeeded"}] * 2))  # type: ignore[list-item]
+    listed = sshddp(["ps", "--all"])  # finished: read from the registry, no host asked
+    assert listed.code == ExitCode.OK, listed.explain()
+    assert "good" in listed.out and "succeeded" in listed.out, listed.explain()
+    for name in ("fifo", "huge", "linked", "zero"):
+        assert f"the run record {runs / name}.json " in listed.err, listed.explain()
+    assert "internal error" not in listed.text and "Traceback" not in listed.text

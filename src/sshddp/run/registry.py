@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -476,14 +477,14 @@ def drop_if_abandoned(run_id: str) -> bool:
 def load(run_id: str) -> RunRecord:
     path = _path(run_id)
     try:
-        with open(path) as fh:
-            data = json.load(fh)
-        record = record_of(data)
+        record = record_of(json.loads(_read_record(path)))
         if record.run_id != run_id:
             raise ValueError(f"it names run {record.run_id!r}")
         return record
     except FileNotFoundError:
         raise RunNotFound(f"no run {run_id!r} in {runs_dir()}") from None
+    except _NotARecord as exc:
+        raise StateError(f"the run record {path} {exc}; move it away or delete it") from None
     except OSError as exc:
         raise _state_error(exc, path, "read the run record") from exc
     # RecursionError: JSON nested deeper than the parser goes
@@ -492,6 +493,42 @@ def load(run_id: str) -> RunRecord:
             f"the run record {path} is malformed ({type(exc).__name__}: {exc}); move it "
             "away or delete it"
         ) from None
+
+
+class _NotARecord(Exception):
+    """What sits at a record's path cannot be one: said as the end of a sentence."""
+
+
+def _read_record(path: Path) -> bytes:
+    """A record file's bytes: a regular file, never through a link, never more than
+    ``RUN_RECORD_MAX`` (a FIFO there would hang the read, a link to a device never end it)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _NotARecord("is a symbolic link, which sshddp does not follow") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotARecord("is not a regular file")
+        data = _read_up_to(fd, defaults.RUN_RECORD_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > defaults.RUN_RECORD_MAX:
+        raise _NotARecord(f"is larger than a run record may be ({defaults.RUN_RECORD_MAX} bytes)")
+    return data
+
+
+def _read_up_to(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, min(limit - size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def run_ids() -> list[str]:
