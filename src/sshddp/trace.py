@@ -3,9 +3,10 @@
 Every layer logs through the standard library's logger ``sshddp`` (``log``), at INFO, with
 %-style arguments: while the trace is off (the default) the logger is disabled for INFO, so
 a call formats nothing. ``-v`` sends the trace to stderr; ``SSHDDP_LOG=PATH`` appends it to
-that file (created 0600, never through a symbolic link) whatever the flag, and
-``SSHDDP_LOG=-`` means stderr. Each line reads ``sshddp[+0.412s] what happened``, the time
-counted from the command's start on the monotonic clock.
+that file whatever the flag (created 0600; an existing one only if it is ours and private;
+never through a symbolic link), and ``SSHDDP_LOG=-`` means stderr. Each line reads
+``sshddp[+0.412s] what happened``, the time counted from the command's start on the
+monotonic clock.
 
 What is traced names hosts, addresses, phases, decisions and timings; never an environment
 value, the peers' key, or a command line (which may carry them).
@@ -17,6 +18,7 @@ import errno
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -118,16 +120,43 @@ def _install(handler: logging.StreamHandler[TextIO], command: str) -> None:
 
 
 def _open_log(path: str) -> TextIO:
-    """``path`` for appending, created 0600; a symbolic link is refused (another user's link
-    in a shared directory would have us write where they chose)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    """``path`` for appending: made new and 0600, or one that is already a regular file of
+    ours that nobody else can read or write; never through a symbolic link (another user's
+    file or link in a shared directory would have them read the trace, or choose where we
+    write it)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o600)
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = _open_existing(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UsageError(
-                f"{ENV}={path}: is a symbolic link; sshddp never writes its trace through "
-                "one: name the file itself"
-            ) from None
+            raise _refused(path, "is a symbolic link") from None
         raise UsageError(f"{ENV}={path}: cannot open it for the trace: {exc.strerror}") from None
     return open(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+
+
+def _open_existing(path: str, flags: int) -> int:
+    """An existing trace file, opened only if it is a regular file, ours and private."""
+    fd = os.open(path, flags)
+    info = os.fstat(fd)
+    why = ""
+    if not stat.S_ISREG(info.st_mode):
+        why = "is not a regular file"
+    elif info.st_uid != os.geteuid():
+        why = f"is owned by another user (uid {info.st_uid})"
+    elif info.st_mode & 0o077:
+        why = f"can be read or written by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    if why:
+        os.close(fd)
+        raise _refused(path, why)
+    return fd
+
+
+def _refused(path: str, why: str) -> UsageError:
+    return UsageError(
+        f"{ENV}={path}: {why}; sshddp writes its trace (hosts, addresses, what it did) only "
+        "to a file of your own that no one else can read: name a new file, or `chmod 600` "
+        "one of yours"
+    )

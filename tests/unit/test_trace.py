@@ -103,6 +103,31 @@ def test_sshddp_log_never_writes_through_a_symlink(dry_run: list[str], tmp_path:
     assert not target.exists()
 
 
+def test_sshddp_log_of_ours_that_others_can_read_or_a_fifo_is_refused(
+    dry_run: list[str], tmp_path: Path
+) -> None:
+    """An existing file is appended to only if it is private: the trace names hosts and
+    addresses. A FIFO is no file (and opening it must not wait for a reader)."""
+    shared = tmp_path / "shared.log"
+    shared.write_text("")
+    shared.chmod(0o644)
+    result = sshddp(dry_run, env(SSHDDP_LOG=str(shared)))
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert (
+        f"SSHDDP_LOG={shared}: can be read or written by other users (mode 0644)" in result.err
+    ), result.explain()
+    assert shared.read_text() == "" and stat.S_IMODE(shared.stat().st_mode) == 0o644
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader: the open would succeed
+    try:
+        result = sshddp(dry_run, env(SSHDDP_LOG=str(fifo)))
+    finally:
+        os.close(reader)
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"SSHDDP_LOG={fifo}: is not a regular file" in result.err, result.explain()
+
+
 def test_sshddp_log_that_cannot_be_opened_is_bad_input(dry_run: list[str], tmp_path: Path) -> None:
     result = sshddp(dry_run, env(SSHDDP_LOG=str(tmp_path / "no" / "dir" / "trace.log")))
     assert_clean_failure(result, ExitCode.BAD_INPUT)
