@@ -35,17 +35,27 @@ ENV = "SSHDDP_LOG"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class Formatter(logging.Formatter):
-    """``sshddp[+SECONDS] message``: seconds since ``start`` on ``clock``; a message's control
-    characters (a host's text may carry some) are shown escaped, one record one line."""
+Redact = Callable[[str], str]  #: what of a message may be shown (the caller's masking)
 
-    def __init__(self, start: float, clock: Callable[[], float] = time.monotonic) -> None:
+
+class Formatter(logging.Formatter):
+    """``sshddp[+SECONDS] message``: seconds since ``start`` on ``clock``; a message passes
+    ``redact`` (the credentials of a URL a host's text quotes), and its control characters
+    (a host's text may carry some) are shown escaped, one record one line."""
+
+    def __init__(
+        self,
+        start: float,
+        clock: Callable[[], float] = time.monotonic,
+        redact: Redact = lambda text: text,
+    ) -> None:
         super().__init__()
         self.start = start
         self.clock = clock
+        self.redact = redact
 
     def format(self, record: logging.LogRecord) -> str:
-        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", record.getMessage())
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", self.redact(record.getMessage()))
         return f"sshddp[+{self.clock() - self.start:.3f}s] {text}"
 
 
@@ -54,19 +64,20 @@ def on() -> bool:
     return log.isEnabledFor(logging.INFO)
 
 
-def from_env(environ: Mapping[str, str], stderr: TextIO, command: str) -> None:
-    """``SSHDDP_LOG``: the trace to that file (``-``: stderr), whatever ``-v`` says."""
+def from_env(environ: Mapping[str, str], stderr: TextIO, command: str, redact: Redact) -> None:
+    """``SSHDDP_LOG``: the trace to that file (``-``: stderr), whatever ``-v`` says; every
+    line passes ``redact``."""
     where = environ.get(ENV, "")
     if where == "-":
-        _install(logging.StreamHandler(stderr), command)
+        _install(logging.StreamHandler(stderr), command, redact)
     elif where:
-        _install(_FileHandler(_open_log(where)), command)
+        _install(_FileHandler(_open_log(where)), command, redact)
 
 
-def to_stderr(stderr: TextIO, command: str) -> None:
+def to_stderr(stderr: TextIO, command: str, redact: Redact) -> None:
     """``-v``: the trace to stderr, unless ``SSHDDP_LOG`` already sends it somewhere."""
     if not _handlers():
-        _install(logging.StreamHandler(stderr), command)
+        _install(logging.StreamHandler(stderr), command, redact)
 
 
 def close() -> None:
@@ -110,10 +121,10 @@ def _handlers() -> list[logging.StreamHandler[TextIO]]:
     return [h for h in log.handlers if isinstance(h, logging.StreamHandler)]
 
 
-def _install(handler: logging.StreamHandler[TextIO], command: str) -> None:
+def _install(handler: logging.StreamHandler[TextIO], command: str, redact: Redact) -> None:
     from sshddp import __version__
 
-    handler.setFormatter(Formatter(time.monotonic()))
+    handler.setFormatter(Formatter(time.monotonic(), redact=redact))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.info("sshddp %s %s (pid %d)", __version__, command or "(no command)", os.getpid())

@@ -30,6 +30,7 @@ from sshddp.cli.sync import sync
 from sshddp.cli.terminal import Terminal
 from sshddp.cli.top import top
 from sshddp.errors import ExitCode, SshddpError
+from sshddp.model.envvars import hide_url_credentials
 from sshddp.model.escape import visible
 
 #: Every command, by name.
@@ -98,7 +99,7 @@ def _run(argv: Optional[Sequence[str]], terminal: Optional[Terminal]) -> int:
 def _run_cli(args: list[str], terminal: Terminal) -> int:
     show_tb = "--traceback" in args or terminal.environ.get("SSHDDP_TRACEBACK") == "1"
     try:
-        trace.from_env(terminal.environ, terminal.stderr, _cmd(args).strip())
+        trace.from_env(terminal.environ, terminal.stderr, _cmd(args).strip(), hide_url_credentials)
         # click prints --help and --version to sys.stdout; they belong to the terminal too.
         with contextlib.redirect_stdout(terminal.stdout):
             cli.main(args=args, prog_name="sshddp", standalone_mode=False, obj=terminal)

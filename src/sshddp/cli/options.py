@@ -15,6 +15,7 @@ from sshddp import defaults, trace
 from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.hosts.transport import SshOptions
+from sshddp.model.envvars import hide_url_credentials
 from sshddp.model.ranksel import parse_ranks
 from sshddp.run.registry import RunRecord
 
@@ -160,7 +161,7 @@ def trace_option(fn: F) -> F:
 
 def _trace_on(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
-        trace.to_stderr(terminal_of(ctx).stderr, ctx.info_name or "")
+        trace.to_stderr(terminal_of(ctx).stderr, ctx.info_name or "", hide_url_credentials)
     return value
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, TypedDict
 from sshddp import defaults
 from sshddp.model import cudadriver, rankenv
 from sshddp.model.commands import endpoint, quote_path
-from sshddp.model.envvars import MASK, EnvPairs
+from sshddp.model.envvars import MASK, EnvPairs, hide_url_credentials
 from sshddp.model.imports import ScriptImports
 from sshddp.model.inventory import Host
 from sshddp.model.plan import LaunchPlan
@@ -730,7 +730,9 @@ def ranks_env(hf: HostFacts, ctx: Context) -> dict[str, rankenv.EnvValue]:
 
 def _shown(v: rankenv.EnvValue, ctx: Context) -> str:
     """``NAME='value'``, or ``NAME=***`` for a value that must not be shown."""
-    return f"{v.name}={MASK}" if v.name in ctx.secret_names else f"{v.name}={v.value!r}"
+    if v.name in ctx.secret_names:
+        return f"{v.name}={MASK}"
+    return f"{v.name}={hide_url_credentials(v.value)!r}"
 
 
 def _from(v: rankenv.EnvValue, host: Host) -> str:

@@ -1,7 +1,8 @@
 """Environment variables the ranks get: ``--env`` pairs, names, and which values are secret.
 
 Secret values never appear in argv, in the registry or in sshddp's own messages; ``--dry-run``
-shows them as ``***``.
+shows them as ``***``. Whatever a variable's name, the credentials inside a URL in its value
+(``http://alice:pw@host/``) are shown as ``***`` too (``hide_url_credentials``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from sshddp.errors import UsageError
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|CREDENTIAL|AUTH|PRIVATE)", re.I)
 MASK = "***"
+# scheme://USERINFO@: the authority's userinfo runs to its last "@" (a password may hold an
+# unescaped one); the authority ends at "/", "?", "#" or a space, so an "@" in a path, a
+# query or the next word is never taken for it. ``user@host`` (no scheme) is not a URL.
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 
 EnvPairs = tuple[tuple[str, str], ...]
 
@@ -60,6 +65,13 @@ def secret_names(names: frozenset[str], envs: list[Mapping[str, str]]) -> frozen
     return names | {k for env in envs for k in env if SECRET_NAME_RE.search(k)}
 
 
+def hide_url_credentials(text: str) -> str:
+    """``text`` with the userinfo of every URL in it shown as ``***``
+    (``http://alice:pw@[::1]:8080/x`` -> ``http://***@[::1]:8080/x``)."""
+    return _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+
+
 def masked(env: Mapping[str, str], secrets: frozenset[str]) -> dict[str, str]:
-    """``env`` as it may be shown: secret values replaced by ``***``."""
-    return {k: (MASK if k in secrets else v) for k, v in env.items()}
+    """``env`` as it may be shown: secret values replaced by ``***``, and the credentials of
+    every URL in the others."""
+    return {k: (MASK if k in secrets else hide_url_credentials(v)) for k, v in env.items()}

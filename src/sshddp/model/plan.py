@@ -23,7 +23,7 @@ from sshddp import defaults
 from sshddp.errors import UsageError
 from sshddp.model import envvars
 from sshddp.model.commands import Program, TorchrunOptions, endpoint
-from sshddp.model.envvars import MASK, EnvPairs
+from sshddp.model.envvars import MASK, EnvPairs, hide_url_credentials
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.launchers import (
     Launcher,
@@ -444,7 +444,8 @@ def _workdir_code(options: LaunchOptions, workdir: str, paths: LocalPaths) -> Co
 
 
 def describe(plan: LaunchPlan) -> str:
-    """The ``--dry-run`` text: stable, one block per node, secrets masked."""
+    """The ``--dry-run`` text: stable, one block per node, secrets masked (and the
+    credentials of any URL in a value or an argument)."""
     auto = plan.rdzv_port == defaults.AUTO_PORT
     where = _auto_endpoint(plan) if auto else endpoint(plan.rdzv_addr, plan.rdzv_port)
     picked = "; the preflight picks a free port pair there" if auto else ""
@@ -469,7 +470,7 @@ def describe(plan: LaunchPlan) -> str:
             f"  run dir: {node.rundir}",
             f"  cwd:     {node.cwd}",
             "  env:     " + (" ".join(f"{k}={_shown(v)}" for k, v in env.items()) or "-"),
-            "  command: " + shlex.join(_shown_argv(plan, node)),
+            "  command: " + shlex.join(map(hide_url_credentials, _shown_argv(plan, node))),
         ]
     return "\n".join(lines) + "\n"
 
