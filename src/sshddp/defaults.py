@@ -52,6 +52,12 @@ SESSION_END_WAIT = 5.0  #: seconds a launch session that never started gets to c
 SLURM_TIMEOUT = 30.0  #: seconds a Slurm client command (scontrol, squeue) may take
 SLURM_POLL = 2.0  #: seconds between looks at the job's state while a run over Slurm is followed
 
+# exec
+#: bytes of one host's output `exec` keeps in memory; past them, the rest goes to a file of a
+#: private temporary directory (0700, the file 0600), so a flood costs no more memory
+EXEC_IN_MEMORY = 4 * 1024 * 1024
+EXEC_KEPT = 4 * 1024 * 1024 * 1024  #: the most of one host's output `exec` keeps; past it, cut
+
 # Reports
 TAIL_LINES = 20  #: lines of the failing node's output in a run report
 STACKS_TIMEOUT = 2.0  #: seconds each process of a run has to write its stacks (``stacks``)

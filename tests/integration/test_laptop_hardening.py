@@ -60,3 +60,49 @@ def test_another_users_trace_file_is_refused_and_left_as_it_was(
     assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     assert planted.read_bytes() == b""
     assert stat.S_IMODE(planted.stat().st_mode) == 0o666
+
+
+#: Writes BLOCKS pieces of 1 MiB, each its own (its index repeated), then a last line.
+FLOOD = (
+    "import sys\n"
+    "for i in range(int(sys.argv[1])):\n"
+    "    sys.stdout.buffer.write(b'%08d' % i * 131072)\n"
+    "sys.stdout.buffer.write(b'end\\n')\n"
+)
+BLOCKS = 100
+
+
+def test_exec_keeps_a_flood_of_output_out_of_memory_and_prints_it_whole(tmp_path: Path) -> None:
+    """A host's command writes 100 MiB: `exec` (no --stream) keeps what is past
+    EXEC_IN_MEMORY in a private temporary file, so the coordinator's peak RSS stays far
+    below the output's size (it held it all, and two copies for the report, before: 218 MB
+    for 97 MB), and prints it byte for byte (its SHA-256), with nothing left in TMPDIR."""
+    import hashlib
+    import sys
+
+    expected = hashlib.sha256()
+    header = b"----------------\nlocalhost (exit 0)\n----------------\n"
+    expected.update(header)
+    for i in range(BLOCKS):
+        expected.update(b"%08d" % i * 131072)
+    expected.update(b"end\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSHDDP_")}
+    command = ["exec", "-H", "localhost", "--", sys.executable, "-c", FLOOD, str(BLOCKS)]
+    proc = subprocess.Popen(
+        [*SSHDDP, *command], env={**env, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    got, size = hashlib.sha256(), 0
+    while piece := proc.stdout.read(1 << 20):
+        got.update(piece)
+        size += len(piece)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == ExitCode.OK
+    assert size == len(header) + BLOCKS * (1 << 20) + 4
+    assert got.hexdigest() == expected.hexdigest()
+    peak = usage.ru_maxrss * 1024  # KiB on Linux: the CLI's, or its largest child's
+    assert peak < 80 * (1 << 20), f"peak RSS {peak / (1 << 20):.0f} MiB for 100 MiB of output"
+    assert list(tmp.iterdir()) == []  # the spill directory went with the command

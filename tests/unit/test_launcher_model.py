@@ -4,6 +4,7 @@ exec command line and its grouping, the smoke verdict, and the launcher-aware re
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -322,3 +323,80 @@ def test_report_takes_the_rank_whose_own_error_it_is_not_a_peers_follow_on() -> 
     text = run_report(RunResult("r1", nodes, root_cause=1), lines)
     assert "root cause: node 1 on h2, global rank 5 (as its traceback says)" in text
     assert "[rank3]" not in text and text.count("[rank5]") == 3  # that rank's own lines
+
+
+def test_exec_output_past_the_memory_bound_is_spilled_and_past_the_cap_cut_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.exec.Spool: EXEC_IN_MEMORY bytes in memory, then an unlinked 0600 file in the
+    private directory, up to EXEC_KEPT; the rest is counted and the report says so."""
+    from sshddp import defaults
+    from sshddp.run.exec import Spool
+
+    monkeypatch.setattr(defaults, "EXEC_IN_MEMORY", 10)
+    monkeypatch.setattr(defaults, "EXEC_KEPT", 25)
+    spool = Spool(str(tmp_path))
+    for chunk in (b"0123456", b"789abcdefghij\n", b"klmnopqrstuvwxyz"):
+        spool.add(chunk)
+    assert spool.file is not None and os.fstat(spool.file.fileno()).st_mode & 0o777 == 0o600
+    assert list(tmp_path.iterdir()) == []  # unlinked: it goes with the command
+    out = spool.done()
+    assert b"".join(out.pieces()) == b"0123456789abcdefghij\nklmn" and out.size == 25
+    assert out.cut == (
+        "12 more bytes were not kept: the output is longer than sshddp keeps (25 bytes)"
+    )
+    ok = execs.ExecStatus.OK
+    same = execs.HostExec(1, "b", ok, b"0123456789abcdefghij\nklmn", exit=0)
+    text = execs.render([execs.HostExec(0, "a", ok, out, exit=0), same])
+    assert text == (
+        b"----------------\na (exit 0)\n----------------\n0123456789abcdefghij\nklmn\n"
+        b"[sshddp: 12 more bytes were not kept: the output is longer than sshddp keeps "
+        b"(25 bytes)]\n"
+        b"----------------\nb (exit 0)\n----------------\n0123456789abcdefghij\nklmn\n"
+    )
+    quiet = Spool(str(tmp_path), keep=False)  # --stream: the lines went out, nothing is kept
+    quiet.add(b"x" * 100)
+    assert quiet.done().size == 0 and quiet.file is None
+
+
+def test_exec_json_is_written_piece_by_piece_as_json_dumps_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--json decodes and escapes each host's output a piece at a time (a large output is
+    never held whole): the document is json.dumps's, a UTF-8 character or a bad byte split
+    between two pieces included."""
+    monkeypatch.setattr(execs, "PIECE", 3)
+    data = 'añ€😀"\\\n\x1b[31m'.encode() + b"\xff\xe2\x82 end"
+    result = execs.HostExec(0, "a", execs.ExecStatus.OK, data, exit=0, seconds=0.5)
+    pieces = list(execs.json_pieces([result, *results()[:1]]))
+    assert len(pieces) > 10
+    doc = json.loads("".join(pieces))
+    assert doc["hosts"][0]["output"] == data.decode("utf-8", "replace")
+    assert "".join(pieces) == json.dumps(
+        {
+            "ok": False,
+            "hosts": [
+                {
+                    "node": 0,
+                    "host": "a",
+                    "status": "ok",
+                    "exit": 0,
+                    "output": data.decode("utf-8", "replace"),
+                    "cut": None,
+                    "error": None,
+                    "seconds": 0.5,
+                },
+                {
+                    "node": 2,
+                    "host": "c",
+                    "status": "failed",
+                    "exit": 3,
+                    "output": "boom\n",
+                    "cut": None,
+                    "error": None,
+                    "seconds": 0.0,
+                },
+            ],
+        },
+        indent=2,
+    )

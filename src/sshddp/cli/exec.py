@@ -64,9 +64,12 @@ def exec_(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     sink = line if kw["stream"] and not kw["as_json"] else None
     results = run_everywhere(inventory, command, ssh, kw["fanout"], kw["timeout"], sink)
     if kw["as_json"]:
-        terminal.out(model.to_json(results))
+        for text in model.json_pieces(results):
+            terminal.stdout.write(text)
+        terminal.out("")
     elif not kw["stream"]:
-        terminal.stdout_bytes.write(model.render(results, tty))
+        for piece in model.rendered(results, tty):  # a piece at a time: the output may be large
+            terminal.stdout_bytes.write(piece)
         terminal.stdout_bytes.flush()
     terminal.err(model.summary(results))
     raise Exit(model.exit_code(results))

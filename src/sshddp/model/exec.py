@@ -11,17 +11,60 @@ colours, not clipboard writes, retitles or screen clears; elsewhere it is printe
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, Union
 
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.commands import python_command
 from sshddp.model.escape import for_terminal
 
 RULE = "-" * 16
+PIECE = 1024 * 1024  #: the most of a host's output handed on at once (and filtered as one)
+_SLOT = "\0sshddp: a host's output\0"  #: where json_pieces writes it (no field holds a NUL)
+
+
+class Output(Protocol):
+    """One host's output as kept: in memory, or partly in a file (``run/exec.py``)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes kept."""
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of what is kept: identical outputs are grouped by it."""
+
+    @property
+    def cut(self) -> str:
+        """What of the output was not kept, in words ("" when nothing was cut)."""
+
+    def pieces(self) -> Iterator[bytes]:
+        """What is kept, in order, in pieces of at most ``PIECE`` bytes."""
+
+
+@dataclass(frozen=True)
+class InMemory:
+    """An output held as one ``bytes``."""
+
+    data: bytes = b""
+    cut: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.data).digest()
+
+    def pieces(self) -> Iterator[bytes]:
+        for start in range(0, len(self.data), PIECE):
+            yield self.data[start : start + PIECE]
 
 
 class ExecStatus(str, Enum):
@@ -40,7 +83,8 @@ class HostExec:
     node: int  #: the host's index in the inventory
     host: str
     status: ExecStatus
-    output: bytes = b""  #: stdout and stderr together, as the command wrote them
+    #: stdout and stderr together, as the command wrote them
+    output: Union[bytes, Output] = field(default=b"", compare=False)
     exit: Optional[int] = None  #: the exit status, when the command ended by itself
     error: str = ""  #: why the host has no outcome (unreachable), in words
     seconds: float = 0.0
@@ -51,6 +95,10 @@ class HostExec:
         if self.status is ExecStatus.UNREACHABLE:
             return "unreachable"
         return f"exit {self.exit}"
+
+    def kept(self) -> Output:
+        """The output as kept (bytes given: held in memory)."""
+        return InMemory(self.output) if isinstance(self.output, bytes) else self.output
 
 
 def check_command(argv: Sequence[str]) -> tuple[str, ...]:
@@ -79,25 +127,55 @@ def remote_command(python: str) -> str:
     return "exec 2>&1; " + python_command(python)
 
 
-def groups(results: Sequence[HostExec]) -> list[tuple[list[HostExec], bytes]]:
+def groups(results: Sequence[HostExec]) -> list[tuple[list[HostExec], Output]]:
     """Hosts with the same output and status, in host order, each group once."""
-    found: dict[tuple[bytes, str], list[HostExec]] = {}
+    found: dict[tuple[bytes, int, str, str], list[HostExec]] = {}
+    bodies: dict[tuple[bytes, int, str, str], Output] = {}
     for r in sorted(results, key=lambda r: r.node):
-        body = r.output if r.status is not ExecStatus.UNREACHABLE else r.error.encode()
-        found.setdefault((body, r.label()), []).append(r)
-    return [(members, key[0]) for key, members in found.items()]
+        body = r.kept() if r.status is not ExecStatus.UNREACHABLE else InMemory(r.error.encode())
+        key = (body.digest, body.size, body.cut, r.label())
+        found.setdefault(key, []).append(r)
+        bodies.setdefault(key, body)
+    return [(members, bodies[key]) for key, members in found.items()]
 
 
 def render(results: Sequence[HostExec], terminal: bool = False) -> bytes:
-    """The grouped output: a header naming the hosts and their status, then the output
-    (filtered for a ``terminal``)."""
-    out = []
+    """The grouped output (``rendered``) as one ``bytes``."""
+    return b"".join(rendered(results, terminal))
+
+
+def rendered(results: Sequence[HostExec], terminal: bool = False) -> Iterator[bytes]:
+    """The grouped output, piece by piece: a header naming the hosts and their status, then
+    the output (filtered for a ``terminal``), then what of it was cut, if anything."""
     for members, body in groups(results):
         names = ",".join(r.host for r in members)
-        header = f"{RULE}\n{names} ({members[0].label()})\n{RULE}\n"
-        shown = for_terminal(body) if terminal else body
-        out.append(header.encode() + shown + (b"" if not shown or shown.endswith(b"\n") else b"\n"))
-    return b"".join(out)
+        yield f"{RULE}\n{names} ({members[0].label()})\n{RULE}\n".encode()
+        last = b"\n"
+        for piece in _whole_lines(body.pieces()) if terminal else body.pieces():
+            shown = for_terminal(piece) if terminal else piece
+            if shown:
+                last = shown[-1:]
+                yield shown
+        if last != b"\n":
+            yield b"\n"
+        if body.cut:
+            yield f"[sshddp: {body.cut}]\n".encode()
+
+
+def _whole_lines(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` cut after a newline where one is near, so the terminal's filter never
+    sees an escape sequence split in two."""
+    rest = b""
+    for piece in pieces:
+        rest += piece
+        end = rest.rfind(b"\n") + 1
+        if end == 0 and len(rest) < PIECE:
+            continue
+        end = end or len(rest)
+        yield rest[:end]
+        rest = rest[end:]
+    if rest:
+        yield rest
 
 
 def stream_line(prefix: bytes, line: bytes, terminal: bool = False) -> bytes:
@@ -129,17 +207,33 @@ def exit_code(results: Sequence[HostExec]) -> ExitCode:
 
 
 def to_json(results: Sequence[HostExec]) -> str:
+    """The ``--json`` document (``json_pieces``) as one string."""
+    return "".join(json_pieces(results))
+
+
+def json_pieces(results: Sequence[HostExec]) -> Iterator[str]:
+    """The ``--json`` document, piece by piece: each host's output is decoded and escaped
+    a piece at a time, so a large one is never held whole (the text is ``json.dumps``'s)."""
+    ordered = sorted(results, key=lambda r: r.node)
     hosts: list[dict[str, Any]] = [
         {
             "node": r.node,
             "host": r.host,
             "status": r.status.value,
             "exit": r.exit,
-            "output": r.output.decode("utf-8", "replace"),
+            "output": _SLOT,
+            "cut": r.kept().cut or None,
             "error": r.error or None,
             "seconds": round(r.seconds, 3),
         }
-        for r in sorted(results, key=lambda r: r.node)
+        for r in ordered
     ]
     ok = all(r.status is ExecStatus.OK for r in results)
-    return json.dumps({"ok": ok, "hosts": hosts}, indent=2)
+    parts = json.dumps({"ok": ok, "hosts": hosts}, indent=2).split(json.dumps(_SLOT))
+    for part, r in zip(parts, ordered):
+        yield part + '"'
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        for piece in r.kept().pieces():
+            yield json.dumps(decoder.decode(piece))[1:-1]
+        yield json.dumps(decoder.decode(b"", final=True))[1:-1] + '"'
+    yield parts[-1]
