@@ -354,6 +354,15 @@ def test_exec_output_past_the_memory_bound_is_spilled_and_past_the_cap_cut_and_s
         b"(25 bytes)]\n"
         b"----------------\nb (exit 0)\n----------------\n0123456789abcdefghij\nklmn\n"
     )
+    gone = tmp_path / "gone"  # a spill that fails (a full disk, say): the rest is counted
+    broken = Spool(str(gone))
+    for chunk in (b"0123456789", b"abc", b"def"):
+        broken.add(chunk)
+    cut = broken.done()
+    assert b"".join(cut.pieces()) == b"0123456789" and cut.cut == (
+        f"6 more bytes were not kept: the temporary directory {gone} could not take more: "
+        "No such file or directory"
+    )
     quiet = Spool(str(tmp_path), keep=False)  # --stream: the lines went out, nothing is kept
     quiet.add(b"x" * 100)
     assert quiet.done().size == 0 and quiet.file is None
