@@ -16,8 +16,9 @@ from sshddp.model.leftout import LeftOut, missing_hints, summary, unshared_files
 from sshddp.model.plan import CodeSpec, LaunchOptions
 from sshddp.model.report import run_report
 from sshddp.model.state import NodeResult, NodeState, RunResult
+from sshddp.run import workfiles
 from sshddp.run.payload import build_payload, code_spec
-from sshddp.run.workfiles import COUNT_CAP, select, shipped_files
+from sshddp.run.workfiles import select, shipped_files
 
 
 def project(root: Path) -> Path:
@@ -87,9 +88,20 @@ def test_the_left_out_files_are_counted_with_their_rule_beyond_caches(tmp_path: 
     assert build_payload(CodeSpec("tar", "train.py", str(root), str(root))).left == chosen.left
 
 
-def test_the_count_of_a_huge_ignored_tree_stops_at_the_cap(tmp_path: Path) -> None:
-    many = [LeftOut(f"d/{i}", 1, "r") for i in range(COUNT_CAP + 5)]
-    assert "ignore rules left out 10005+ files" in summary(many, more=True)
+def test_the_count_of_a_huge_ignored_tree_stops_at_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = project(tmp_path / "proj")
+    (root / ".gitignore").write_text("big/\n")
+    for d in range(3):
+        (root / "big" / f"d{d}").mkdir(parents=True)
+        for i in range(4):
+            (root / "big" / f"d{d}" / f"{i}.bin").write_bytes(b"x")
+    monkeypatch.setattr(workfiles, "COUNT_CAP", 5)
+    chosen = select(root, count=True)
+    assert len(chosen.left) == 5 and chosen.more
+    assert "ignore rules left out 5+ files" in summary(chosen.left, chosen.more)
+    assert len(select(root, ("big/d2/*",)).files) == len(select(root).files) + 4
 
 
 def test_include_sends_ignored_files(tmp_path: Path) -> None:

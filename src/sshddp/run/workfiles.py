@@ -30,7 +30,7 @@ QUIET = frozenset(
     | {".tox", ".nox", ".ipynb_checkpoints", ".venv", "venv", ".DS_Store"}
 )
 QUIET_SUFFIXES = (".pyc", ".pyo")
-COUNT_CAP = 10_000  #: ignored entries looked at for the launch's line
+COUNT_CAP = 5_000  #: ignored entries looked at for the launch's line
 #: the ignored directory a walk is in: its rule, and whether what is in it goes unsaid
 Dropped = Optional[tuple[str, bool]]
 
@@ -91,6 +91,9 @@ class _Walk:
             rel = os.path.relpath(dirpath, self.root)
             rel = "" if rel == "." else rel + "/"
             above = self.dropped.get(rel)
+            if above is not None and self.more and self.include is None:
+                dirnames[:] = []  # counted enough: the rest of an ignored tree is not read
+                continue
             if above is None:
                 self._read_rules(dirpath, rel)
             dirnames[:] = [d for d in sorted(dirnames) if self._enter(dirpath, rel, d, above)]
