@@ -13,6 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> None:
     code = code_dir(tmp_path, {"train.py": b"v2", "a/b/c.txt": b"deep"})
+    (code / "helper.py").symlink_to("train.py")
     space = tmp_path / "space"
     space.mkdir()
     (space / "train.py").write_bytes(b"v1")
@@ -28,4 +29,10 @@ def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> 
         env=env,
         timeout=60,
     )
-    assert tree(space) == {"a/b/c.txt": b"deep", "out.log": b"kept", "train.py": b"v2"}
+    assert tree(space) == {
+        "a/b/c.txt": b"deep",
+        "helper.py": b"v2",
+        "out.log": b"kept",
+        "train.py": b"v2",
+    }
+    assert os.readlink(space / "helper.py") == "train.py"

@@ -202,6 +202,35 @@ def test_a_directory_without_a_lock_is_a_clear_error(ssh_env: SshdCluster, tmp_p
     assert "no uv.lock there" in result.err and "uv lock" in result.err
 
 
+def test_a_library_from_a_local_path_is_refused_naming_it(
+    ssh_env: SshdCluster, tmp_path: Path
+) -> None:
+    """Each host would build it from its own copy of the path, under a key that does not
+    follow its content: refused before any host is asked."""
+    lib = tmp_path / "mylib"
+    (lib / "src" / "mylib").mkdir(parents=True)
+    (lib / "src" / "mylib" / "__init__.py").write_text("VERSION = 1\n")
+    (lib / "pyproject.toml").write_text(
+        '[project]\nname = "mylib"\nversion = "0.1.0"\n[build-system]\n'
+        'requires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+    )
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\nversion = "0"\nrequires-python = ">=3.9"\n'
+        'dependencies = ["mylib"]\n[tool.uv]\npackage = false\n'
+        f'[tool.uv.sources]\nmylib = {{ path = "{lib}", editable = true }}\n'
+    )
+    env = {"UV_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "HOME": str(proj)}
+    subprocess.run([UV, "lock", "--offline", "--quiet"], cwd=proj, env=env, check=True, timeout=120)
+    inv = inventory(ssh_env, tmp_path, [1, 2], tmp_path)
+    result = sync(ssh_env, inv, proj)
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"the lock installs mylib (editable {lib}) from a local path" in result.err, result.err
+    assert "git URL" in result.err and "--workdir" in result.err
+    assert not any((envs_of(ssh_env, tmp_path, i)).parent.exists() for i in (1, 2))
+
+
 RANK_SCRIPT = """
 import json, os, sys
 import numpy, six, torch

@@ -66,15 +66,38 @@ def test_a_plain_archive_is_unpacked(tmp_path: Path) -> None:
         (("../escape.py", b"x", b""), "refusing archive member '../escape.py'"),
         (("/abs.py", b"x", b""), "refusing archive member '/abs.py'"),
         (("link", None, b"/etc/passwd"), "refusing archive member 'link'"),
+        (("link", None, b"../../../../x"), "refusing archive member 'link'"),
+        (("pkg/link", None, b"../.."), "refusing archive member 'pkg/link'"),
     ],
 )
 def test_members_that_reach_outside_are_refused(
     tmp_path: Path, member: tuple[str, bytes | None, bytes], why: str
 ) -> None:
-    answer = stage(tmp_path, archive(("train.py", b"ok", b""), member))
-    assert not answer["ok"] and answer["error"] == why, answer
+    answer = stage(tmp_path, archive(("train.py", b"ok", b""), ("pkg/m.py", b"x", b""), member))
+    assert not answer["ok"] and answer["error"].startswith(why), answer
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))
     assert not (tmp_path / "escape.py").exists()
+
+
+def test_links_that_stay_inside_are_made_again_and_nothing_goes_through_one(
+    tmp_path: Path,
+) -> None:
+    inside = archive(
+        ("real.py", b"X = 1\n", b""),
+        ("pkg/m.py", b"x", b""),
+        ("helper.py", None, b"real.py"),
+        ("pkg/up.py", None, b"../real.py"),
+        ("alias", None, b"pkg"),
+    )
+    answer = stage(tmp_path / "a", inside)
+    assert answer["ok"], answer
+    code = tmp_path / "a" / "runs" / "r1" / "n0" / "code"
+    assert (code / "helper.py").is_symlink() and (code / "helper.py").read_bytes() == b"X = 1\n"
+    assert str((code / "pkg" / "up.py").readlink()) == "../real.py"
+    assert (code / "alias" / "m.py").read_bytes() == b"x"
+    through = archive(("pkg/m.py", b"x", b""), ("alias", None, b"pkg"), ("alias/new.py", b"y", b""))
+    answer = stage(tmp_path / "b", through)
+    assert answer["error"] == "refusing archive member 'alias/new.py'", answer
 
 
 def test_a_damaged_archive_is_refused(tmp_path: Path) -> None:

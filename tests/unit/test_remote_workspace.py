@@ -108,3 +108,23 @@ def test_staging_fills_the_workspace_and_a_refusal_fails_the_stage(tmp_path: Pat
     answer = stage("r2")
     assert not answer["ok"] and "is a file in the workspace" in answer["error"], answer
     assert not (tmp_path / "runs" / "r2").exists()  # a failed stage leaves no run directory
+
+
+def test_shipped_links_are_made_again_in_the_workspace_and_never_lead_out(
+    tmp_path: Path,
+) -> None:
+    code = code_dir(tmp_path, {"real_helper.py": b"X = 1\n", "pkg/m.py": b"W = 1\n"})
+    (code / "helper.py").symlink_to("real_helper.py")
+    (code / "alias").symlink_to("pkg")
+    space = tmp_path / "space"
+    space.mkdir()
+    (space / "helper.py").write_bytes(b"an older run's copy")
+    fill(str(code), str(space))
+    assert str((space / "helper.py").readlink()) == "real_helper.py"
+    assert (space / "helper.py").read_bytes() == b"X = 1\n"
+    assert str((space / "alias").readlink()) == "pkg" and (space / "alias" / "m.py").exists()
+    (code / "out").symlink_to("../../outside")
+    with pytest.raises(WorkspaceError, match="would lead out of"):
+        fill(str(code), str(space))
+    assert not (space / "out").is_symlink()
+    assert not list(space.glob("out.sshddp-*"))

@@ -86,3 +86,47 @@ def test_a_pylock_is_a_project_asking_for_its_requires_python() -> None:
     assert model.project("x", {model.PYLOCK: lock + "\n"}, "0.1").digest != project.digest
     assert model.is_pylock("pylock.toml") and model.is_pylock("pylock.gpu.toml")
     assert not model.is_pylock("pyproject.toml") and not model.is_pylock("pylock.a.b.toml")
+
+
+LOCAL_LOCK = """version = 1
+requires-python = ">=3.9"
+
+[[package]]
+name = "lib2"
+version = "0.1.0"
+source = { editable = "../lib2" }
+
+[[package]]
+name = "mylib"
+version = "0.1.0"
+source = { directory = "/abs/mylib" }
+
+[[package]]
+name = "numpy"
+version = "2.2.6"
+source = { registry = "file:///opt/pypi/simple" }
+
+[[package]]
+name = "proj"
+version = "0"
+source = { virtual = "." }
+"""
+
+
+def test_a_lock_that_builds_a_library_from_a_local_path_is_refused_naming_it() -> None:
+    """Each host would build it from its own copy, which the key does not follow."""
+    with pytest.raises(UsageError) as caught:
+        model.project("proj", {"pyproject.toml": "", "uv.lock": LOCAL_LOCK}, "0.9")
+    said = str(caught.value)
+    assert caught.value.exit_code == ExitCode.BAD_INPUT
+    assert "lib2 (editable ../lib2), mylib (directory /abs/mylib) from a local path" in said
+    assert "numpy" not in said and "proj" not in said.split(":", 1)[1]
+    pins = "numpy==2.2.6\n-e ../mylib\nother @ file:///abs/other\n--index-url http://i/simple\n"
+    assert model.local_sources({model.PINNED: pins}) == [
+        "a package (../mylib)",
+        "a package (file:///abs/other)",
+    ]
+    pylock = '[[packages]]\nname = "a"\ndirectory = { path = "../a", editable = true }\n'
+    assert model.local_sources({model.PYLOCK: pylock}) == ["a package (path ../a)"]
+    itself = '[[package]]\nname = "proj"\nversion = "0"\nsource = { editable = "." }\n'
+    assert model.local_sources({"uv.lock": itself}) == []  # the project is not installed

@@ -78,6 +78,14 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="Environment for every rank (repeatable); KEY alone copies it from here.",
 )
 @click.option("--workdir", metavar="DIR", help="Ship this local directory (honours .gitignore).")
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="PATTERN",
+    help="Ship the --workdir's files that .gitignore leaves out when they match PATTERN "
+    "(gitignore syntax, relative to the workdir, e.g. 'data/*.bin'); repeatable. Inventory: "
+    "`include:` in defaults.",
+)
 @log_dir_option
 @click.option("--name", metavar="NAME", help="Run id (refused if it exists).")
 @click.option("--dry-run", is_flag=True, help="Print the per-node plan; connect to nothing.")
@@ -192,24 +200,9 @@ def launch_options(
 ) -> tuple[LaunchOptions, frozenset[str]]:
     """Split SCRIPT from its arguments (or take the command after ``--``) and gather the
     launch options."""
-    rest = list(script_and_args)
     if dashdash:
-        return _command_options(rest, kw, terminal)
-    module = kw["module"]
-    if module is None and rest and rest[0] == "-m":
-        if len(rest) < 2:
-            raise UsageError("-m needs a MODULE")
-        module, rest = rest[1], rest[2:]
-    script: Optional[str] = None
-    if module is None:
-        if not rest:
-            raise UsageError("missing SCRIPT (or -m MODULE) after the inventory")
-        script, rest = rest[0], rest[1:]
-        if script.startswith("-"):
-            raise UsageError(
-                f"{script!r} where SCRIPT was expected: launch options go before the "
-                "inventory, e.g. `sshddp launch --dry-run inv.yaml train.py`"
-            )
+        return _command_options(list(script_and_args), kw, terminal)
+    script, module, rest = _script_or_module(list(script_and_args), kw["module"])
     pairs, secrets = parse_env_pairs(tuple(kw["env_items"]), terminal.environ.get)
     options = LaunchOptions(
         script=script,
@@ -235,8 +228,30 @@ def launch_options(
         stall_timeout=kw["stall_timeout"],
         on_stall=kw["on_stall"],
         share=tuple(kw["share"]),
+        include=tuple(kw["include"]),
     )
     return options, secrets
+
+
+def _script_or_module(
+    rest: list[str], module: Optional[str]
+) -> tuple[Optional[str], Optional[str], list[str]]:
+    """SCRIPT (or ``-m MODULE``) and the arguments after it."""
+    if module is None and rest and rest[0] == "-m":
+        if len(rest) < 2:
+            raise UsageError("-m needs a MODULE")
+        module, rest = rest[1], rest[2:]
+    script: Optional[str] = None
+    if module is None:
+        if not rest:
+            raise UsageError("missing SCRIPT (or -m MODULE) after the inventory")
+        script, rest = rest[0], rest[1:]
+        if script.startswith("-"):
+            raise UsageError(
+                f"{script!r} where SCRIPT was expected: launch options go before the "
+                "inventory, e.g. `sshddp launch --dry-run inv.yaml train.py`"
+            )
+    return script, module, rest
 
 
 def _command_options(

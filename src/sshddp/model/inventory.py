@@ -128,6 +128,7 @@ class Inventory:
     share: tuple[str, ...] = ()  #: ``defaults.share``: paths handed on from node 0 (--share)
     #: ``defaults.sync``: the uv project every launch syncs first (--sync), as written
     sync: Optional[str] = None
+    include: tuple[str, ...] = ()  #: ``defaults.include``: ignored --workdir files sent (--include)
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -344,7 +345,8 @@ _ENV_VALUE_RULE = _Rule(
 )
 
 _HOST_KEYS = ("host", "user", "port", "gpus", "nproc", "python", "addr", "env", "workdir")
-_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), "transport", "share", "sync")
+_RUN_KEYS = ("transport", "share", "sync", "include")  #: under defaults, but the run's
+_DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), *_RUN_KEYS)
 _TOP_KEYS = ("defaults", "rendezvous", "hosts")
 _RDZV_KEYS = ("port", "host")
 _HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key not in ("host", "transport", "sync")))
@@ -486,6 +488,7 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     defaults = _read_section(doc, top.get("defaults"), "defaults", _DEFAULT_KEYS, _DEFAULTS_HINTS)
     share = defaults.pop("share", ())  # the run's, not a host's
     sync = defaults.pop("sync", None)
+    include = defaults.pop("include", ())
     rdzv = _read_section(doc, top.get("rendezvous"), "rendezvous", _RDZV_KEYS)
     if rdzv.get("port") == "auto":
         rdzv["port"] = _AUTO_PORT
@@ -493,7 +496,7 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     hosts = top.get("hosts")
     if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
         slurm = _slurm_request(doc, hosts, defaults)
-        return Inventory(doc.source, (), rendezvous, slurm, share, sync)
+        return Inventory(doc.source, (), rendezvous, slurm, share, sync, include)
     if defaults.get("transport") == "srun":
         doc.fail(
             _at("defaults.transport", top["defaults"][1]),
@@ -502,7 +505,7 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
         )
     entries = _hosts_list(doc, root, hosts)
     pairs = [_yaml_host(doc, node, index, defaults) for index, node in enumerate(entries)]
-    return replace(_inventory(doc, pairs, rendezvous), share=share, sync=sync)
+    return replace(_inventory(doc, pairs, rendezvous), share=share, sync=sync, include=include)
 
 
 def _slurm_request(
@@ -547,8 +550,8 @@ def _read_fields(doc: _Doc, items: _Items, path: str) -> dict[str, Any]:
         where = _value_where(_join(path, name), key_node, node)
         if name == "env":
             fields[name] = _read_env(doc, node, where)
-        elif name == "share":
-            fields[name] = _read_share(doc, node, where)
+        elif name in ("share", "include"):
+            fields[name] = _read_paths(doc, node, where, _PATH_RULES[name])
         else:
             rule = _RDZV_PORT_RULE if (path, name) == ("rendezvous", "port") else _RULES[name]
             fields[name] = _read_scalar(doc, rule, node, where)
@@ -576,16 +579,26 @@ _SHARE_RULE = _Rule(
 )
 
 
-def _read_share(doc: _Doc, node: yaml.Node, where: _Where) -> tuple[str, ...]:
-    """``share:``, a list of paths node 0 hands to every node before the ranks start."""
+_INCLUDE_RULE = _Rule(
+    "a gitignore pattern relative to the --workdir ('data/*.bin')",
+    lambda value: isinstance(value, str) and bool(value.strip()) and "\0" not in value,
+    text=True,
+)
+#: ``share:`` (paths node 0 hands on) and ``include:`` (ignored --workdir files sent): lists
+_PATH_RULES = MappingProxyType({"share": _SHARE_RULE, "include": _INCLUDE_RULE})
+
+
+def _read_paths(doc: _Doc, node: yaml.Node, where: _Where, rule: _Rule) -> tuple[str, ...]:
+    """A list of paths or patterns (``share:``, ``include:``)."""
     if _is_null(node):
         return ()
     if not isinstance(node, yaml.SequenceNode):
-        doc.fail(where, f"expected a list of paths (share: [snapshot.pt]), got {_kind(node)}.")
+        name = where.path.rsplit(".", 1)[-1]
+        doc.fail(where, f"expected a list of paths ({name}: [...]), got {_kind(node)}.")
     paths = []
     for i, item in enumerate(node.value):
         item_where = _at(f"{where.path}[{i}]", item)
-        value = str(_read_scalar(doc, _SHARE_RULE, item, item_where))
+        value = str(_read_scalar(doc, rule, item, item_where))
         paths.append(value)
     return tuple(paths)
 

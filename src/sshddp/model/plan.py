@@ -75,6 +75,7 @@ class LaunchOptions:
     stall_timeout: float = 0.0  #: seconds with no output from any rank that stall; 0: off
     on_stall: str = defaults.ON_STALL  #: "stop" or "report"
     share: tuple[str, ...] = ()  #: ``--share`` paths: node 0's copy goes to every node
+    include: tuple[str, ...] = ()  #: ``--include`` patterns: ignored --workdir files that ship
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class CodeSpec:
     target: str  #: what torchrun runs: a script path relative to the code dir, or a module
     local_path: Optional[str] = None  #: the local file or directory to ship
     home: Optional[str] = None  #: the local directory (resolved) whose workspace the ranks use
+    include: tuple[str, ...] = ()  #: --include: ignored files of a --workdir sent all the same
 
 
 class LocalPaths(Protocol):
@@ -364,6 +366,8 @@ def validate_options(options: LaunchOptions, run_id: str) -> None:
             "node the node's own launcher starts the workers"
         )
     torchrun_args(options.torchrun_args)
+    if options.include and not options.workdir:
+        raise UsageError("--include picks ignored files of a --workdir: give --workdir DIR too")
     for path in options.share:
         problem = share_problem(path)
         if problem:
@@ -403,7 +407,8 @@ def decide_code(options: LaunchOptions, paths: LocalPaths) -> CodeSpec:
         root = paths.resolve(options.workdir)
         if paths.kind(root) != "dir":
             raise UsageError(f"--workdir {options.workdir}: not a local directory")
-        return CodeSpec("tar", options.command[0], root, root)  # it runs in the workspace
+        # it runs in the workspace
+        return CodeSpec("tar", options.command[0], root, root, options.include)
     if options.workdir:
         return _workdir_code(options, options.workdir, paths)
     if options.module:
@@ -426,14 +431,15 @@ def _workdir_code(options: LaunchOptions, workdir: str, paths: LocalPaths) -> Co
     if paths.kind(root) != "dir":
         raise UsageError(f"--workdir {workdir}: not a local directory")
     if options.module:
-        return CodeSpec("tar", options.module, root, root)
+        return CodeSpec("tar", options.module, root, root, options.include)
     assert options.script is not None
     script = options.script
     candidates = [script] if posixpath.isabs(script) else [posixpath.join(root, script), script]
     for candidate in (paths.resolve(c) for c in candidates):
         inside = candidate.startswith(root.rstrip("/") + "/")
         if inside and paths.kind(candidate) == "file":
-            return CodeSpec("tar", posixpath.relpath(candidate, root), root, root)
+            rel = posixpath.relpath(candidate, root)
+            return CodeSpec("tar", rel, root, root, options.include)
     raise UsageError(
         f"{options.script}: not a file inside --workdir {workdir} (give the script "
         "relative to that directory)"

@@ -16,6 +16,7 @@ from sshddp import defaults
 from sshddp.model import envvars
 from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
 from sshddp.model.escape import visible, visible_line
+from sshddp.model.leftout import missing_hints
 from sshddp.model.state import (
     NodeResult,
     NodeState,
@@ -248,6 +249,7 @@ def run_report(
     rank = None if result.hung and result.hang_cause else _root_line(out, node, full_tail)
     shown = full_tail if ranks_tail is None or rank is not None else ranks_tail
     out.extend(_tail_lines(node, shown, rank))
+    out.extend(f"hint: {hint}" for hint in missing_hints(shown, result.left_out))
     return "\n".join(out)
 
 

@@ -127,7 +127,7 @@ def _lacks(files: dict[str, int], look: Mapping[str, Any], name: str) -> bool:
 
 def unshared_warning(found: list[tuple[str, int, list[int]]], hosts: Sequence[str]) -> str:
     """The warning for ``unshared``'s files (not empty), naming them and the fix."""
-    names = [f"{name} ({_size(size)})" for name, size, _ in found[:SHOWN]]
+    names = [f"{name} ({size_text(size)})" for name, size, _ in found[:SHOWN]]
     more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
     lacking = sorted({rank for _, _, ranks in found for rank in ranks})
     where = ", ".join(f"node {r} ({hosts[r]})" for r in lacking)
@@ -140,7 +140,7 @@ def unshared_warning(found: list[tuple[str, int, list[int]]], hosts: Sequence[st
     )
 
 
-def _size(size: int) -> str:
+def size_text(size: int) -> str:
     if size < 1000:
         return f"{size} B"
     value, unit = size / 1000, "kB"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sshddp.errors import ExitCode
+from sshddp.model.leftout import LeftOut
 from sshddp.remote import contract
 
 
@@ -205,6 +206,7 @@ class RunResult:
     log_error: Optional[str] = None  #: why we detached: a local log stopped taking bytes
     cause: Optional[str] = None  #: what ended the run from outside its nodes (its Slurm job)
     hang_cause: Optional[str] = None  #: a hung run's culprits, as its stacks single them out
+    left_out: tuple[LeftOut, ...] = ()  #: files the launch did not put on some host
 
     @property
     def ok(self) -> bool:

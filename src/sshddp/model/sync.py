@@ -81,11 +81,48 @@ def project(root: str, files: Mapping[str, str], uv_version: str) -> Project:
             f"{root}: not a uv project: no {' or '.join(missing)} there "
             "(sync installs a project's lock: run `uv lock` in it first)"
         )
+    local = local_sources(files)
+    if local:
+        raise UsageError(_local_refusal(root, local))
     digest = hashlib.sha256(f"uv {uv_version}\0".encode())
     for name in (*PROJECT_FILES, PINNED, PYLOCK):
         if name in files:
             digest.update(f"{name}\0{files[name]}\0".encode())
     return Project(root, dict(files), digest.hexdigest()[:16], python_request(files))
+
+
+#: a lock's package built from a local path: uv.lock's ``source = { directory = ".." }``
+#: (or editable, path), pylock.toml's ``directory`` / ``archive`` path, a pin's file or path
+_LOCAL_LOCK = re.compile(
+    r'^name = "([^"]+)"\n(?:[^\[\n][^\n]*\n)*?source = \{ (directory|editable|path) = "([^"]+)"',
+    re.M,
+)
+_LOCAL_PYLOCK = re.compile(r'^\s*(?:directory|archive) = \{[^}\n]*\bpath = "([^"]+)"', re.M)
+_LOCAL_PIN = re.compile(r"^\s*(?:-e\s+|--editable\s+)?(?:\S+\s*@\s*)?((?:file:|\.{0,2}/)\S*)", re.M)
+
+
+def local_sources(files: Mapping[str, str]) -> list[str]:
+    """The packages of a project's lock that a host would build from a local path (its own
+    copy of it), each as ``name (directory /abs/mylib)``; the project itself is not one."""
+    found = [
+        f"{name} ({kind} {path})"
+        for name, kind, path in _LOCAL_LOCK.findall(files.get("uv.lock", ""))
+        if path != "."
+    ]
+    found += [f"a package (path {path})" for path in _LOCAL_PYLOCK.findall(files.get(PYLOCK, ""))]
+    found += [f"a package ({path})" for path in _LOCAL_PIN.findall(files.get(PINNED, ""))]
+    return found
+
+
+def _local_refusal(root: str, local: Sequence[str]) -> str:
+    return (
+        f"{root}: the lock installs {', '.join(local)} from a local path. Each host would build "
+        "it from its own copy of that path, which sync neither sends nor hashes, so a changed "
+        'library would leave an old environment "ready". Install it from an index or a git '
+        'URL instead (`mylib = { git = "https://..." }` under [tool.uv.sources], then '
+        "`uv lock`), or ship its code with the run: put it in the --workdir, where the "
+        "ranks import it from"
+    )
 
 
 _REQUIRES = re.compile(r"""^\s*requires-python\s*=\s*["']([^"']+)["']""", re.M)

@@ -39,7 +39,7 @@ from sshddp.remote.common import (
 )
 from sshddp.remote.contract import Secrets
 from sshddp.remote.workdir import Unsafe, make_rundir, moved, resolve_rundir
-from sshddp.remote.workspace import fill
+from sshddp.remote.workspace import WorkspaceError, fill, make_link
 
 if TYPE_CHECKING:
     from sshddp.remote.standby import Standby
@@ -110,8 +110,9 @@ def _receive_code(rundir: str, payload: dict[str, Any], stream: IO[bytes]) -> No
 
 
 def _unpack(incoming: _Code, code: str) -> None:
-    """Extract a --workdir archive as it streams in: plain files and directories, all inside
-    ``code`` (a fresh 0700 directory); anything else is refused before it is written."""
+    """Extract a --workdir archive as it streams in: plain files, directories and symbolic
+    links that stay inside ``code`` (a fresh 0700 directory), none written through a link;
+    anything else is refused before it is written."""
     import tarfile  # only a --workdir needs it: a launch session skips the import otherwise
     import zlib
 
@@ -124,12 +125,24 @@ def _unpack(incoming: _Code, code: str) -> None:
                 if (
                     member.name.startswith("/")
                     or ".." in parts
-                    or not (member.isfile() or member.isdir())
+                    or not (member.isfile() or member.isdir() or member.issym())
+                    or os.path.realpath(os.path.join(code, *parts[:-1]))
+                    != os.path.join(os.path.realpath(code), *parts[:-1])  # through a link
                 ):
                     raise BootError(f"refusing archive member {member.name!r}")
-                tar.extract(member, code, **safe)
+                if member.issym():
+                    _link(member.name, member.linkname, code)
+                else:
+                    tar.extract(member, code, **safe)
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise BootError(f"the shipped archive is damaged: {exc}") from exc
+
+
+def _link(name: str, target: str, code: str) -> None:
+    try:
+        make_link(target, os.path.join(code, name), code)
+    except WorkspaceError as exc:
+        raise BootError(f"refusing archive member {name!r}: {exc}") from exc
 
 
 _STAGING: list[int] = []  #: the staging locks this launch session holds, for its life

@@ -2,7 +2,8 @@
 
 A launch stages the shipped code in ``RUNDIR/code`` and checks it there, as before; ``fill``
 then puts every file of it into the workspace (``<workdir>/work/<name>``), where the ranks
-run. Each file is hard-linked in (copied where a link cannot be made) under a temporary
+run. Each file is hard-linked in (copied where a link cannot be made; a shipped symbolic
+link is made again, ``make_link``, only if it stays inside) under a temporary
 name, then renamed over the file of the same name: a process still reading the old file
 keeps it whole, and everything else in the workspace, such as what earlier runs wrote
 there, stays. Retention removes run directories only, never a workspace. Nodes whose hosts
@@ -21,6 +22,22 @@ class WorkspaceError(OSError):
     """A shipped path that the workspace cannot take (a directory where a file goes)."""
 
 
+def make_link(target: str, path: str, root: str) -> None:
+    """Make the symbolic link ``path`` -> ``target``, once ``target`` (relative) is known to
+    resolve inside ``root`` from the real directory of ``path``, itself inside ``root``: a
+    shipped link never leads out of the code or the workspace (``WorkspaceError``)."""
+    top = os.path.realpath(root)
+    here = os.path.realpath(os.path.dirname(path))
+    lands = os.path.realpath(os.path.join(here, target))
+    if os.path.isabs(target) or not all(_inside(p, top) for p in (here, lands)):
+        raise WorkspaceError(f"{path} -> {target} would lead out of {root}: refusing the link")
+    os.symlink(target, path)
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def fill(code: str, workspace: str) -> None:
     """Put every file under ``code`` into ``workspace`` at the same relative path."""
     os.makedirs(workspace, 0o700, exist_ok=True)
@@ -33,7 +50,9 @@ def fill(code: str, workspace: str) -> None:
             if rel == "." and name == SHA_FILE:
                 continue
             _place(os.path.join(dirpath, name), os.path.join(target, name), workspace)
-        dirnames.sort()
+        for name in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            _place(os.path.join(dirpath, name), os.path.join(target, name), workspace)
+        dirnames.sort()  # (a link to a directory is not walked into: it is placed as a link)
 
 
 def _make_dir(path: str, workspace: str) -> None:
@@ -63,6 +82,10 @@ def _place(source: str, target: str, workspace: str) -> None:
             "code: remove it, or launch with --fresh-cwd"
         )
     tmp = f"{target}.sshddp-{socket.gethostname()}-{os.getpid()}"  # hosts may share a disk
+    if os.path.islink(source):
+        make_link(os.readlink(source), tmp, workspace)
+        os.replace(tmp, target)
+        return
     try:
         os.link(source, tmp)
     except OSError:  # a filesystem without hard links, or another one

@@ -24,6 +24,7 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import SshOptions
+from sshddp.model import leftout
 from sshddp.model.allocation import refuse_detach
 from sshddp.model.checks import Context
 from sshddp.model.inventory import Host, Inventory
@@ -74,7 +75,7 @@ def build_plan(
     run_id = options.name or new_run_id()
     if registry.exists(run_id):  # early and friendly; ``registry.create`` is the real guard
         raise UsageError(f"--name {run_id}: a run with that id exists already; pick another")
-    code = code_spec(options)
+    code = code_spec(replace(options, include=(*inventory.include, *options.include)))
     return make_plan(inventory, options, run_id, code, lambda h: node_addr(h, ssh), secrets)
 
 
@@ -141,12 +142,16 @@ class Launch:
 
     def _run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         plan = self.plan
+        left = leftout.summary(payload.left, payload.more_left)
+        if left:
+            self.screen.err(left)
         self.record = _reserve(plan, inventory.source, ssh)
         where = Path(plan.log_dir).absolute()
         logs, console = open_sinks(plan.layout, where, self.screen, self.mode.ranks, fresh=True)
         try:
             with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
                 state = LaunchState(plan, pool, logs, console)
+                state.left_out += payload.left  # the report explains a rank missing one
                 try:
                     with trace.phase("preflight"):
                         unreachable = self._preflight(state, inventory, payload)

@@ -1,4 +1,5 @@
-"""The code a run ships: one script file, or a whole local directory honouring .gitignore.
+"""The code a run ships: one script file, or a whole local directory: the files and links
+that ``workfiles`` says travel.
 
 Every node receives the same bytes; the host checks their SHA-256 before anything starts.
 The bytes are written once to a temporary file and streamed from it to every host in
@@ -17,12 +18,16 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Optional
 
 from sshddp import defaults
 from sshddp.errors import UsageError
+from sshddp.model.leftout import LeftOut
 from sshddp.model.plan import CodeSpec, LaunchOptions, decide_code
 from sshddp.run.inputs import LocalFiles
+from sshddp.run.workfiles import Selection, select, shipped_files
+
+__all__ = ["Payload", "build_payload", "code_spec", "shipped_files"]
 
 MAX_BUNDLE = defaults.MAX_CODE_BYTES
 CHUNK = 1 << 20  #: bytes read from the bundle and written to a host at a time
@@ -38,6 +43,10 @@ class Payload:
     sha256: str
     disk_bytes: int  #: what the code takes on a host once stored (a tar is stored unpacked)
     file: Optional[IO[bytes]] = field(default=None, compare=False, repr=False)
+    #: a --workdir's files its ignore rules kept from the hosts (``select``), and whether
+    #: there are more than counted
+    left: tuple[LeftOut, ...] = field(default=(), compare=False, repr=False)
+    more_left: bool = False
 
     def header(self) -> dict[str, object]:
         return {"kind": self.kind, "name": self.name, "size": self.size, "sha256": self.sha256}
@@ -74,17 +83,22 @@ def build_payload(code: CodeSpec) -> Payload:
     if code.kind == "none" or code.kind == "remote":
         return Payload("none", "", 0, hashlib.sha256(b"").hexdigest(), 0)
     assert code.local_path is not None
+    root = Path(code.local_path)
+    chosen = select(root, code.include, count=True) if code.kind == "tar" else Selection((), ())
     bundle = _Bundle()
     try:
         if code.kind == "file":
-            name, stored = code.target, _copy(Path(code.local_path), bundle)
+            name, stored = code.target, _copy(root, bundle)
         else:
-            name, stored = "", _pack(Path(code.local_path), bundle)
+            name, stored = "", _pack(chosen, root, bundle)
         bundle.file.flush()
     except BaseException:
         bundle.file.close()
         raise
-    return Payload(code.kind, name, bundle.size, bundle.sha.hexdigest(), stored, bundle.file)
+    digest = bundle.sha.hexdigest()
+    return Payload(
+        code.kind, name, bundle.size, digest, stored, bundle.file, chosen.left, chosen.more
+    )
 
 
 class _Bundle:
@@ -114,42 +128,14 @@ def _copy(path: Path, bundle: _Bundle) -> int:
     return bundle.size
 
 
-def shipped_files(root: Path) -> list[str]:
-    """Files under ``root`` that are not ignored by its .gitignore files (nor .git)."""
-    import pathspec
-
-    files: list[str] = []
-    specs: list[tuple[str, Optional[Any]]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        ignore = Path(dirpath, ".gitignore")
-        if ignore.is_file():
-            lines = ignore.read_text(encoding="utf-8", errors="replace").splitlines()
-            specs.append((rel_dir, pathspec.GitIgnoreSpec.from_lines(lines)))
-        dirnames[:] = sorted(
-            d for d in dirnames if d != ".git" and not _ignored(specs, rel_dir + d + "/")
-        )
-        files += [rel_dir + f for f in sorted(filenames) if not _ignored(specs, rel_dir + f)]
-    return files
-
-
-def _ignored(specs: list[tuple[str, Optional[Any]]], rel: str) -> bool:
-    for base, spec in specs:
-        if spec is not None and rel.startswith(base) and spec.match_file(rel[len(base) :]):
-            return True
-    return False
-
-
-def _pack(root: Path, bundle: _Bundle) -> int:
-    """Write a tar of the shipped files to ``bundle``; the bytes they hold."""
+def _pack(chosen: Selection, root: Path, bundle: _Bundle) -> int:
+    """Write a tar of the shipped files to ``bundle``, then their links; the bytes the
+    files hold."""
     total = 0
     copy = {"copybufsize": CHUNK}  # tarfile writes each file's bytes straight through
     with tarfile.open(fileobj=bundle, mode="w", **copy) as tar:  # type: ignore[call-overload]
-        for rel in shipped_files(root):
+        for rel in chosen.files:
             path = root / rel
-            if path.is_symlink() or not path.is_file():
-                continue
             total += path.stat().st_size
             if total > MAX_BUNDLE:
                 raise UsageError(
@@ -161,4 +147,8 @@ def _pack(root: Path, bundle: _Bundle) -> int:
             info.uname = info.gname = ""
             with open(path, "rb") as fh:
                 tar.addfile(info, fh)
+        for rel, target in chosen.links:  # last: no file of the tar goes through a link
+            link = tarfile.TarInfo(rel)
+            link.type, link.linkname, link.mode = tarfile.SYMTYPE, target, 0o777
+            tar.addfile(link)
     return total

@@ -35,7 +35,7 @@ from sshddp.model.imports import ImportRef, compile_problem, imports_run, module
 from sshddp.model.inventory import Host
 from sshddp.model.plan import CodeSpec
 from sshddp.model.report import launch_warnings
-from sshddp.run.payload import shipped_files
+from sshddp.run.workfiles import shipped_files
 
 #: Opens a host's session given the probe's arguments (None: no probe, for --no-check).
 SessionOpener = Callable[[Host, Optional[dict[str, Any]]], HostSession]
@@ -72,7 +72,7 @@ def compile_code(code: CodeSpec, module: bool) -> None:
     if code.kind == "file":
         _compile(Path(code.local_path), code.local_path)
         return
-    tree = _Tree(code.local_path, "" if module else posixpath.dirname(code.target))
+    tree = _Tree(code, "" if module else posixpath.dirname(code.target))
     if module:
         for name in modules_wanted(ImportRef(code.target), "", False):
             tree.walk(name)
@@ -85,9 +85,10 @@ class _Tree:
     """A shipped --workdir tree, its modules found as the ranks' ``sys.path[0]`` (``base``,
     relative to the root) finds them; each compiled at most once."""
 
-    def __init__(self, root: str, base: str) -> None:
-        self.root, self.base = root, base
-        self.files = set(shipped_files(Path(root)))
+    def __init__(self, code: CodeSpec, base: str) -> None:
+        assert code.local_path is not None
+        self.root, self.base = code.local_path, base
+        self.files = set(shipped_files(Path(code.local_path), code.include))
         self.done: set[str] = set()
 
     def walk(self, dotted: str) -> None:

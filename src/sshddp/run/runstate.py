@@ -17,6 +17,7 @@ from sshddp.hosts.pool import HostPool
 from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import Transport
 from sshddp.model.layout import NodeLayout, RunLayout
+from sshddp.model.leftout import LeftOut
 from sshddp.model.plan import LaunchPlan
 from sshddp.model.state import NodeResult, RunResult
 from sshddp.run.sinks import Console, NodeLogs
@@ -45,6 +46,7 @@ class RunState:
         self.log_error: Optional[str] = None  #: why we detached: a local log stopped growing
         self.cause: Optional[str] = None  #: what ended the run from outside (its Slurm job)
         self.detached = threading.Event()  #: followers stop; the supervisors keep the run
+        self.left_out: list[LeftOut] = []  #: files some host did not get (the report's hints)
         self.lock = threading.Lock()
 
     def transport(self, node: NodeLayout) -> Transport:
@@ -78,6 +80,7 @@ class RunState:
             log_dir=self.logs.directory,
             log_error=self.log_error,
             cause=self.cause,
+            left_out=tuple(self.left_out),
         )
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 from sshddp.model.imports import ScriptImports, module_name, provided_by, top_level_imports
 from sshddp.model.plan import CodeSpec
-from sshddp.run.payload import shipped_files
+from sshddp.run.workfiles import shipped_files
 
 
 def script_imports(code: CodeSpec, module: bool) -> Optional[ScriptImports]:
@@ -37,7 +37,7 @@ def script_imports(code: CodeSpec, module: bool) -> Optional[ScriptImports]:
 
 def _tree_modules(code: CodeSpec, script_dir: str) -> set[str]:
     assert code.local_path is not None
-    return provided_by(shipped_files(Path(code.local_path)), script_dir)
+    return provided_by(shipped_files(Path(code.local_path), code.include), script_dir)
 
 
 def _beside(script: str) -> set[str]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from sshddp import defaults
 from sshddp.hosts.pool import HostResults, Outcome
 from sshddp.hosts.session import HostSession
+from sshddp.model.leftout import unshared_files
 from sshddp.model.plan import NodePlan
 from sshddp.model.share import Decision, Look, Transfer, decide, unshared, unshared_warning
 from sshddp.run.runstate import LaunchState
@@ -58,6 +59,7 @@ class Share:
         if found:
             hosts = [n.host.host for n in plan.nodes]
             self.say(f"sshddp: warning: {unshared_warning(found, hosts)}")
+            self.state.left_out += unshared_files(found, hosts)
         if not plan.share:
             return HostResults()
         decision = decide(plan.share, looks)
