@@ -22,7 +22,7 @@ from test_remote_session import answer, boot_args, session_clock
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import session_messages as wire
+from sshddp.remote import session_messages as msgs
 from sshddp.remote.bound import COORDINATOR_GONE, SESSION_GONE
 from sshddp.remote.common import pid_alive
 
@@ -47,12 +47,12 @@ def start_node(
     assert proc.stdin is not None and proc.stdout is not None
     sent = time.time()
     proc.stdin.write(shipped.header("host_session", {"probe": None}))
-    proc.stdin.write(wire.encode(wire.go(args)) + script)
+    proc.stdin.write(msgs.encode(msgs.go(args)) + script)
     proc.stdin.flush()
     session_clock(proc.stdout, sent)
     assert answer(proc.stdout, "released") == {}
     assert answer(proc.stdout, "staged")["ok"]
-    proc.stdin.write(wire.encode(wire.start(True)))
+    proc.stdin.write(msgs.encode(msgs.start(True)))
     proc.stdin.flush()
     started = answer(proc.stdout, "started")
     assert started["ok"] and started["state"]["state"] == "running", started

@@ -17,7 +17,7 @@ from port_binds import bound
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
 from sshddp.remote import host_imports, network
-from sshddp.remote import session_messages as wire
+from sshddp.remote import session_messages as msgs
 
 
 def own_ipv4() -> list[str]:
@@ -101,7 +101,7 @@ def session(python: str, probe_args: dict[str, Any]) -> subprocess.Popen[bytes]:
 
 def ask(proc: subprocess.Popen[bytes], question: str, **args: Any) -> dict[str, Any]:
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(wire.encode(wire.ask(question, args)))
+    proc.stdin.write(msgs.encode(msgs.ask(question, args)))
     proc.stdin.flush()
     return reply(proc, "answer")
 
@@ -110,9 +110,9 @@ def reply(proc: subprocess.Popen[bytes], kind: str) -> dict[str, Any]:
     """The session's next line, a reply of ``kind``: what it carries."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    message = wire.decode_reply(line)
+    message = msgs.decode_reply(line)
     assert message is not None and message["kind"] == kind, line
-    return wire.carried(message)
+    return msgs.carried(message)
 
 
 @pytest.mark.parametrize("which", ["this", "3.8"])
@@ -135,7 +135,7 @@ def test_the_session_answers_the_new_questions(
     proc = session(python, args)
     try:
         assert proc.stdout is not None
-        first = wire.decode_reply(proc.stdout.readline())  # its clock, before the probe
+        first = msgs.decode_reply(proc.stdout.readline())  # its clock, before the probe
         assert first is not None and first["kind"] == "clock", first
         assert sent <= first["clock"] <= time.time(), first
         facts = reply(proc, "facts")

@@ -18,7 +18,7 @@ import pytest
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import session_messages as wire
+from sshddp.remote import session_messages as msgs
 from standin_specs import torchrun_node
 
 STAND_IN = "import runpy\nrunpy.run_path('train.py', run_name='__main__')\n"
@@ -29,16 +29,16 @@ def answer(stream: IO[bytes], kind: str) -> dict[str, Any]:
     """The session's next line, a reply of ``kind``: what it carries."""
     line = stream.readline()
     assert line.endswith(b"\n"), line
-    reply = wire.decode_reply(line)
+    reply = msgs.decode_reply(line)
     assert reply is not None and reply["kind"] == kind, line
-    return wire.carried(reply)
+    return msgs.carried(reply)
 
 
 def session_clock(stream: IO[bytes], sent: float) -> float:
     """The session's first line, its clock, read at once: the host's time.time() between
     ``sent`` (before the header was written) and now; returned."""
     line = stream.readline()
-    first = wire.decode_reply(line)
+    first = msgs.decode_reply(line)
     assert first is not None and first["kind"] == "clock", line
     assert sent <= first["clock"] <= time.time(), first
     return float(first["clock"])
@@ -108,13 +108,13 @@ def test_a_node_lives_and_ends_through_its_session(
         expected = subprocess.check_output([python, "--version"], text=True).split()[1]
         assert facts["python"]["version"] == expected, facts
 
-        proc.stdin.write(wire.encode(wire.go(boot_args(rundir))) + SCRIPT)
+        proc.stdin.write(msgs.encode(msgs.go(boot_args(rundir))) + SCRIPT)
         proc.stdin.flush()
         assert answer(proc.stdout, "released") == {}
         assert answer(proc.stdout, "staged") == {"ok": True, "rundir": str(rundir)}
         assert (rundir / "code" / "train.py").read_bytes() == SCRIPT
 
-        proc.stdin.write(wire.encode(wire.start(True)))
+        proc.stdin.write(msgs.encode(msgs.start(True)))
         proc.stdin.flush()
         started = answer(proc.stdout, "started")
         assert started["ok"] and started["state"]["state"] in ("running", "succeeded"), started
@@ -154,8 +154,8 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     try:
         sent = time.time()
         proc.stdin.write(shipped.header("host_session", {"probe": None, "standby": standby}))
-        go = wire.encode(wire.go(args))
-        proc.stdin.write(go + SCRIPT + wire.encode(wire.start(True)))
+        go = msgs.encode(msgs.go(args))
+        proc.stdin.write(go + SCRIPT + msgs.encode(msgs.start(True)))
         proc.stdin.flush()
         session_clock(proc.stdout, sent)
         assert answer(proc.stdout, "released") == {}

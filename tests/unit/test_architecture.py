@@ -173,3 +173,15 @@ def test_a_host_module_is_named_for_the_side_it_runs_on() -> None:
     }
     assert host, "the host-side package has modules"
     assert not host & coordinator, f"named on both sides: {sorted(host & coordinator)}"
+
+
+def test_no_class_name_is_defined_twice() -> None:
+    """One name, one meaning: an event and a message, or two wires' messages, never share
+    a class name (a reader would have to check which one a line means)."""
+    where: dict[str, list[str]] = {}
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path.relative_to(SRC)}:{node.lineno}")
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, f"class names defined more than once: {twice}"

@@ -41,7 +41,7 @@ from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
 from sshddp.remote import compose, contract
-from sshddp.remote import session_messages as wire
+from sshddp.remote import session_messages as msgs
 from sshddp.remote.contract import Secrets
 from sshddp.remote.importer import unpack
 from sshddp.remote.supervisor import Supervisor
@@ -249,7 +249,7 @@ class _InProcessCommand(ScriptedOutput):
         assert body["main"] == "sshddp.remote.host_session"
         body["modules"]["sshddp.remote.host_follow"] += "\n\ndef main(args):\n    return None\n"
         # The start line the coordinator sends once every node staged comes at the end.
-        stdin = json.dumps(body).encode() + b"\n" + rest + wire.encode(wire.start(True))
+        stdin = json.dumps(body).encode() + b"\n" + rest + msgs.encode(msgs.start(True))
         fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))
         out = io.StringIO()
         with (

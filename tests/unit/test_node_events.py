@@ -16,15 +16,14 @@ from sshddp.remote.node_events import (
     STOP,
     WATCH,
     Action,
-    Again,
     Begun,
     EndRun,
     Event,
     Exited,
-    Halt,
     Hang,
     LoopState,
     Message,
+    Node0Said,
     OutputFull,
     PeerAbort,
     RestartDecider,
@@ -78,9 +77,15 @@ EXPECTED: list[tuple[Event, dict[str, str]]] = [
         PeerAbort("node 2 (h3) failed"),
         {**dict.fromkeys(STATES, STOP), "stacks": WATCH, "waiting": EXITED},
     ),
-    (Halt(1, "why"), {**dict.fromkeys(STATES, STOP), "waiting": EXITED}),
-    (Halt(2, "why"), {"running": WATCH, "stacks": WATCH, "halting": WATCH, "waiting": EXITED}),
-    (Again(2, "why"), {"running": WATCH, "stacks": WATCH, "halting": STOP, "waiting": EXITED}),
+    (Node0Said(pm.halt(1, "why")), {**dict.fromkeys(STATES, STOP), "waiting": EXITED}),
+    (
+        Node0Said(pm.halt(2, "why")),
+        {"running": WATCH, "stacks": WATCH, "halting": WATCH, "waiting": EXITED},
+    ),
+    (
+        Node0Said(pm.again(2, "why")),
+        {"running": WATCH, "stacks": WATCH, "halting": STOP, "waiting": EXITED},
+    ),
     (Hang("stall", "quiet", "stop"), {"running": WATCH, "stacks": WATCH, "halting": STOP}),
     (StacksTaken("stall", "quiet", "stop"), {**dict.fromkeys(STATES, STOP), "waiting": EXITED}),
     (StacksTaken("stall", "quiet", "report"), {"running": WATCH, "stacks": WATCH}),
@@ -112,14 +117,14 @@ def test_a_peer_aborts_mid_restart_while_the_watchdog_takes_stacks() -> None:
     """The issue's question: node 1 stopped attempt 1 for a restart and waits for node 0's
     word; node 0's hang message makes it take its stacks; then the run aborts. It waits for
     nothing more (no restart), and its ranks of the next attempt never start."""
-    waiting, _ = run(node(1), Halt(1, "node 2 (h3) failed: x"))
+    waiting, _ = run(node(1), Node0Said(pm.halt(1, "node 2 (h3) failed: x")))
     assert outcome(waiting) == STOP and word_to_node_0(waiting, contract.STOPPED) == "halted"
     state, actions = run(waiting, Hang("stall", "quiet", "stop"))
     assert actions == [TakeStacks("stall", "quiet", "stop")] and state.stacks
     state, actions = run(state, PeerAbort("node 3 (h4) lost"))
     assert actions == [] and stopping(state) and not going(state)
     assert word_to_node_0(state, contract.STOPPED) is None  # the node ends here
-    state, _ = run(state, Again(2, "late"), StacksTaken("stall", "quiet", "stop"))
+    state, _ = run(state, Node0Said(pm.again(2, "late")), StacksTaken("stall", "quiet", "stop"))
     assert state.verdict == ("stall", "quiet") and not state.stacks and stopping(state)
 
 
@@ -128,7 +133,7 @@ def test_an_abort_waits_for_the_stacks_but_a_halt_does_not() -> None:
     assert actions == [TakeStacks("stall", "quiet", "report")]
     assert outcome(run(taking, PeerAbort("x"))[0]) == WATCH  # the ranks stay for their stacks
     assert outcome(run(taking, PeerAbort("x"), StacksTaken("stall", "q", "report"))[0]) == STOP
-    assert outcome(run(taking, Halt(1, "why"))[0]) == STOP
+    assert outcome(run(taking, Node0Said(pm.halt(1, "why")))[0]) == STOP
 
 
 def test_node_0_tells_the_others_of_a_hang_and_takes_its_own_stacks() -> None:
@@ -185,7 +190,9 @@ def test_a_node_that_ends_while_the_run_restarts_ends_the_run() -> None:
 
 def test_stale_and_foreign_restart_words_change_nothing() -> None:
     plain = node(1, attempts=1)
-    assert run(plain, Halt(1, "x"), Again(2, "x"))[0] == plain  # no restarts: ignored
+    assert (
+        run(plain, Node0Said(pm.halt(1, "x")), Node0Said(pm.again(2, "x")))[0] == plain
+    )  # no restarts: ignored
     ahead = node(0, decider=RestartDecider(current=2))
     assert decide(ahead, Message(1, pm.fail(1, "old")))[1] == []  # an earlier attempt's
     assert decide(node(0), Message(1, pm.halted(1))) == (node(0), [])  # nothing halting

@@ -19,10 +19,10 @@ from sshddp import defaults
 from sshddp.errors import RemoteError
 from sshddp.hosts.session import HostSession
 from sshddp.model.inventory import Host
-from sshddp.remote import session_messages as wire
+from sshddp.remote import session_messages as msgs
 from sshddp.run import preflight
 
-FACTS = wire.facts({"hostname": "h1"})
+FACTS = msgs.facts({"hostname": "h1"})
 
 
 class _Host(ScriptedOutput):
@@ -42,14 +42,14 @@ class _Host(ScriptedOutput):
     def write(self, data: bytes) -> None:
         if data.startswith(b'{"importer"'):  # the header: the session starts
             if self.early:
-                self._say(wire.clock(time.time() + self.ahead))
+                self._say(msgs.clock(time.time() + self.ahead))
             for line in self.lines:
                 self._say(line)
             return
-        question = wire.decode_order(data)
-        assert question == wire.ask("clock"), data
+        question = msgs.decode_order(data)
+        assert question == msgs.ask("clock"), data
         self.asked.append(question)
-        self._say(wire.answer("clock", {"clock": time.time() + self.ahead}))
+        self._say(msgs.answer("clock", {"clock": time.time() + self.ahead}))
 
     def _say(self, obj: Any) -> None:
         self.out += json.dumps(obj).encode() + b"\n"
@@ -88,7 +88,7 @@ def test_a_host_without_a_session_answers_first() -> None:
 def test_a_line_that_is_not_the_reply_a_step_waits_for_is_an_error() -> None:
     """An untagged line, or a reply of another kind, is never taken for the probe's facts:
     a RemoteError names the host, the step and what came."""
-    for line in ({"hostname": "h1"}, wire.released()):
+    for line in ({"hostname": "h1"}, msgs.released()):
         session = _session(_Host(ahead=0.0, lines=[line]))
         with pytest.raises(RemoteError, match=r"h1: the session answered probe with .*"):
             session.answer("probe")

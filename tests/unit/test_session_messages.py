@@ -9,40 +9,40 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import session_messages as wire
+from sshddp.remote import session_messages as msgs
 
 ORDERS: list[Any] = [
-    wire.ask("clock"),
-    wire.ask("connect", {"connect": ["10.0.0.1", 29500], "timeout": 3}),
-    wire.go({"rundir": "~/r/n0", "packed": 12}),
-    wire.start(True),
-    wire.start(False),
+    msgs.ask("clock"),
+    msgs.ask("connect", {"connect": ["10.0.0.1", 29500], "timeout": 3}),
+    msgs.go({"rundir": "~/r/n0", "packed": 12}),
+    msgs.start(True),
+    msgs.start(False),
 ]
 REPLIES: list[Any] = [
-    wire.clock(1700000000.25),
-    wire.clock(1700000000),
-    wire.facts({"python": {"version": "3.8.10"}}),
-    wire.answer("connect", {"rendezvous": {"ok": True}}),
-    wire.released(),
-    wire.staged({"ok": False, "rundir": "/r", "error": "no room"}),
-    wire.started({"ok": True, "rundir": "/r", "state": {"state": "running"}}),
+    msgs.clock(1700000000.25),
+    msgs.clock(1700000000),
+    msgs.facts({"python": {"version": "3.8.10"}}),
+    msgs.answer("connect", {"rendezvous": {"ok": True}}),
+    msgs.released(),
+    msgs.staged({"ok": False, "rundir": "/r", "error": "no room"}),
+    msgs.started({"ok": True, "rundir": "/r", "state": {"state": "running"}}),
 ]
 
 
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: str(o["kind"]))
 def test_an_order_survives_its_round_trip(order: Any) -> None:
-    line = wire.encode(order)
+    line = msgs.encode(order)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert wire.decode_order(line) == order
-    assert wire.decode_reply(line) is None  # an order is no reply
+    assert msgs.decode_order(line) == order
+    assert msgs.decode_reply(line) is None  # an order is no reply
 
 
 @pytest.mark.parametrize("reply", REPLIES, ids=lambda r: str(r["kind"]))
 def test_a_reply_survives_its_round_trip(reply: Any) -> None:
-    line = wire.encode(reply)
-    assert wire.decode_reply(line) == reply
-    assert wire.reply_of(json.loads(line)) == reply
-    assert wire.decode_order(line) is None
+    line = msgs.encode(reply)
+    assert msgs.decode_reply(line) == reply
+    assert msgs.reply_of(json.loads(line)) == reply
+    assert msgs.decode_order(line) is None
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_a_reply_survives_its_round_trip(reply: Any) -> None:
     [b"", b"\n", b"not json\n", b"\xff\xfe\n", b"[1, 2]\n", b'"go"\n', b"null\n", b"{}\n"],
 )
 def test_junk_decodes_to_nothing(line: bytes) -> None:
-    assert wire.decode_order(line) is None and wire.decode_reply(line) is None
+    assert msgs.decode_order(line) is None and msgs.decode_reply(line) is None
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_junk_decodes_to_nothing(line: bytes) -> None:
 )
 def test_a_wrong_or_missing_kind_decodes_to_nothing(value: Any) -> None:
     line = json.dumps(value).encode()
-    assert wire.decode_order(line) is None and wire.decode_reply(line) is None
+    assert msgs.decode_order(line) is None and msgs.decode_reply(line) is None
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_a_wrong_or_missing_kind_decodes_to_nothing(value: Any) -> None:
     ],
 )
 def test_an_order_with_a_field_missing_or_of_another_type_decodes_to_nothing(value: Any) -> None:
-    assert wire.decode_order(json.dumps(value).encode()) is None
+    assert msgs.decode_order(json.dumps(value).encode()) is None
 
 
 @pytest.mark.parametrize(
@@ -98,18 +98,18 @@ def test_an_order_with_a_field_missing_or_of_another_type_decodes_to_nothing(val
     ],
 )
 def test_a_reply_with_a_field_missing_or_of_another_type_decodes_to_nothing(value: Any) -> None:
-    assert wire.decode_reply(json.dumps(value).encode()) is None
+    assert msgs.decode_reply(json.dumps(value).encode()) is None
 
 
 def test_decoding_keeps_only_the_kinds_fields() -> None:
     line = json.dumps({"kind": "start", "start": True, "extra": "x"}).encode()
-    assert wire.decode_order(line) == {"kind": "start", "start": True}
+    assert msgs.decode_order(line) == {"kind": "start", "start": True}
 
 
 def test_what_a_reply_carries_to_the_step_that_waits_for_it() -> None:
-    assert wire.carried(wire.facts({"a": 1})) == {"a": 1}
-    assert wire.carried(wire.staged({"ok": True})) == {"ok": True}
-    assert wire.carried(wire.released()) == {}
-    assert wire.replies_to(wire.answer("clock", {}), "answer", "clock")
-    assert not wire.replies_to(wire.answer("clock", {}), "answer", "connect")
-    assert not wire.replies_to(wire.released(), "staged")
+    assert msgs.carried(msgs.facts({"a": 1})) == {"a": 1}
+    assert msgs.carried(msgs.staged({"ok": True})) == {"ok": True}
+    assert msgs.carried(msgs.released()) == {}
+    assert msgs.replies_to(msgs.answer("clock", {}), "answer", "clock")
+    assert not msgs.replies_to(msgs.answer("clock", {}), "answer", "connect")
+    assert not msgs.replies_to(msgs.released(), "staged")

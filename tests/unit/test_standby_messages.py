@@ -12,30 +12,30 @@ from typing import Any
 import pytest
 
 from sshddp.remote import agent, contract
-from sshddp.remote import standby_messages as wire
+from sshddp.remote import standby_messages as msgs
 
-GO = wire.go({"PATH": "/bin", "SECRET": "s"}, ["python", "agent.py", "--nnodes", "2"], "/w")
-SUPERVISE = wire.supervise(4242, {"env": {"TOKEN": "t"}, "peer_key": "ab" * 16})
+GO = msgs.go({"PATH": "/bin", "SECRET": "s"}, ["python", "agent.py", "--nnodes", "2"], "/w")
+SUPERVISE = msgs.supervise(4242, {"env": {"TOKEN": "t"}, "peer_key": "ab" * 16})
 
 
 def test_a_go_survives_its_round_trip() -> None:
-    line = wire.encode(GO)
-    assert wire.decode_go(line) == GO
-    assert wire.decode_go(wire.encode(wire.go({}, [], None))) == wire.go({}, [], None)
-    assert wire.decode_supervise(line) is None  # the wrong kind for that end
+    line = msgs.encode(GO)
+    assert msgs.decode_go(line) == GO
+    assert msgs.decode_go(msgs.encode(msgs.go({}, [], None))) == msgs.go({}, [], None)
+    assert msgs.decode_supervise(line) is None  # the wrong kind for that end
 
 
 def test_an_order_to_supervise_survives_its_round_trip() -> None:
-    line = wire.encode(SUPERVISE)
-    assert wire.decode_supervise(line) == SUPERVISE
-    unbound = wire.supervise(None, {"env": {}, "peer_key": None})
-    assert wire.decode_supervise(wire.encode(unbound)) == unbound
-    assert wire.decode_go(line) is None
+    line = msgs.encode(SUPERVISE)
+    assert msgs.decode_supervise(line) == SUPERVISE
+    unbound = msgs.supervise(None, {"env": {}, "peer_key": None})
+    assert msgs.decode_supervise(msgs.encode(unbound)) == unbound
+    assert msgs.decode_go(line) is None
 
 
 @pytest.mark.parametrize("data", [b"", b"junk", b"\xff", b"[]", b"null", b"{}"])
 def test_junk_decodes_to_nothing(data: bytes) -> None:
-    assert wire.decode_go(data) is None and wire.decode_supervise(data) is None
+    assert msgs.decode_go(data) is None and msgs.decode_supervise(data) is None
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_junk_decodes_to_nothing(data: bytes) -> None:
     ],
 )
 def test_a_go_of_another_kind_or_with_a_bad_field_decodes_to_nothing(value: Any) -> None:
-    assert wire.decode_go(json.dumps(value).encode()) is None
+    assert msgs.decode_go(json.dumps(value).encode()) is None
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_a_go_of_another_kind_or_with_a_bad_field_decodes_to_nothing(value: Any)
     ],
 )
 def test_an_order_to_supervise_that_is_not_one_decodes_to_nothing(value: Any) -> None:
-    assert wire.decode_supervise(json.dumps(value).encode()) is None
+    assert msgs.decode_supervise(json.dumps(value).encode()) is None
 
 
 def test_the_agent_shim_reads_the_go_with_the_module_beside_it(tmp_path: Path) -> None:
@@ -83,4 +83,4 @@ def test_the_agent_shim_reads_the_go_with_the_module_beside_it(tmp_path: Path) -
     exec(compile((tmp_path / contract.AGENT_SHIM).read_text(), "agent.py", "exec"), namespace)
     module = namespace["standby_wire"]()
     assert module.__file__ == str(tmp_path / contract.STANDBY_WIRE)
-    assert module.decode_go(wire.encode(GO)) == GO
+    assert module.decode_go(msgs.encode(GO)) == GO

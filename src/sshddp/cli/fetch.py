@@ -34,7 +34,7 @@ LARGE = 8 << 20  #: transfers from this size up get a progress bar on a terminal
 
 
 class Bars:
-    """``run.fetch.Progress`` as rich progress bars, one per large transfer."""
+    """``run.fetch.FetchProgress`` as rich progress bars, one per large transfer."""
 
     def __init__(self, bar: RichBar) -> None:
         self.bar = bar
@@ -51,7 +51,7 @@ class Bars:
 
 
 @contextmanager
-def progress_for(terminal: Terminal) -> Iterator[fetching.Progress]:
+def progress_for(terminal: Terminal) -> Iterator[fetching.FetchProgress]:
     """Bars on stderr when it is a terminal; nothing when it is piped or redirected."""
     stream = terminal.stderr
     if not getattr(stream, "isatty", lambda: False)() or terminal.environ.get("TERM") == "dumb":

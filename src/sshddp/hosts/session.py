@@ -22,8 +22,7 @@ from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.model.commands import python_command
-from sshddp.remote import contract
-from sshddp.remote import session_messages as wire
+from sshddp.remote import contract, session_messages
 from sshddp.remote.standby_messages import StandbyArgs
 
 #: the reply each step waits for (``answer``'s ``what``), and what of it the caller gets
@@ -71,7 +70,7 @@ class HostSession:
             self._first_read = True
             first = self._line(what)
             back = time.time()
-            clock = wire.reply_of(first)
+            clock = session_messages.reply_of(first)
             if clock is None or clock["kind"] != "clock":  # no session ran: the bootstrap's
                 return first  # "too_old", say
             self.first_clock = {
@@ -97,7 +96,7 @@ class HostSession:
         """Ask the host a question (``{"ask": name, ...its args}``): its answer."""
         args = dict(question)
         name = str(args.pop("ask"))
-        self.proc.write(wire.encode(wire.ask(name, args)))
+        self.proc.write(session_messages.encode(session_messages.ask(name, args)))
         return self.answer(name, "answer")
 
     def clock(self, samples: int) -> dict[str, float]:
@@ -117,7 +116,7 @@ class HostSession:
         """Tell the host to boot: its probe lets go of the rendezvous port first, then it
         stages the code that ``send_code`` streams. ``packed``: the bytes that follow the go
         line (boot args ``"packed"``: their size)."""
-        self.proc.write(wire.encode(wire.go(boot_args)) + packed)
+        self.proc.write(session_messages.encode(session_messages.go(boot_args)) + packed)
 
     def send_code(self, chunks: Iterable[bytes]) -> None:
         """Stream the code after the go, one bounded chunk at a time: one write of the whole
@@ -129,7 +128,7 @@ class HostSession:
         """Every node staged its code: start the node (True), or remove what it staged."""
         self.started = start
         trace.log.info("session %s: %s", self.transport.host.host, "start" if start else "discard")
-        self.proc.write(wire.encode(wire.start(start)))
+        self.proc.write(session_messages.encode(session_messages.start(start)))
 
     def discard(self) -> None:
         """Have the host remove what it staged, and wait until it has."""
@@ -182,11 +181,11 @@ class HostSession:
 def _carried(transport: Transport, what: str, kind: str, line: dict[str, Any]) -> dict[str, Any]:
     """What the session's reply ``line`` tells ``what``; a ``RemoteError`` when it is not
     a reply of ``kind`` (an answer: to ``what``)."""
-    reply = wire.reply_of(line)
-    if reply is None or not wire.replies_to(reply, kind, what):
+    reply = session_messages.reply_of(line)
+    if reply is None or not session_messages.replies_to(reply, kind, what):
         said = json.dumps(line)[:200]
         raise RemoteError(f"{transport.label}: the session answered {what} with {said}")
-    return wire.carried(reply)
+    return session_messages.carried(reply)
 
 
 def _drain(proc: RemoteProcess) -> None:

@@ -35,8 +35,7 @@ import os
 import sys
 from typing import Optional
 
-from sshddp.remote import contract
-from sshddp.remote import standby_messages as wire
+from sshddp.remote import contract, standby_messages
 from sshddp.remote.common import temp_dir, try_lock
 from sshddp.remote.contract import Secrets
 from sshddp.remote.standby_messages import StandbyArgs
@@ -104,7 +103,7 @@ class FirstStandby:
         pipe, self._pipe = self._pipe, None
         if pipe is None:
             return False
-        order = wire.encode(wire.supervise(parent, secrets))
+        order = standby_messages.encode(standby_messages.supervise(parent, secrets))
         try:
             while order:  # (more than a pipe's buffer of environment: the other end reads on)
                 order = order[os.write(pipe, order) :]
@@ -142,7 +141,7 @@ def _wait(rundir: str, made: list[str], args: StandbyArgs, pipe: int, slot: int)
         argv = torchrun_argv(rundir, args["spec"])
         env = node_env(rundir, args["spec"], args["env"])
         standby = Standby.start(argv, env, os.path.expanduser("~"), 1, marked=True)
-        order = wire.decode_supervise(_read_line(pipe))
+        order = standby_messages.decode_supervise(_read_line(pipe))
         os.close(pipe)
         os.close(slot)  # the preflight is over: the core is torchrun's now
         if order is not None:

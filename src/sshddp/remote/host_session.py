@@ -26,36 +26,35 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from sshddp.remote import contract
-from sshddp.remote import session_messages as wire
+from sshddp.remote import contract, session_messages
 from sshddp.remote.probe import Holds, connect, probe
 
 if TYPE_CHECKING:
     from sshddp.remote.first_standby import FirstStandby
 
 
-def _order() -> Optional[wire.Order]:
-    return wire.decode_order(sys.stdin.buffer.readline())
+def _order() -> Optional[session_messages.Order]:
+    return session_messages.decode_order(sys.stdin.buffer.readline())
 
 
-def _say(message: wire.Reply) -> None:
-    sys.stdout.write(wire.encode(message).decode("utf-8"))
+def _say(message: session_messages.Reply) -> None:
+    sys.stdout.write(session_messages.encode(message).decode("utf-8"))
     sys.stdout.flush()
 
 
-def _answer(order: wire.Ask) -> wire.Answer:
+def _answer(order: session_messages.Ask) -> session_messages.Answer:
     question, args = order["ask"], order["args"]
     if question == "clock":
-        return wire.answer(question, {"clock": time.time()})
+        return session_messages.answer(question, {"clock": time.time()})
     if question == "connect":
-        return wire.answer(question, {"rendezvous": connect(args)})
-    return wire.answer(question, {"error": f"unknown question {question!r}"})
+        return session_messages.answer(question, {"rendezvous": connect(args)})
+    return session_messages.answer(question, {"error": f"unknown question {question!r}"})
 
 
 def main(args: dict[str, Any]) -> None:
     # First, before anything that takes time: this host's clock, the coordinator's first
     # clock sample (from its writing the header to reading this line).
-    _say(wire.clock(time.time()))
+    _say(session_messages.clock(time.time()))
     first = None
     if args.get("standby"):  # before the probe: torch imports while the preflight runs
         from sshddp.remote.first_standby import FirstStandby
@@ -72,7 +71,7 @@ def _session(args: dict[str, Any], first: Optional[FirstStandby]) -> None:
     holds = Holds()
     if args.get("probe") is not None:
         facts, holds = probe(args["probe"])
-        _say(wire.facts(facts))
+        _say(session_messages.facts(facts))
     order = _order()
     while order is not None and order["kind"] == "ask":
         _say(_answer(order))
@@ -80,7 +79,7 @@ def _session(args: dict[str, Any], first: Optional[FirstStandby]) -> None:
     holds.release_listeners()
     try:
         if order is not None and order["kind"] == "go":
-            _say(wire.released())
+            _say(session_messages.released())
             _boot(order["boot"], holds, first)
     finally:
         holds.release_all()
@@ -93,12 +92,12 @@ def _boot(boot_args: dict[str, Any], holds: Holds, first: Optional[FirstStandby]
     boot_args = host_boot.unpack_files(boot_args, sys.stdin.buffer)
     staged = host_boot.stage(boot_args, sys.stdin.buffer, first.rundir if first else "")
     if not staged.get("ok"):
-        _say(wire.staged(staged))
+        _say(session_messages.staged(staged))
         return
     answer = _start(boot_args, staged, holds, first)
     if answer is None:
         return
-    _say(wire.started(answer))
+    _say(session_messages.started(answer))
     state = answer.get("state") or {}
     if answer.get("ok") and state.get("state") == contract.RUNNING:
         if boot_args.get("bound"):
@@ -122,14 +121,14 @@ def _start(
     try:
         if boot_args.get("look"):  # the files --share and its warning compare
             staged["look"] = host_share.look(boot_args["look"])
-        _say(wire.staged(staged))
+        _say(session_messages.staged(staged))
         with (
             host_share.Shares()
         ) as shares:  # --share: node 0's files to the others, before the start
             order = _order()
             while order is not None and order["kind"] == "ask":
                 question = {**order["args"], "ask": order["ask"]}
-                _say(wire.answer(order["ask"], shares.answer(question)))
+                _say(session_messages.answer(order["ask"], shares.answer(question)))
                 order = _order()
         holds.release_all()  # the supervisor binds the reserved port as it starts
         if order is None or order["kind"] != "start" or not order["start"]:

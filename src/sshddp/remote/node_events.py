@@ -58,19 +58,11 @@ class PeerAbort:
 
 
 @dataclass(frozen=True)
-class Halt:
-    """Node 0: stop attempt ``attempt`` (the run restarts)."""
+class Node0Said:
+    """Node 0's word of the restarts, as it came: ``halt`` (stop attempt N, the run
+    restarts) or ``again`` (start attempt N)."""
 
-    attempt: int
-    why: str
-
-
-@dataclass(frozen=True)
-class Again:
-    """Node 0: start attempt ``attempt``."""
-
-    attempt: int
-    why: str
+    msg: Union[pm.Halt, pm.Again]
 
 
 @dataclass(frozen=True)
@@ -112,8 +104,7 @@ Event = Union[
     SessionGone,
     OutputFull,
     PeerAbort,
-    Halt,
-    Again,
+    Node0Said,
     Hang,
     StacksTaken,
     Message,
@@ -243,10 +234,11 @@ def _note(state: LoopState, event: Event) -> LoopState:
         return replace(state, attempt=event.attempt, exited=False)
     if not state.restarts:  # without restarts, node 0's word of them means nothing
         return state
-    if isinstance(event, Halt):
-        return replace(state, halt=(event.attempt, event.why))
-    if isinstance(event, Again):
-        return replace(state, go=(event.attempt, event.why))
+    if isinstance(event, Node0Said):
+        word = (event.msg["attempt"], event.msg["reason"])
+        if event.msg["t"] == "halt":
+            return replace(state, halt=word)
+        return replace(state, go=word)
     return state
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 from sshddp.remote import peer_messages as pm
 from sshddp.remote import wire
 from sshddp.remote.contract import SUCCEEDED, NodeWatch, SpecRecord
-from sshddp.remote.node_events import Again, Event, Halt, Hang, Message, PeerAbort
+from sshddp.remote.node_events import Event, Hang, Message, Node0Said, PeerAbort
 from sshddp.remote.node_inbox import Inbox
 
 #: seconds a client's last try to connect may run past its deadline (connect and handshake)
@@ -392,10 +392,8 @@ class PeerClient(Peers):
             self._set_abort(msg["reason"])
         elif msg["t"] == "hang":
             self._post(Hang(msg["kind"], msg["reason"], msg["action"]))
-        elif msg["t"] == "halt":
-            self._post(Halt(msg["attempt"], msg["reason"]))
-        elif msg["t"] == "again":
-            self._post(Again(msg["attempt"], msg["reason"]))
+        elif msg["t"] == "halt" or msg["t"] == "again":
+            self._post(Node0Said(msg))
         return msg is not None and msg["t"] == "bye"
 
     def _heartbeat(self, conn: wire.Conn) -> None:

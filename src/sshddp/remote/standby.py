@@ -30,8 +30,7 @@ import socket
 import subprocess
 from typing import Callable, Optional
 
-from sshddp.remote import agent, contract
-from sshddp.remote import standby_messages as wire
+from sshddp.remote import agent, contract, standby_messages
 from sshddp.remote.output import NodeOutput
 from sshddp.remote.restarts import Restarts
 
@@ -104,7 +103,7 @@ class Standby:
     ) -> Optional[subprocess.Popen[bytes]]:
         """Start torchrun in the standby with ``env`` and ``argv`` in ``cwd``, writing to
         ``output``; None when the standby is gone or did not take it (it is then ended)."""
-        data = wire.encode(wire.go(env, argv, cwd))
+        data = standby_messages.encode(standby_messages.go(env, argv, cwd))
         fds = array.array("i", [output])
         try:
             if self.proc.poll() is not None:

@@ -43,7 +43,7 @@ class StandbyArgs(TypedDict):
     wire: str  #: source of this module, which the agent shim reads its go with
 
 
-class Go(TypedDict):
+class StandbyGo(TypedDict):
     kind: Literal["go"]
     env: dict[str, str]  #: the attempt's whole environment
     argv: list[str]  #: torchrun as the supervisor runs it: [python, agent.py, options...]
@@ -56,10 +56,10 @@ class Supervise(TypedDict):
     secrets: Secrets
 
 
-Message = Union[Go, Supervise]
+Message = Union[StandbyGo, Supervise]
 
 
-def go(env: dict[str, str], argv: list[str], cwd: Optional[str]) -> Go:
+def go(env: dict[str, str], argv: list[str], cwd: Optional[str]) -> StandbyGo:
     return {"kind": "go", "env": env, "argv": argv, "cwd": cwd}
 
 
@@ -72,7 +72,7 @@ def encode(message: Message) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-def decode_go(data: bytes) -> Optional[Go]:
+def decode_go(data: bytes) -> Optional[StandbyGo]:
     """The go in ``data``; None for anything else."""
     value = _parsed(data, "go")
     if value is None:

@@ -43,7 +43,7 @@ class PathMissing(UsageError):
     node has it)."""
 
 
-class Progress(Protocol):
+class FetchProgress(Protocol):
     """Where transfer progress goes (a progress bar on a terminal, or nowhere)."""
 
     def begin(self, key: int, label: str, total: int) -> None: ...
@@ -137,7 +137,7 @@ def fetch(
     path: str,
     dest: Path,
     only: Optional[int],
-    progress: Progress,
+    progress: FetchProgress,
 ) -> list[NodeCopy]:
     """Copy ``path`` (relative to each node's working directory) from every node of the run,
     or only node ``only``, into ``dest``; one outcome per node, in node order."""
@@ -178,7 +178,7 @@ def _as_error(node: NodeLayout, exc: Optional[BaseException]) -> SshddpError:
 class Received:
     """The stream as it arrives: counted, hashed and shown."""
 
-    def __init__(self, stream: FetchStream, key: int, progress: Progress) -> None:
+    def __init__(self, stream: FetchStream, key: int, progress: FetchProgress) -> None:
         self.stream = stream
         self.key = key
         self.progress = progress
@@ -201,7 +201,9 @@ class Received:
             pass
 
 
-def _receive(node: NodeLayout, stream: FetchStream, into: Path, progress: Progress) -> NodeCopy:
+def _receive(
+    node: NodeLayout, stream: FetchStream, into: Path, progress: FetchProgress
+) -> NodeCopy:
     header = stream.header
     host = node.host.host
     if not header.get("ok"):
