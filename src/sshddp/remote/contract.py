@@ -442,6 +442,16 @@ class RankSample(TypedDict):
     last_output: Optional[float]  #: when the sampler first saw its latest output (epoch s)
     #: node.log's offset and length of the rank's latest span of output (schema 8)
     last_span: Optional[list[int]]
+    #: where its stacks were at this sample (``remote/waits.py``); None when they were not
+    #: read (absent on older nodes: read with ``get``)
+    stack: Optional[StackSample]
+
+
+class StackSample(TypedDict):
+    """Where one rank was at one sample of its stacks."""
+
+    wait: bool  #: inside a collective (waiting for the other ranks), else working
+    where: str  #: the program's innermost line then, ``train.py:13 (time.sleep(0.2))``
 
 
 class GpuSample(TypedDict):
@@ -481,3 +491,6 @@ class TopRecord(TypedDict):
     #: oldest first: the step rates its sparkline draws (schema 8)
     history: dict[str, list[list[Any]]]
     now: float  #: the host's clock when it answered (ages are counted from it)
+    #: local rank -> [[when, waiting (bool), where], ...]: its stack samples of the last
+    #: WINDOW seconds, oldest first (absent on older nodes: read with ``get``)
+    waits: dict[str, list[list[Any]]]
