@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from sshddp.model import straggler, top
+from sshddp.model.report import run_report
+from sshddp.model.state import NodeResult, RunResult
 from sshddp.model.straggler import Waits
 from sshddp.model.top import RankRow
-from sshddp.remote import node_top, pyspy, waits
+from sshddp.remote import node_sampler, node_top, pyspy, waits
 from sshddp.remote.contract import SampleRecord, ThreadRecord
 
 #: ``py-spy dump --json`` (and ``--native``) of the ranks of ``straggler.py`` (the
@@ -134,3 +136,38 @@ def test_top_names_the_straggler_of_ranks_at_one_rate() -> None:
     even = top.flag_slow([_row(r, _window(15)) for r in range(6)])
     assert not any(r.straggler for r in even)
     assert top.summary(even) == "no slow rank: median 4.45 it/s"
+
+
+def _ended(node: int, waits: dict[str, list[Any]]) -> NodeResult:
+    result = NodeResult(node, f"h{node + 1}")
+    usage = {"samples": 90, "gpus": 0, "gpu_util": None, "waits": waits}
+    result.apply({"state": "stopped", "returncode": None, "usage": usage})
+    return result
+
+
+def test_the_runs_report_names_the_straggler_from_the_nodes_kept_samples() -> None:
+    """Each node's exit record keeps where its ranks' time went (``usage.waits``, summed
+    by the sampler over its kept samples); the report adds one line naming the straggler."""
+
+    def sample(at: float, rank: int, wait: bool) -> Any:
+        stack = {"wait": wait, "where": "t.py:13 (time.sleep(0.2))" if not wait else "b.py:1"}
+        return {"at": at, "ranks": [{"rank": rank, "local_rank": 0, "stack": stack}]}
+
+    kept = [sample(t, 3, t % 20 == 0) for t in range(60)]
+    assert node_sampler.waits_of(kept) == {"3": [60, 3, "t.py:13 (time.sleep(0.2))"]}
+    run = RunResult(
+        "r1",
+        [
+            _ended(0, {"0": [60, 55, ""], "1": [60, 52, "x.py:2 (f())"]}),
+            _ended(1, {"2": [60, 57, ""], "3": [60, 3, "t.py:13 (time.sleep(0.2))"]}),
+        ],
+    )
+    text = run_report(run, [])
+    assert (
+        "straggler: rank 3 on h2 waits 5% of its time in collectives, the others 92%; "
+        "it spends its time at t.py:13 (time.sleep(0.2))"
+    ) in text.splitlines(), text
+    balanced = RunResult("r1", [_ended(0, {"0": [60, 55, ""]}), _ended(1, {"1": [60, 50, ""]})])
+    assert "straggler" not in run_report(balanced, [])
+    older = RunResult("r1", [_ended(0, {}), _ended(1, {"1": [60, 0, ""]})])
+    assert "straggler" not in run_report(older, [])

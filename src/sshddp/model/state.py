@@ -7,12 +7,13 @@ the first failure (torch elastic's ``WorkerState`` / ``RunResult`` do the same).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 from sshddp.errors import ExitCode
+from sshddp.model.straggler import Waits
 from sshddp.remote import contract
 
 
@@ -128,6 +129,20 @@ class NodeUsage:
         )
 
 
+def waits_of_usage(usage: object) -> dict[int, Waits]:
+    """exit.json's ``usage.waits``, each rank's [samples, waiting, where]; {} when absent."""
+    waits = usage.get("waits") if isinstance(usage, Mapping) else None
+    if not isinstance(waits, Mapping):
+        return {}
+    out = {}
+    for rank, value in waits.items():
+        if not (isinstance(rank, str) and rank.isdigit() and isinstance(value, list)):
+            continue
+        if len(value) == 3 and _is_int(value[0]) and _is_int(value[1]):
+            out[int(rank)] = Waits(int(value[0]), min(int(value[1]), int(value[0])), str(value[2]))
+    return out
+
+
 def _count_or_none(record: Mapping[str, Any], key: str) -> Optional[int]:
     value = record.get(key)
     return value if isinstance(value, int) and _is_int(value) else None
@@ -176,6 +191,8 @@ class NodeResult:
     earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
     world: Optional[NodeWorld] = None  #: the worlds its processes joined, once it ended
     usage: Optional[NodeUsage] = None  #: what its GPUs did, once it ended (None: no GPU)
+    #: global rank -> where its time went over the node's kept samples, once it ended
+    waits: dict[int, Waits] = field(default_factory=dict)
 
     def apply(self, record: Mapping[str, Any]) -> None:
         """Take a node's exit record (exit.json, or follow's status) as its state."""
@@ -190,6 +207,7 @@ class NodeResult:
         self.earlier = tuple(str(e) for e in earlier) if isinstance(earlier, list) else ()
         self.world = NodeWorld.of(record.get("world"))
         self.usage = NodeUsage.of(record.get("usage"))
+        self.waits = waits_of_usage(record.get("usage"))
 
 
 @dataclass

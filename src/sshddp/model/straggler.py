@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -60,7 +61,7 @@ def waits_of(points: list[list[Any]]) -> Optional[Waits]:
     return Waits(len(points), waiting, where)
 
 
-def judge(ranks: list[tuple[int, str, Optional[Waits]]]) -> list[Straggler]:
+def judge(ranks: Sequence[tuple[int, str, Optional[Waits]]]) -> list[Straggler]:
     """The ranks (rank, host, window) the others wait for; none when the evidence is thin
     or the gap unclear (the module's thresholds)."""
     known = [(r, h, w) for r, h, w in ranks if w is not None and w.samples >= MIN_SAMPLES]

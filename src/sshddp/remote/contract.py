@@ -323,6 +323,9 @@ class UsageRecord(TypedDict):
     gpu_util: Optional[float]  #: mean utilisation (%) over every GPU of every sample
     gpu_mem_peak: Optional[int]  #: the most memory (bytes) one GPU held in one sample
     gpu_mem_total: Optional[int]  #: that GPU's memory (bytes)
+    #: global rank -> [stack samples, of them waiting in a collective, where it worked
+    #: most]: where each rank's time went over the kept samples (absent on older nodes)
+    waits: dict[str, list[Any]]
 
 
 class ExitRecord(TypedDict, total=False):

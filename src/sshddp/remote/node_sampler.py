@@ -160,11 +160,33 @@ def usage_of(samples: list[SampleRecord]) -> UsageRecord:
                 peak = (used, g.get("mem_total"))
     return {
         "samples": len(samples),
+        "waits": waits_of(samples),
         "gpus": gpus,
         "gpu_util": round(sum(utils) / len(utils), 1) if utils else None,
         "gpu_mem_peak": peak[0] if peak[0] >= 0 else None,
         "gpu_mem_total": peak[1] if peak[0] >= 0 else None,
     }
+
+
+def waits_of(samples: list[SampleRecord]) -> dict[str, list[Any]]:
+    """Each rank's stack samples: [samples, of them waiting, where it worked most]."""
+    seen: dict[str, list[Any]] = {}
+    places: dict[str, dict[str, int]] = {}
+    for s in samples:
+        for r in s.get("ranks") or []:
+            stack = r.get("stack")
+            if not stack:
+                continue
+            key = str(r["rank"])
+            counts = seen.setdefault(key, [0, 0, ""])
+            counts[0] += 1
+            counts[1] += 1 if stack["wait"] else 0
+            if not stack["wait"] and stack["where"]:
+                mine = places.setdefault(key, {})
+                mine[stack["where"]] = mine.get(stack["where"], 0) + 1
+    for key, mine in places.items():
+        seen[key][2] = max(mine, key=lambda w: mine[w])
+    return seen
 
 
 class Output:
