@@ -257,9 +257,9 @@ def rank_stacks(
     rundir: str, procs: dict[int, Proc], roles: dict[int, str]
 ) -> dict[int, StackSample]:
     """Where each rank process of the node is now (its stacks by faulthandler), by pid."""
-    todo: list[tuple[Proc, ProcessStacks]] = [
-        (proc, _empty(proc)) for pid, proc in procs.items() if roles.get(pid) == contract.RANK
-    ]
+    now = [describe(pid) for pid in procs if roles.get(pid) == contract.RANK]
+    # read again now, not at the last scan: a rank whose handler is gone is not signalled
+    todo = [(proc, _empty(proc)) for proc in now if proc is not None]
     by_signal(rundir, todo, STACK_TIMEOUT)
     found = {proc.pid: classify(record["threads"]) for proc, record in todo}
     return {pid: sample for pid, sample in found.items() if sample is not None}
