@@ -40,6 +40,14 @@ TARGET_CORE = 1.0  #: % of one core the sampler may cost at 1 Hz
 WINDOW_S = 10.0  #: seconds each supervisor's CPU is counted over
 NO_SAMPLER = "no-sampler"
 VARIANTS[NO_SAMPLER] = (Patch("remote/supervisor.py", "        self.sampler.start()\n", ""),)
+NO_STACKS = "no-stacks"  #: the sampler without its read of the ranks' stacks
+VARIANTS[NO_STACKS] = (
+    Patch(
+        "remote/node_sampler.py",
+        "            stacks = rank_stacks(self.rundir, self.procs, self.roles)\n",
+        "            stacks = {}\n",
+    ),
+)
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -49,6 +57,7 @@ class TopRow:
     once: Stat  #: seconds, `sshddp top --once RUN`
     sampling: Stat  #: % of one core, a supervisor sampling (one value per node and window)
     plain: Stat  #: % of one core, a supervisor without the sampler
+    stackless: Stat  #: % of one core, a supervisor sampling without reading stacks
 
 
 def _start(b: Bench, n: int, kind: str) -> str:
@@ -131,17 +140,24 @@ def bench_top(b: Bench, n: int, reps: int) -> TopRow:
         sampling = supervisors_cpu(b, name, n, reps)
     finally:
         _stop(b, name)
-    with tempfile.TemporaryDirectory(prefix="top-") as root:
-        plain_b = bench_for(b, make_tree(Path(root), NO_SAMPLER))
-        plain_name = _start(plain_b, n, "topoff")
-        try:
-            plain = supervisors_cpu(plain_b, plain_name, n, reps)
-        finally:
-            _stop(plain_b, plain_name)
-    row = TopRow(n, stat(once), stat(sampling), stat(plain))
+    plain = _variant_cpu(b, n, reps, NO_SAMPLER, "topoff")
+    stackless = _variant_cpu(b, n, reps, NO_STACKS, "topnostacks")
+    row = TopRow(n, stat(once), stat(sampling), stat(plain), stat(stackless))
     progress(f"top {n} hosts: --once {row.once.fmt()} s; supervisor {row.sampling.fmt()}% "
-             f"of a core sampling, {row.plain.fmt()}% without")  # fmt: skip
+             f"of a core sampling, {row.plain.fmt()}% without, "
+             f"{row.stackless.fmt()}% without stacks")  # fmt: skip
     return row
+
+
+def _variant_cpu(b: Bench, n: int, reps: int, variant: str, kind: str) -> list[float]:
+    """The supervisors' CPU of the same run made from a patched copy of src."""
+    with tempfile.TemporaryDirectory(prefix="top-") as root:
+        other = bench_for(b, make_tree(Path(root), variant))
+        name = _start(other, n, kind)
+        try:
+            return supervisors_cpu(other, name, n, reps)
+        finally:
+            _stop(other, name)
 
 
 def top_table(r: TopRow) -> list[str]:
@@ -158,11 +174,16 @@ def top_table(r: TopRow) -> list[str]:
         f"| the same without the sampler (patched copy) (% of a core) | {r.plain.fmt()} | |",
         f"| the sampler's cost (% of a core, difference of medians) | {cost:.2f} | "
         f"≤ {TARGET_CORE}: {verdict(cost <= TARGET_CORE, f'{cost - TARGET_CORE:.2f} over')} |",
+        f"| the sampler without reading the ranks' stacks (patched copy) (% of a core) | "
+        f"{r.stackless.fmt()} | |",
+        f"| reading every rank's stacks once a second (% of a core, difference of medians) | "
+        f"{r.sampling.median - r.stackless.median:.2f} | |",
     ]
 
 
 def top_noisy(r: TopRow) -> list[str]:
-    return [f"top/{k}" for k in ("once", "sampling", "plain") if getattr(r, k).noisy]
+    keys = ("once", "sampling", "plain", "stackless")
+    return [f"top/{k}" for k in keys if getattr(r, k).noisy]
 
 
 METHOD = """\
@@ -172,7 +193,9 @@ METHOD = """\
   list every rank;
   then each node supervisor's CPU (/proc/PID/stat) is counted over {reps} windows of
   {window:g} s. The same run made from a copy of src whose supervisor starts no sampler
-  gives the CPU without it; the sampler's cost is the difference of the medians.
+  gives the CPU without it; the sampler's cost is the difference of the medians. A copy
+  whose sampler reads no stacks gives the cost of reading every rank's stacks once a
+  second (the straggler's evidence), the same way.
 """
 
 

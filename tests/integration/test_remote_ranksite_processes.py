@@ -114,3 +114,18 @@ def test_outside_a_run_directory_no_handler_is_registered(tmp_path: Path, python
     code = "import signal; print(signal.getsignal(signal.SIGRTMIN + 6) == signal.SIG_DFL)"
     assert run(python, site_dirs(tmp_path, None), code) == "True\n"
     assert not (tmp_path / "stacks").exists()
+
+
+def test_a_dump_asked_for_once_the_handler_is_gone_ends_nobody(tmp_path: Path, python: str) -> None:
+    """faulthandler lets go of the dump signal at the interpreter's end; a dump asked for
+    then (the node's sampler asks every second) is dropped instead of ending the rank."""
+    rundir = tmp_path / "rundir"
+    rundir.mkdir()
+    (rundir / "spec.json").write_text("{}")
+    code = (
+        "import faulthandler, os, signal, time; s = signal.SIGRTMIN + 6; "
+        "faulthandler.unregister(s); os.kill(os.getpid(), s); time.sleep(0.2); print('alive')"
+    )
+    env = {**os.environ, "PYTHONPATH": site_dirs(rundir, None)}
+    done = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "alive\n"), done

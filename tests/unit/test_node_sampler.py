@@ -65,6 +65,7 @@ def test_a_nodes_usage_is_its_gpus_mean_and_the_fullest_gpu() -> None:
     samples = [_sample((90.0, 10 << 30), (70.0, 30 << 30)), _sample((80.0, 40 << 30), (0.0, 1))]
     assert node_sampler.usage_of(samples) == {  # type: ignore[arg-type]
         "samples": 2,
+        "waits": {},
         "gpus": 2,
         "gpu_util": 60.0,
         "gpu_mem_peak": 40 << 30,
@@ -76,6 +77,7 @@ def test_a_node_without_gpus_has_a_usage_of_nulls() -> None:
     usage = node_sampler.usage_of([{"gpus": []}, {"gpus": []}])  # type: ignore[list-item]
     assert usage == {
         "samples": 2,
+        "waits": {},
         "gpus": 0,
         "gpu_util": None,
         "gpu_mem_peak": None,

@@ -47,9 +47,16 @@ def test_no_rank_is_slow_when_the_rates_are_close_or_unknown() -> None:
     even = top.flag_slow([_row(r, 10.0 + r) for r in range(4)])
     assert not any(r.slow for r in even)
     assert top.summary(even) == "no slow rank: median 11.5 it/s"
-    unknown = top.flag_slow([_row(0, 3.0), _row(1, None)])
+    unknown = top.flag_slow([_row(0, None), _row(1, None)])
     assert not any(r.slow for r in unknown)
     assert top.summary(unknown).startswith("no step rate known")
+
+
+def test_a_bar_on_rank_0_alone_is_the_runs_rate() -> None:
+    """Lightning and transformers draw their bar on rank 0 only: its rate is the run's."""
+    rows = top.flag_slow([_row(0, 3.0), _row(1, None, "h2")])
+    assert not any(r.slow for r in rows)
+    assert top.summary(rows) == "3 it/s (rank 0 on h1 alone draws a bar)"
 
 
 def _gpu(index: int, util: float | None) -> GpuSample:
@@ -158,3 +165,26 @@ def test_no_history_is_no_sparkline() -> None:
     assert top.sparkline((None, None), None) == "  "
     assert top.sparkline((), 3.0) == ""
     assert top.sparkline((0.0, 1.5, 3.0), 3.0) == "▁▅█"
+
+
+def test_a_ranks_text_cannot_claim_any_rate() -> None:
+    """A rank printing an absurd rate shows none: the honest rank beside it is not slow."""
+    liar = b"x: 1%| | 5/9 [00:01<00:01, 99999999999999999999999it/s]"
+    assert top.step_rate(liar) is None
+    assert top.step_rate(b"x: 1%| | 5/9 [00:01<00:01, 0.000001s/it]") is None
+    assert top.step_rate(b"x: 1%| | 5/9 [00:01<00:01, 90000.00it/s]") == 90000.0
+    rows = top.flag_slow([_row(0, top.step_rate(liar)), _row(1, 5.0)])
+    assert not any(r.slow for r in rows)
+
+
+def test_one_ranks_claim_flattens_no_sparkline() -> None:
+    """The lines are scaled to the ranks that agree: one rank claiming far more (or one
+    spike in a rank's minute) draws at the top and leaves the others' lines readable."""
+    honest = RankRow(0, "h1", 0, 7, 1.0, 1, 24.0, 0.5, None, trend=(24.0,) * 11 + (2400.0,))
+    slow = RankRow(1, "h1", 0, 8, 1.0, 1, 12.0, 0.5, None, trend=(12.0,) * 12)
+    claim = RankRow(2, "h2", 1, 9, 1.0, 1, 9e4, 0.5, None, trend=(9e4,) * 12)
+    assert top.trend_top([honest, slow, claim]) == 24.0
+    table = top.render([], [honest, slow, claim]).splitlines()
+    assert table[-3].endswith("█" * 12) and table[-2].endswith("▅" * 12), table
+    assert table[-1].endswith("█" * 12), table
+    assert top.trend_top([claim, slow]) == 12.0  # two ranks: the lower one is believed

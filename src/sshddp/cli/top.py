@@ -41,7 +41,9 @@ _HOME_CLEAR = "\x1b[H\x1b[J"  # cursor home, then clear below: the table redraws
 @click.pass_context
 def top(ctx: click.Context, run: str, **kw: Any) -> None:
     """Show every node and every rank of RUN as it runs: CPU, memory, GPUs, steps per
-    second from each rank's progress bar; a rank well below the others' median is SLOW."""
+    second from each rank's progress bar; a rank well below the others' median is SLOW;
+    the rank the others wait for in collectives (its stacks say it works while theirs
+    wait) is the STRAGGLER."""
     terminal = terminal_of(ctx)
     record = registry.resolve(run)
     node = kw["node"]
@@ -80,6 +82,7 @@ def _show(
     if as_json:
         doc = model.json_doc(got.run_id, got.at, got.nodes, _narrow(got, ranks))
         doc["summary"] = model.summary(got.ranks)  # slowness is judged against every rank
+        doc["stragglers"] = [s.__dict__ for s in model.stragglers(got.ranks)]
         terminal.out(json.dumps(doc, indent=1))
         return
     terminal.out(_table(got, ranks))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from sshddp import defaults
-from sshddp.model import envvars
+from sshddp.model import envvars, straggler
 from sshddp.model.checks import CHECKS, HostFacts, HostReport, Status, reports_ok
 from sshddp.model.escape import visible, visible_line
 from sshddp.model.leftout import missing_hints
@@ -234,6 +234,7 @@ def run_report(
     out.extend(attempts_lines(result))
     out.extend(world_warning(result))
     out.extend(usage_lines(result))
+    out.extend(straggler_lines(result))
     if result.cause and not result.ok:
         out.append(f"root cause: {result.cause}")
         return "\n".join(out)
@@ -370,6 +371,14 @@ def usage_lines(result: RunResult) -> list[str]:
         named = ", ".join(f"node {n.node_rank} ({n.host}) averaged {u.util:.0f}%" for n, u in idle)
         out.append(f"idle GPUs: {named} against a median of {median:.0f}%")
     return out
+
+
+def straggler_lines(result: RunResult) -> list[str]:
+    """The rank the others waited for over the nodes' kept stack samples (``straggler``),
+    with its evidence; nothing when nobody was, or the samples were too few."""
+    ranks = [(rank, n.host, w) for n in result.nodes for rank, w in sorted(n.waits.items())]
+    said = straggler.line(straggler.judge(ranks))
+    return [visible(said)] if said else []
 
 
 def _gib(n: int) -> str:

@@ -1,10 +1,13 @@
 """``sshddp top``'s view of a run: a row per node and per rank, from each node's latest
 sample (``remote/node_sampler.py``) and the step rate its ranks' progress bars show, with
-the slow one named.
+the slow one named, and the straggler of a coupled run (``straggler``).
 
 Pure. A rank is slow when its steps per second fall below SLOW_BELOW times the median of
 the run's ranks; a GPU is idle when its utilisation falls below SLOW_BELOW times the median
-of the run's GPUs while that median is at least BUSY (the others work).
+of the run's GPUs while that median is at least BUSY (the others work). A rank's text is
+believed only so far: a rate above MAX_RATE is none, and the sparklines are scaled to the
+ranks that agree with the others (``trend_top``), so one rank's claim can neither mark an
+honest rank slow nor flatten the others' lines.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sshddp.model import straggler
 from sshddp.model.bars import last_state
+from sshddp.model.straggler import Waits
 from sshddp.remote.contract import GpuSample, SampleRecord
 
 SLOW_BELOW = 0.5
 BUSY = 20.0  #: % utilisation: a median below this means no GPU works, so none is idle
+MAX_RATE = 1e5  #: steps per second beyond any training step: a bar claiming more shows none
+OUTLIER = 10.0  #: a rank whose median rate is this many times the others' scales no line
 _ANSI = re.compile(rb"\x1b\[[0-9;:?]*[A-Za-z]")
 _PER_SECOND = re.compile(rb"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:it|its|steps?|batch(?:es)?)/s\b")
 _SECONDS_PER = re.compile(rb"(?<![\w.])(\d+(?:\.\d+)?)\s?s/(?:it|step|batch)\b")
@@ -36,9 +43,8 @@ def step_rate(tail: bytes) -> Optional[float]:
         if last is None:
             continue
         value = float(last.group(1))
-        if last in slow:
-            return 1.0 / value if value > 0 else None
-        return value
+        rate = (1.0 / value if value > 0 else None) if last in slow else value
+        return rate if rate is not None and rate <= MAX_RATE else None
     return None
 
 
@@ -58,6 +64,8 @@ class RankRow:
     slow: bool = False
     #: its step rate over the last minute, oldest first (None: no bar at that point)
     trend: tuple[Optional[float], ...] = ()
+    waits: Optional[Waits] = None  #: its stack samples over the last window
+    straggler: bool = False  #: the others wait for it (``straggler.judge``)
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,11 @@ def rank_rows(
     tails: dict[str, str],
     now: float,
     history: Optional[dict[str, list[list[Any]]]] = None,
+    waits: Optional[dict[str, list[list[Any]]]] = None,
 ) -> list[RankRow]:
-    """The node's ranks from its sample, each with its step rate, quiet time and the
-    step rates of its bars over the last minute (``history``: the node's answer)."""
+    """The node's ranks from its sample, each with its step rate, quiet time, the step
+    rates of its bars over the last minute and its stack samples (``history``, ``waits``:
+    the node's answer)."""
     if node.sample is None:
         return []
     gpus = node.sample["gpus"]
@@ -101,6 +111,7 @@ def rank_rows(
                 round(now - seen, 1) if seen else None,
                 gpu,
                 trend=trend((history or {}).get(str(local), [])),
+                waits=straggler.waits_of((waits or {}).get(str(local), [])),
             )
         )
     return rows
@@ -126,8 +137,16 @@ def sparkline(values: tuple[Optional[float], ...], top: Optional[float]) -> str:
 
 
 def trend_top(rows: list[RankRow]) -> Optional[float]:
-    """The fastest rate any rank's history shows."""
-    return max((v for r in rows for v in r.trend if v is not None), default=None)
+    """The rate the sparklines are scaled to: the highest 90th percentile of a rank's
+    history among the ranks whose median rate is within OUTLIER times the lower median of
+    every rank's (a lone rank claiming far more, or one spike, flattens no line)."""
+    kept = [sorted(v for v in r.trend if v is not None) for r in rows]
+    kept = [k for k in kept if k]
+    if not kept:
+        return None
+    typical = statistics.median_low(statistics.median(k) for k in kept)
+    agree = [k for k in kept if statistics.median(k) <= OUTLIER * typical]
+    return max(k[min(len(k) - 1, int(0.9 * len(k)))] for k in agree)
 
 
 def median_rate(rows: list[RankRow]) -> Optional[float]:
@@ -136,19 +155,27 @@ def median_rate(rows: list[RankRow]) -> Optional[float]:
 
 
 def flag_slow(rows: list[RankRow]) -> list[RankRow]:
-    """``rows`` with ``slow`` set on each rank well below the median step rate."""
+    """``rows`` with ``slow`` set on each rank well below the median step rate, and
+    ``straggler`` on each rank the others wait for."""
     median = median_rate(rows)
-    if median is None or median <= 0:
-        return rows
+    named = {s.rank for s in stragglers(rows)}
     return [
         RankRow(
             **{
                 **r.__dict__,
-                "slow": r.steps_per_s is not None and r.steps_per_s < SLOW_BELOW * median,
+                "slow": median is not None
+                and median > 0
+                and r.steps_per_s is not None
+                and r.steps_per_s < SLOW_BELOW * median,
+                "straggler": r.rank in named,
             }
         )
         for r in rows
     ]
+
+
+def stragglers(rows: list[RankRow]) -> list[straggler.Straggler]:
+    return straggler.judge([(r.rank, r.host, r.waits) for r in rows])
 
 
 def idle_gpus(nodes: list[NodeRow]) -> list[NodeRow]:
@@ -170,11 +197,19 @@ def idle_gpus(nodes: list[NodeRow]) -> list[NodeRow]:
 
 
 def summary(rows: list[RankRow]) -> str:
-    """One line in ``stacks``' language: the slow ranks named, or that none is."""
+    """One line in ``stacks``' language: the straggler the others wait for, the slow
+    ranks, or that none is."""
+    found = stragglers(rows)
+    if found:
+        return straggler.line(found)
     median = median_rate(rows)
     slow = [r for r in rows if r.slow]
+    rated = [r for r in rows if r.steps_per_s is not None]
+    if median is None and len(rated) == 1:
+        (one,) = rated  # Lightning, transformers: rank 0 alone draws the run's bar
+        return f"{one.steps_per_s:.3g} it/s (rank {one.rank} on {one.host} alone draws a bar)"
     if median is None:
-        return "no step rate known (no progress bar with a rate in two ranks' output or more)"
+        return "no step rate known (no progress bar with a rate in any rank's output)"
     if not slow:
         return f"no slow rank: median {median:.3g} it/s"
     named = "; ".join(f"rank {r.rank} on {r.host}, {r.steps_per_s:.3g} it/s" for r in slow)
@@ -201,9 +236,13 @@ def json_doc(run_id: str, at: float, nodes: list[NodeRow], rows: list[RankRow]) 
                 "gpu_util": r.gpu["util"] if r.gpu else None,
                 "gpu_mem": r.gpu["mem_used"] if r.gpu else None,
                 "trend": list(r.trend),
+                "waits": round(r.waits.share, 3) if r.waits else None,
+                "stack_samples": r.waits.samples if r.waits else 0,
+                "straggler": r.straggler,
             }
             for r in rows
         ],
+        "stragglers": [s.__dict__ for s in stragglers(rows)],
         "nodes": [
             {
                 "node_rank": n.node_rank,
@@ -252,15 +291,19 @@ def render(nodes: list[NodeRow], rows: list[RankRow]) -> str:
                 f"{_size(g['mem_used'])}/{_size(g['mem_total'])} {_num(g['power'], '.0f')}W "
                 f"{_num(g['temp'], '.0f')}C{flag}"
             )
-    out.append("RANK HOST             CPU%      RSS   STEP/S  QUIET  GPU%  GPUMEM  LAST MINUTE")
+    out.append(
+        "RANK HOST             CPU%      RSS   STEP/S  QUIET  WAIT%  GPU%  GPUMEM  LAST MINUTE"
+    )
     top = trend_top(rows)
     for r in rows:
+        flags = ("  SLOW" if r.slow else "") + ("  STRAGGLER" if r.straggler else "")
         out.append(
             f"{r.rank:>4} {r.host:<16} {_num(r.cpu, '.0f'):>5} {_size(r.rss):>8} "
             f"{_num(r.steps_per_s, '.3g'):>8} {_num(r.quiet, '.0f'):>5}s "
+            f"{_num(100 * r.waits.share if r.waits else None, '.0f'):>6} "
             f"{_num(r.gpu['util'] if r.gpu else None, '.0f'):>5} "
             f"{_size(r.gpu['mem_used'] if r.gpu else None):>7}  "
-            f"{sparkline(r.trend[-_TREND:], top):<{_TREND}}{'  SLOW' if r.slow else ''}".rstrip()
+            f"{sparkline(r.trend[-_TREND:], top):<{_TREND}}{flags}".rstrip()
         )
     return "\n".join(out)
 

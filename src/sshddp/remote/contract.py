@@ -323,6 +323,9 @@ class UsageRecord(TypedDict):
     gpu_util: Optional[float]  #: mean utilisation (%) over every GPU of every sample
     gpu_mem_peak: Optional[int]  #: the most memory (bytes) one GPU held in one sample
     gpu_mem_total: Optional[int]  #: that GPU's memory (bytes)
+    #: global rank -> [stack samples, of them waiting in a collective, where it worked
+    #: most]: where each rank's time went over the kept samples (absent on older nodes)
+    waits: dict[str, list[Any]]
 
 
 class ExitRecord(TypedDict, total=False):
@@ -442,6 +445,16 @@ class RankSample(TypedDict):
     last_output: Optional[float]  #: when the sampler first saw its latest output (epoch s)
     #: node.log's offset and length of the rank's latest span of output (schema 8)
     last_span: Optional[list[int]]
+    #: where its stacks were at this sample (``remote/waits.py``); None when they were not
+    #: read (absent on older nodes: read with ``get``)
+    stack: Optional[StackSample]
+
+
+class StackSample(TypedDict):
+    """Where one rank was at one sample of its stacks."""
+
+    wait: bool  #: inside a collective (waiting for the other ranks), else working
+    where: str  #: the program's innermost line then, ``train.py:13 (time.sleep(0.2))``
 
 
 class GpuSample(TypedDict):
@@ -481,3 +494,6 @@ class TopRecord(TypedDict):
     #: oldest first: the step rates its sparkline draws (schema 8)
     history: dict[str, list[list[Any]]]
     now: float  #: the host's clock when it answered (ages are counted from it)
+    #: local rank -> [[when, waiting (bool), where], ...]: its stack samples of the last
+    #: WINDOW seconds, oldest first (absent on older nodes: read with ``get``)
+    waits: dict[str, list[list[Any]]]

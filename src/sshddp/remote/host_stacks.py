@@ -258,6 +258,22 @@ def by_signal(rundir: str, todo: list[Found], timeout: float) -> None:
         for proc, record in todo:
             if proc.pid in files:
                 _read_dump(record, *files[proc.pid], proc, timeout)
+                _empty(files[proc.pid][0])
+
+
+def _empty(path: str) -> None:
+    """A dump read is dropped: a rank sampled every second (``node_sampler``) keeps a small
+    file. Its process appends to it, so its next dump starts at the new end."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,10 @@ CPU and memory come from /proc (a rank counts with the workers that inherited it
 GPUs from NVML through ctypes (no process per sample), else from ``nvidia-smi``; a host
 without GPUs has none. The node's processes are found as teardown finds them (its run
 marker), again every RESCAN seconds; between scans only their /proc/PID/stat is read.
+Every STACK_EVERY seconds each rank's stacks are read as ``sshddp stacks`` reads them (its
+faulthandler, signalled: no process started, microseconds of the rank's time) and kept as
+where it was: waiting in a collective or working, at which line (``waits``), the evidence
+``top`` names a coupled run's straggler by.
 """
 
 from __future__ import annotations
@@ -21,13 +25,24 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from sshddp.remote import contract
 from sshddp.remote.common import read_json, read_json_lines, run_pids, which
-from sshddp.remote.contract import GpuSample, RankSample, SampleRecord, SpecRecord, UsageRecord
-from sshddp.remote.host_stacks import Proc, describe, role
+from sshddp.remote.contract import (
+    GpuSample,
+    ProcessStacks,
+    RankSample,
+    SampleRecord,
+    SpecRecord,
+    StackSample,
+    UsageRecord,
+)
+from sshddp.remote.host_stacks import Proc, by_signal, describe, role
 from sshddp.remote.stop import torchrun_group
+from sshddp.remote.waits import classify
 
 EVERY = 1.0  #: seconds between samples
 RESCAN = 5.0  #: seconds between looks for the node's processes
 KEEP = 600  #: lines of SAMPLES before it becomes SAMPLES_OLD
+STACK_EVERY = 1.0  #: seconds between two reads of the ranks' stacks
+STACK_TIMEOUT = 0.5  #: seconds the ranks have to write their dumps
 SMI_QUERY = "index,name,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu"
 SMI_TIMEOUT = 5.0
 _MIB = 1 << 20
@@ -54,6 +69,7 @@ class Sampler(threading.Thread):
         self.output = Output(os.path.join(rundir, contract.INDEX))
         self.gpus: tuple[str, Callable[[], list[GpuSample]]] = ("", list)
         self.lines = 0
+        self.stacked = 0.0
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -78,13 +94,17 @@ class Sampler(threading.Thread):
         cpu, self.cpu = cpu_percent(self.cpu, list(self.procs), now)
         rss = {pid: rss_of(pid) for pid in self.procs}
         self.output.read(now)
+        stacks: dict[int, StackSample] = {}
+        if now - self.stacked >= STACK_EVERY - 0.05:
+            stacks = rank_stacks(self.rundir, self.procs, self.roles)
+            self.stacked = now
         return {
             "schema": contract.SCHEMA,
             "at": round(now, 3),
             "node_rank": self.spec["node_rank"],
             "cpu": _total(list(cpu.values())),
             "rss": sum(rss.values()),
-            "ranks": rank_samples(self.procs, self.roles, cpu, rss, self.output),
+            "ranks": rank_samples(self.procs, self.roles, cpu, rss, self.output, stacks),
             "gpus": self.gpus[1](),
             "gpu_source": self.gpus[0],
         }
@@ -140,11 +160,33 @@ def usage_of(samples: list[SampleRecord]) -> UsageRecord:
                 peak = (used, g.get("mem_total"))
     return {
         "samples": len(samples),
+        "waits": waits_of(samples),
         "gpus": gpus,
         "gpu_util": round(sum(utils) / len(utils), 1) if utils else None,
         "gpu_mem_peak": peak[0] if peak[0] >= 0 else None,
         "gpu_mem_total": peak[1] if peak[0] >= 0 else None,
     }
+
+
+def waits_of(samples: list[SampleRecord]) -> dict[str, list[Any]]:
+    """Each rank's stack samples: [samples, of them waiting, where it worked most]."""
+    seen: dict[str, list[Any]] = {}
+    places: dict[str, dict[str, int]] = {}
+    for s in samples:
+        for r in s.get("ranks") or []:
+            stack = r.get("stack")
+            if not stack:
+                continue
+            key = str(r["rank"])
+            counts = seen.setdefault(key, [0, 0, ""])
+            counts[0] += 1
+            counts[1] += 1 if stack["wait"] else 0
+            if not stack["wait"] and stack["where"]:
+                mine = places.setdefault(key, {})
+                mine[stack["where"]] = mine.get(stack["where"], 0) + 1
+    for key, mine in places.items():
+        seen[key][2] = max(mine, key=lambda w: mine[w])
+    return seen
 
 
 class Output:
@@ -184,6 +226,7 @@ def rank_samples(
     cpu: dict[int, Optional[float]],
     rss: dict[int, int],
     output: Output,
+    stacks: Optional[dict[int, StackSample]] = None,
 ) -> list[RankSample]:
     """One record per rank process of the node, its workers' use added to its own."""
     ranks: list[RankSample] = []
@@ -204,9 +247,37 @@ def rank_samples(
                 "out_bytes": output.bytes.get(local, 0) if local is not None else 0,
                 "last_output": output.last.get(local) if local is not None else None,
                 "last_span": output.span.get(local) if local is not None else None,
+                "stack": (stacks or {}).get(pid),
             }
         )
     return sorted(ranks, key=lambda r: r["rank"])
+
+
+def rank_stacks(
+    rundir: str, procs: dict[int, Proc], roles: dict[int, str]
+) -> dict[int, StackSample]:
+    """Where each rank process of the node is now (its stacks by faulthandler), by pid."""
+    now = [describe(pid) for pid in procs if roles.get(pid) == contract.RANK]
+    # read again now, not at the last scan: a rank whose handler is gone is not signalled
+    todo = [(proc, _empty(proc)) for proc in now if proc is not None]
+    by_signal(rundir, todo, STACK_TIMEOUT)
+    found = {proc.pid: classify(record["threads"]) for proc, record in todo}
+    return {pid: sample for pid, sample in found.items() if sample is not None}
+
+
+def _empty(proc: Proc) -> ProcessStacks:
+    return {
+        "pid": proc.pid,
+        "ppid": proc.ppid,
+        "role": contract.RANK,
+        "rank": proc.rank,
+        "local_rank": proc.local_rank,
+        "cmdline": proc.cmdline,
+        "source": "",
+        "threads": [],
+        "raw": "",
+        "error": "",
+    }
 
 
 def _total(values: list[Optional[float]]) -> Optional[float]:

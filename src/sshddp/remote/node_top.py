@@ -27,6 +27,7 @@ LAST_LINES = 256 * 1024  #: bytes read from the end of samples.jsonl: a minute o
 TREND = 60.0  #: seconds of history sent for the sparkline
 TREND_EVERY = 5.0  #: seconds between two of its points
 SPAN_BYTES = 256  #: bytes of a rank's span sent per point: one progress bar's state
+WINDOW = 20.0  #: seconds of stack samples sent: the window a straggler is judged over
 
 
 def main(args: dict[str, Any]) -> None:
@@ -55,6 +56,7 @@ def collect(rundir: str, tail: int) -> TopRecord:
         "tails": tails(rundir, tail),
         "history": history(os.path.join(rundir, contract.LOG), samples),
         "now": time.time(),
+        "waits": waits(samples),
     }
 
 
@@ -88,6 +90,24 @@ def history(log: str, samples: list[SampleRecord]) -> dict[str, list[list[Any]]]
                 fh.seek(span[0] + span[1] - take)
                 text = fh.read(take).decode("utf-8", "replace")
                 out.setdefault(str(r["local_rank"]), []).append([s["at"], text])
+    return out
+
+
+def waits(samples: list[SampleRecord]) -> dict[str, list[list[Any]]]:
+    """Each local rank's stack samples (``node_sampler``) of the last WINDOW seconds:
+    [[when, waiting in a collective, where], ...], oldest first."""
+    out: dict[str, list[list[Any]]] = {}
+    if not samples:
+        return out
+    since = samples[-1]["at"] - WINDOW
+    for s in samples:
+        if s["at"] < since:
+            continue
+        for r in s["ranks"]:
+            stack = r.get("stack")
+            if stack and r["local_rank"] is not None:
+                point = [s["at"], bool(stack["wait"]), stack["where"]]
+                out.setdefault(str(r["local_rank"]), []).append(point)
     return out
 
 

@@ -87,6 +87,11 @@ def _register_dumps() -> None:
     if signum is None or not (staged or os.environ.get(STANDBY_VAR)):
         return
     signum += DUMP_SIGNAL_OFFSET
+    if _dump is None:  # not in a forked child: there faulthandler's handler is in place
+        # faulthandler puts back the disposition it found when it lets go (at the
+        # interpreter's end): ignored, so a dump asked for as the process exits (the
+        # node's sampler asks every second) is dropped instead of ending it
+        signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
     try:
         _open_dump(os.path.join(rundir, "stacks"), signum)

@@ -84,7 +84,9 @@ def _snapshot(
             continue
         row = NodeRow(n.node_rank, n.host.host, answer["state"], answer["sample"])
         rows.append(row)
-        ranks += top.rank_rows(row, answer["tails"], answer["now"], answer.get("history"))
+        ranks += top.rank_rows(
+            row, answer["tails"], answer["now"], answer.get("history"), answer.get("waits")
+        )
     ranks = top.flag_slow(sorted(ranks, key=lambda r: r.rank))
     return Snapshot(run_id, at, top.idle_gpus(rows), ranks)
 
