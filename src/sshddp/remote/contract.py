@@ -380,6 +380,7 @@ class FetchTrailer(TypedDict, total=False):
 RANK = "rank"  #: a rank torchrun started (it has RANK in its environment)
 WORKER = "worker"  #: a process a rank started (a DataLoader worker, mp.spawn): same RANK
 AGENT = "agent"  #: the node's torchrun
+LAUNCHER = "launcher"  #: the node's one process under a node launcher (``--launcher node``)
 OTHER = "other"  #: any other process of the node's run
 
 
@@ -408,8 +409,10 @@ class ProcessStacks(TypedDict):
 
     pid: int
     ppid: int
-    role: str  #: RANK, WORKER, AGENT or OTHER
-    rank: Optional[int]  #: the global rank it is or belongs to (RANK in its environment)
+    role: str  #: RANK, WORKER, AGENT, LAUNCHER or OTHER
+    #: the global rank it is or belongs to (RANK in its environment, or the rank it joined
+    #: the planned world as: joined/p<pid>)
+    rank: Optional[int]
     local_rank: Optional[int]
     cmdline: str
     source: str  #: "faulthandler", "py-spy", or "" when it has no stack

@@ -56,6 +56,19 @@ def node_watch(
     return {"entered": sorted(entered), "joined": sorted(joined), "quiet": max(0.0, now - last)}
 
 
+def ranks_by_pid(rundir: str, world: Optional[int]) -> dict[int, int]:
+    """The global rank of each process with no RANK of its own that joined a group of size
+    ``world`` (the planned one): a node launcher's worker, by its joined/p<pid> record."""
+    found = {}
+    for name, record in records(rundir).items():
+        rank = record.get("rank")
+        if name.isdigit() or world is None or record.get("world") != world:
+            continue
+        if record.get("joined") is not None and isinstance(rank, int):
+            found[int(name[1:])] = rank
+    return found
+
+
 def node_world(rundir: str, spec: SpecRecord) -> Optional[WorldRecord]:
     """Whether this node's processes formed the planned world: how many returned from
     init_process_group and the world sizes they saw; None without a planned shape."""
