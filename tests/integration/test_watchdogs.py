@@ -242,3 +242,20 @@ def test_a_stuck_mp_spawn_worker_is_blamed_on_its_own_host_and_node(
     assert titles in run.stderr, run.stderr
     assert "torchrun agent" not in run.stderr, run.stderr
     run_no_leak(run.run_id)
+
+
+def test_a_silent_working_run_outlives_a_shorter_stall_timeout(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """2 hosts x 2 ranks train a DDP model (gloo all-reduces every step) for 25 s in
+    silence, with --stall-timeout 8: no output is not a stall while the ranks' stacks and
+    CPU time move, so the run is left alone and succeeds."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
+    args = ["--name", "sil", "--stall-timeout", "8", str(inv), str(HANG), "silent", "25"]
+    done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "watchdog" not in done.stderr and "stalled" not in done.stderr, done.stderr
+    assert "run sil succeeded" in done.stderr, done.stderr
+    log = (tmp_path / "sshddp-logs" / "sil" / "node1-h2.log").read_text()
+    assert "DONE 2 " in log and "DONE 3 " in log, log
+    run_no_leak("sil")
