@@ -71,4 +71,4 @@ def test_still_counts_from_the_last_output_or_the_last_work_seen() -> None:
 
 
 def test_several_samples_within_a_stall_timeout() -> None:
-    assert [interval(s) for s in (2, 8, 20, 900)] == [1.0, 2.0, 5.0, 5.0]
+    assert [interval(s) for s in (2, 8, 20, 900)] == [1.0, 2.0, 5.0, 30.0]

@@ -30,7 +30,7 @@ from sshddp.remote.joined import still
 
 CPU_SHARE = 0.1  #: of one core, between two samples: a rank that used this much worked
 FEWEST = 1.0  #: seconds between samples, at least
-MOST = 5.0  #: and at most
+MOST = 30.0  #: and at most: each sample appends a dump to each process's stacks file
 
 QuietClock = Callable[[], float]  #: seconds the node has written nothing (``joined.node_watch``)
 StackKey = Tuple[Tuple[Tuple[str, int, str], ...], ...]
