@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from launch_helpers import Run, launch_on
+from launch_helpers import Run, launch_on, sshddp, write_inventory
+from test_watchdogs import wait_finished
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -192,3 +193,27 @@ def test_accelerate_config_for_gpus_on_cpu_hosts_is_reported_not_distributed(
         assert r["num_processes"] == 1 and r["distributed_type"].endswith(".NO"), r
     assert "ACCELERATE_USE_CPU=1" in run.stderr, run.stderr[-4000:]
     run_no_leak(run.run_id)
+
+
+# ------------------------------------------------------------------ Lightning, detached
+
+
+@pytest.mark.slow
+def test_lightning_detached_with_no_terminal_is_quiet_not_stalled(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Detached, no terminal: Lightning's rich bar prints nothing while 2 hosts x 2 ranks
+    train for 25 s, under --stall-timeout 8. The ranks work (their stacks and CPU time
+    move), so the watchdog leaves the run alone; it succeeds."""
+    inv, _ = write_inventory(ssh_env, tmp_path, free_port(), HOSTS)
+    job = [str(PAYLOADS / "lightning_quiet.py"), "2", "25"]
+    opts = ["--detach", "--name", "lq", "--stall-timeout", "8"]
+    started = sshddp(ssh_env, tmp_path, "launch", *opts, str(inv), *job)
+    assert started.returncode == 0, started.stderr
+    row = wait_finished(ssh_env, tmp_path, "lq", 240)
+    assert [n["state"] for n in row["nodes"]] == ["succeeded"] * 2, row
+    done = sshddp(ssh_env, tmp_path, "logs", "lq")
+    lines = [line for line in done.stdout.splitlines() if '{"quiet"' in line]
+    steps = [json.loads(line[line.index("{") :]) for line in lines]
+    assert sorted(r["rank"] for r in steps) == list(range(WORLD)), done.stdout
+    run_no_leak("lq")

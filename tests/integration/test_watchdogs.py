@@ -11,12 +11,14 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from launch_helpers import sshddp, wait_until, write_inventory
+import pytest
+from launch_helpers import launch_on, sshddp, wait_until, write_inventory
 from test_stacks import HANG, line_of, wait_ready
 
 from sshddp_lab.sshd import SshdCluster
 
 HUNG = 6
+SPAWN_STUCK = Path(__file__).parent / "payloads" / "spawn_stuck.py"
 STALL = "20"  # seconds: longer than torch takes to import on a loaded machine (no output)
 
 
@@ -200,3 +202,60 @@ def test_a_slow_start_longer_than_the_stall_timeout_is_no_stall(
     log = (tmp_path / "sshddp-logs" / "slw" / "node1-h2.log").read_text()
     assert "DONE 2" in log and "DONE 3" in log, log
     run_no_leak("slw")
+
+
+def spawn_line(marker: str) -> int:
+    """The line of spawn_stuck.py that carries ``# MARKER``."""
+    lines = SPAWN_STUCK.read_text().splitlines()
+    return next(n for n, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {marker}"))
+
+
+@pytest.mark.parametrize(
+    ("stuck", "rank", "host", "node"), [("2:1", 5, "h3", 2), ("0:0", 0, "h1", 0)]
+)
+def test_a_stuck_mp_spawn_worker_is_blamed_on_its_own_host_and_node(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak,
+    stuck: str,
+    rank: int,
+    host: str,
+    node: int,
+) -> None:
+    """--launcher node, 3 hosts: mp.spawn's workers all-reduce every step; one worker
+    sleeps in stuck_worker while the other five wait in their all-reduce. The stall's root
+    cause is that worker, its host and its node (not the last node to stop); the node's
+    own processes are titled node launchers, not torchrun agents; nothing is left."""
+    opts = ["--launcher", "node", "--name", f"sp{rank}", "--stall-timeout", "8"]
+    run = launch_on(
+        ssh_env, tmp_path, free_port(), [str(SPAWN_STUCK), stuck], opts, [1, 2, 3], timeout=240
+    )
+    assert run.rc == HUNG, run.stderr
+    cause = (
+        f"root cause: rank {rank} on {host} (node {node}) stands apart in stuck_worker"
+        f" (spawn_stuck.py, line {spawn_line('STUCK HERE')})"
+    )
+    assert cause in run.stderr, run.stderr
+    assert f"=== odd one out: rank {rank} on {host} (1 rank) ===" in run.stderr, run.stderr
+    titles = "=== node launcher processes of nodes 0-2 on h1,h2,h3 (3 processes) ==="
+    assert titles in run.stderr, run.stderr
+    assert "torchrun agent" not in run.stderr, run.stderr
+    run_no_leak(run.run_id)
+
+
+def test_a_silent_working_run_outlives_a_shorter_stall_timeout(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """2 hosts x 2 ranks train a DDP model (gloo all-reduces every step) for 25 s in
+    silence, with --stall-timeout 8: no output is not a stall while the ranks' stacks and
+    CPU time move, so the run is left alone and succeeds."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2])
+    args = ["--name", "sil", "--stall-timeout", "8", str(inv), str(HANG), "silent", "25"]
+    done = sshddp(ssh_env, tmp_path, "launch", *args, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "watchdog" not in done.stderr and "stalled" not in done.stderr, done.stderr
+    assert "run sil succeeded" in done.stderr, done.stderr
+    log = (tmp_path / "sshddp-logs" / "sil" / "node1-h2.log").read_text()
+    assert "DONE 2 " in log and "DONE 3 " in log, log
+    run_no_leak("sil")

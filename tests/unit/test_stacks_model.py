@@ -232,3 +232,22 @@ def test_json_document_names_every_node_and_group() -> None:
     assert first["odd"] and first["role"] == "rank" and first["header"] == "rank 3 on h2 (1 rank)"
     assert first["members"] == [{"node_rank": 1, "host": "h2", "pid": 103, "rank": 3}]
     assert first["threads"][0]["frames"][-1]["func"] == "nap"
+
+
+def test_under_a_node_launcher_the_node_processes_are_titled_node_launchers() -> None:
+    """--launcher node: the node's one process is a node launcher, not a torchrun agent,
+    in the group titles, the labels and the saved dumps' names."""
+    nodes = three_nodes()
+    for h in nodes:
+        assert h.record is not None
+        for p in h.record["processes"]:
+            if p["role"] == contract.AGENT:
+                p["role"] = contract.LAUNCHER
+    groups = stacks.group(nodes)
+    assert groups[-1].header() == "node launcher processes of nodes 0-2 on h1,h2,h3 (3 processes)"
+    assert "torchrun" not in stacks.render(groups, [])
+    launcher = groups[-1].members[0]
+    assert launcher.label() == "node launcher of node 0 on h1 (pid 50)"
+    assert stacks.dump_name(nodes[0], launcher.process) == "launcher-node0-h1-pid50.txt"
+    one = stacks.Group(contract.LAUNCHER, (launcher,))
+    assert one.header() == "node launcher process of node 0 on h1 (1 process)"

@@ -9,6 +9,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from test_stacks_model import node, proc, thread
@@ -33,8 +34,15 @@ def watch(init: float = 0, stall: float = 0, on_stall: str = "stop") -> WatchSpe
     return {"init_timeout": init, "stall_timeout": stall, "on_stall": on_stall, "nprocs": NPROCS}
 
 
-def fact(entered: list[int], joined: list[int], quiet: float = 0.0) -> NodeWatch:
-    return {"entered": entered, "joined": joined, "quiet": quiet}
+def fact(
+    entered: list[int], joined: list[int], quiet: float = 0.0, still: Optional[float] = None
+) -> NodeWatch:
+    return {
+        "entered": entered,
+        "joined": joined,
+        "quiet": quiet,
+        "still": quiet if still is None else still,
+    }
 
 
 FORMED = {0: fact([0, 1], [0, 1]), 1: fact([2, 3], [2, 3]), 2: fact([4, 5], [4, 5])}
@@ -72,7 +80,7 @@ def test_a_node_that_never_reported_keeps_the_world_unformed_and_is_named() -> N
 def test_stall_fires_only_when_every_node_has_been_quiet_that_long() -> None:
     quiet = {r: fact(f["entered"], f["joined"], 12.0) for r, f in FORMED.items()}
     found = verdict(watch(stall=10), NPROCS, quiet, 50, HOSTS, formed_for=40)
-    assert found == (contract.HANG_STALL, "no rank wrote output for 12 s (--stall-timeout 10)")
+    assert found == (contract.HANG_STALL, stalled(12, 12, 10))
     one_speaks = {**quiet, 1: fact([2, 3], [2, 3], 3.0)}
     assert verdict(watch(stall=10), NPROCS, one_speaks, 50, HOSTS, formed_for=40) is None
     missing = {r: f for r, f in quiet.items() if r != 2}  # node 2 has not reported yet
@@ -88,7 +96,25 @@ def test_the_stall_clock_starts_when_the_world_forms() -> None:
     quiet = {r: fact(f["entered"], f["joined"], 100.0) for r, f in FORMED.items()}
     assert verdict(watch(stall=10), NPROCS, quiet, 100, HOSTS, formed_for=9) is None
     found = verdict(watch(stall=10), NPROCS, quiet, 100, HOSTS, formed_for=11)
-    assert found == (contract.HANG_STALL, "no rank wrote output for 11 s (--stall-timeout 10)")
+    assert found == (contract.HANG_STALL, stalled(11, 11, 10))
+
+
+def stalled(quiet: float, still: float, stall: float) -> str:
+    return (
+        f"no rank wrote output for {quiet:.0f} s, nor were the ranks seen working (stacks and"
+        f" CPU time still) for {still:.0f} s (--stall-timeout {stall:g})"
+    )
+
+
+def test_a_quiet_run_whose_ranks_work_is_no_stall_until_they_stop_working() -> None:
+    """Every node quiet for 60 s, but node 2's ranks were seen working 3 s ago: no stall.
+    Once they too have been still for the stall timeout, the run has stalled."""
+    working = {r: fact(f["entered"], f["joined"], 60.0) for r, f in FORMED.items()}
+    working[2] = fact([4, 5], [4, 5], 60.0, still=3.0)
+    assert verdict(watch(stall=10), NPROCS, working, 100, HOSTS, formed_for=90) is None
+    working[2] = fact([4, 5], [4, 5], 60.0, still=10.0)
+    found = verdict(watch(stall=10), NPROCS, working, 100, HOSTS, formed_for=90)
+    assert found == (contract.HANG_STALL, stalled(60, 10, 10))
 
 
 def test_world_text_counts_partial_joins() -> None:
@@ -118,7 +144,7 @@ def test_node_watch_reads_joined_records_and_the_log_age(tmp_path: Path) -> None
     log.write_bytes(b"x\n")
     os.utime(log, (1000.0, 1000.0))
     facts = node_watch(str(tmp_path), since=900.0, now=1010.0)
-    assert facts == {"entered": [2, 3], "joined": [2], "quiet": 10.0}
+    assert facts == {"entered": [2, 3], "joined": [2], "quiet": 10.0, "still": 10.0}
     log.unlink()  # no output yet: quiet since the node started
     assert node_watch(str(tmp_path), since=1005.0, now=1010.0)["quiet"] == 5.0
 
@@ -202,17 +228,23 @@ def test_ps_shows_joined_ranks_and_quiet_seconds_of_running_nodes() -> None:
         {"state": "running", "joined": 2, "quiet": 12.4},
         {"state": "running", "joined": 0, "quiet": 0.2},
         {"state": "stalled", "reason": "no rank wrote output"},
+        {"state": "running", "joined": 2, "quiet": 40.0, "still": 2.0},
+        {"state": "running", "joined": 2, "quiet": 40.0, "still": 40.0},
     )
-    row = PsRow("r", 0.0, 1.0, ("h1", "h2", "h3"), states, "", False, nprocs=(2, 2, 2))
-    texts = [row.node_text(i) for i in range(3)]
+    hosts = ("h1", "h2", "h3", "h4", "h5")
+    row = PsRow("r", 0.0, 1.0, hosts, states, "", False, nprocs=(2, 2, 2, 2, 2))
+    texts = [row.node_text(i) for i in range(5)]
     assert texts == [
         "0:running(2/2 joined, quiet 12s)",
         "1:running(0/2 joined, quiet 0s)",
         "2:stalled",
+        "3:running(2/2 joined, quiet 40s, working)",  # quiet, its ranks seen working 2 s ago
+        "4:running(2/2 joined, quiet 40s)",
     ]
     nodes = row.to_json()["nodes"]
-    assert [n["joined"] for n in nodes] == [2, 0, None]
-    assert [n["quiet"] for n in nodes] == [12.4, 0.2, None]
+    assert [n["joined"] for n in nodes] == [2, 0, None, 2, 2]
+    assert [n["quiet"] for n in nodes] == [12.4, 0.2, None, 40.0, 40.0]
+    assert [n["still"] for n in nodes] == [None, None, None, 2.0, 40.0]
 
 
 def test_a_stalled_node_is_final_bad_and_the_run_exits_6() -> None:

@@ -37,8 +37,9 @@ def watchdog_options(fn: F) -> F:
         default=0.0,
         show_default=True,
         metavar="SECONDS",
-        help="A run none of whose ranks wrote output for this long, counted from when every "
-        "rank got through init_process_group, has stalled; 0: off.",
+        help="A run none of whose ranks wrote output or was seen working (stacks or CPU time "
+        "moving) for this long, counted from when every rank got through "
+        "init_process_group, has stalled; 0: off.",
     )(fn)
     return click.option(
         "--init-timeout",

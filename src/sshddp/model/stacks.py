@@ -8,8 +8,9 @@ different paths on different nodes (each node's run directory, home directories,
 locations). A group reads like ``ranks 0-2,4-5 on h1,h2,h3 (5 ranks)``. Ranks come first,
 the smallest groups first: a rank group smaller than the largest one is marked as an odd
 one out, since a lone rank in a different place is usually the culprit. Then the workers
-the ranks started, then the torchrun agents. Frames read as a Python traceback reads:
-file, line and function, innermost last, with the source line.
+the ranks started, then the torchrun agents or node launchers (the node's one process
+under ``--launcher node``, whose workers are ranks once they joined the world). Frames read
+as a Python traceback reads: file, line and function, innermost last, with the source line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Optional
 from sshddp.remote import contract
 from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 
-ROLE_ORDER = (contract.RANK, contract.WORKER, contract.AGENT, contract.OTHER)
+ROLE_ORDER = (contract.RANK, contract.WORKER, contract.AGENT, contract.LAUNCHER, contract.OTHER)
 StackKey = tuple[tuple[tuple[str, int, str], ...], ...]
 
 
@@ -60,6 +61,8 @@ class Member:
             return f"worker of rank {p['rank']} on {self.host} ({pid})"
         if p["role"] == contract.AGENT:
             return f"torchrun agent of node {self.node_rank} on {self.host} ({pid})"
+        if p["role"] == contract.LAUNCHER:
+            return f"node launcher of node {self.node_rank} on {self.host} ({pid})"
         return f"process of node {self.node_rank} on {self.host} ({pid})"
 
 
@@ -97,14 +100,21 @@ class Group:
             return f"{_plural(n, 'worker', 'workers')} of {of} {ranges(ranks)} on {hosts} " + (
                 f"({n} {_plural(n, 'process', 'processes')}: pid {pids}{more})"
             )
-        if self.role == contract.AGENT:
+        if self.role in (contract.AGENT, contract.LAUNCHER):
             of = _plural(len(nodes), "node", "nodes")
-            agents = _plural(n, "torchrun agent", "torchrun agents")
-            return f"{agents} of {of} {ranges(nodes)} on {hosts} {count}"
+            one, many = _NODE_PROCESSES[self.role]
+            return f"{_plural(n, one, many)} of {of} {ranges(nodes)} on {hosts} {count}"
         of = _plural(len(nodes), "node", "nodes")
         return f"{_plural(n, 'other process', 'other processes')} of {of} {ranges(nodes)} on " + (
             f"{hosts} {count}"
         )
+
+
+#: What the node's own process is called, by its role: torchrun, or a node launcher.
+_NODE_PROCESSES = {
+    contract.AGENT: ("torchrun agent", "torchrun agents"),
+    contract.LAUNCHER: ("node launcher process", "node launcher processes"),
+}
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -256,7 +266,8 @@ def dump_name(node: HostStacks, process: ProcessStacks) -> str:
         return f"rank{process['rank']}-{where}"
     if process["role"] == contract.WORKER:
         return f"rank{process['rank']}-worker-{where}"
-    return f"{'agent' if process['role'] == contract.AGENT else 'other'}-{where}"
+    named = {contract.AGENT: "agent", contract.LAUNCHER: "launcher"}
+    return f"{named.get(process['role'], 'other')}-{where}"
 
 
 def dump_text(node: HostStacks, process: ProcessStacks, when: str) -> str:

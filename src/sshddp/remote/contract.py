@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, TypedDict
 
-SCHEMA = 8  #: 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples);
+SCHEMA = 9  #: 9: progress.json (ProgressRecord); NodeWatch and exit.json `still`; the
+# stacks role LAUNCHER, and a node launcher's workers ranked by joined/p<pid>
+# 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples);
 # RankSample `last_span`; TopRecord `history` (the last minute's progress bars)
 # 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
 # 6: spec.json `torchrun` and `program` (remote/compose.py) in place of `argv`;
@@ -58,6 +60,7 @@ STACKS = "stacks"  #: <pid>-<start time>: each Python process's stack dumps, app
 #: JoinedRecord per process that called init_process_group
 JOINED = "joined"
 HANG = "hang.json"  #: what the node's watchdog saw when the run hung (HangRecord)
+PROGRESS = "progress.json"  #: whether a quiet node's ranks still work (ProgressRecord)
 FLIGHT_WAIT = 12.0  #: seconds the ranks have to dump their flight recorder once asked (flight)
 NCCL = "nccl"  #: the NCCL flight recorder's dumps (``trace_<rank>``), on CUDA hosts
 SAMPLES = "samples.jsonl"  #: one SampleRecord a second (node_sampler), the latest last
@@ -223,6 +226,17 @@ class NodeWatch(TypedDict):
     entered: list[int]  #: global ranks inside init_process_group, or through it
     joined: list[int]  #: global ranks that returned from it
     quiet: float  #: seconds since the node last wrote output (or since it started)
+    #: seconds since it last wrote output or its ranks were seen working (``node_progress``)
+    still: float
+
+
+class ProgressRecord(TypedDict):
+    """progress.json: what a quiet node's samples of its ranks showed (``node_progress``)."""
+
+    schema: int
+    at: float  #: the last sample (epoch seconds)
+    moved_at: Optional[float]  #: when its ranks were last seen working; None: never
+    still: float  #: seconds since it last wrote output or was seen working, at ``at``
 
 
 class FlightEntry(TypedDict):
@@ -342,6 +356,7 @@ class ExitRecord(TypedDict, total=False):
     escaped: list[Escaped]  #: processes that left the run and kept its output open
     joined: int  #: a running node's ranks through init_process_group (schema 3)
     quiet: float  #: seconds since a running node last wrote output (schema 3)
+    still: float  #: seconds since it wrote output or its ranks were seen working (schema 9)
     attempt: int  #: the attempt the node ended in, or runs (schema 4; absent: 1)
     attempts: int  #: how many attempts the run may make: 1 + its restarts (schema 4)
     earlier: list[str]  #: why each earlier attempt ended, oldest first (schema 4)
@@ -383,6 +398,7 @@ class FetchTrailer(TypedDict, total=False):
 RANK = "rank"  #: a rank torchrun started (it has RANK in its environment)
 WORKER = "worker"  #: a process a rank started (a DataLoader worker, mp.spawn): same RANK
 AGENT = "agent"  #: the node's torchrun
+LAUNCHER = "launcher"  #: the node's one process under a node launcher (``--launcher node``)
 OTHER = "other"  #: any other process of the node's run
 
 
@@ -411,8 +427,10 @@ class ProcessStacks(TypedDict):
 
     pid: int
     ppid: int
-    role: str  #: RANK, WORKER, AGENT or OTHER
-    rank: Optional[int]  #: the global rank it is or belongs to (RANK in its environment)
+    role: str  #: RANK, WORKER, AGENT, LAUNCHER or OTHER
+    #: the global rank it is or belongs to (RANK in its environment, or the rank it joined
+    #: the planned world as: joined/p<pid>)
+    rank: Optional[int]
     local_rank: Optional[int]
     cmdline: str
     source: str  #: "faulthandler", "py-spy", or "" when it has no stack

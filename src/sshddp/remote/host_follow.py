@@ -34,7 +34,7 @@ from sshddp.remote import contract
 from sshddp.remote.common import emit, frozen, pid_alive, read_json, same_process
 from sshddp.remote.contract import ExitRecord
 from sshddp.remote.host_attempts import read_summary
-from sshddp.remote.joined import node_watch
+from sshddp.remote.joined import node_watch, progress, still
 
 CHUNK = 1 << 20
 POLL_MIN, POLL_MAX = 0.01, 0.1  # seconds between looks at an idle log: short after output
@@ -154,6 +154,9 @@ def node_status(rundir: str) -> ExitRecord:
         "joined": len(watch["joined"]),
         "quiet": round(watch["quiet"], 1),
     }
+    sampled = progress(rundir)  # only under --stall-timeout: node_progress
+    if sampled is not None:
+        running["still"] = round(still(time.time(), watch["quiet"], sampled["moved_at"]), 1)
     running.update(read_summary(rundir))
     return running
 

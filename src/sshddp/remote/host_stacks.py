@@ -7,9 +7,11 @@ same as a function, for code already on the host (a supervisor's watchdog):
 
 Which process is which: the node's processes are found as teardown finds them (torchrun's
 process group and the node's marker, ``common.run_pids``). torchrun itself is the node's
-agent; a process with RANK in its environment is that rank when torchrun started it, else
-a worker of that rank (it inherited RANK: a DataLoader worker, an ``mp.spawn`` child, a
-``python`` subprocess). Every Python process of the node registered faulthandler on
+agent (under a node launcher, the node's one process is its launcher); a process with RANK
+in its environment is that rank when torchrun started it, else a worker of that rank (it
+inherited RANK: a DataLoader worker, a ``python`` subprocess). A process without RANK that
+joined the planned world (joined/p<pid>: an ``mp.spawn`` worker, a Lightning process) is
+the rank it joined as. Every Python process of the node registered faulthandler on
 SIGRTMIN+6 at start-up (``ranksite``), writing to STACKS/<pid>-<start time>. A process is
 signalled only when it catches that signal and holds that very file open, so no process
 ever gets a signal whose default action would end it, and each dump is read from where its
@@ -32,6 +34,7 @@ from sshddp.remote.common import emit, listdir, pid_alive, read_json, run_pids, 
 from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 from sshddp.remote.frames import cwd_of, note, python_frame
 from sshddp.remote.host_follow import node_status
+from sshddp.remote.joined import ranks_by_pid
 from sshddp.remote.stop import torchrun_group
 
 DUMP_TIMEOUT = 2.0  #: seconds the signalled processes have to write their dumps
@@ -91,7 +94,8 @@ def collect(rundir: str, native: bool = False, timeout: float = DUMP_TIMEOUT) ->
         "elapsed": 0.0,
     }
     if spec is not None:
-        found = processes(spec["mark"], read_json(os.path.join(rundir, contract.STATE)) or {})
+        state = read_json(os.path.join(rundir, contract.STATE)) or {}
+        found = processes(spec["mark"], state, joined_ranks(rundir, spec), launcher_of(spec))
         if native:
             _native(answer, found)
         by_signal(rundir, [(p, r) for p, r in found if not r["threads"]], timeout)
@@ -111,22 +115,47 @@ def _native(answer: NodeStacks, found: list[Found]) -> None:
         pyspy.dump_all(answer["py_spy"], [r for p, r in found if is_python(p, dump_signal())])
 
 
-def processes(mark: str, state: dict[str, Any]) -> list[Found]:
-    """The node's live processes, each with its role and an empty stack record."""
-    agent = state.get("pid")
+def joined_ranks(rundir: str, spec: dict[str, Any]) -> dict[int, int]:
+    """The ranks of the node's processes that have no RANK of their own (``joined``)."""
+    nprocs = (spec.get("watch") or {}).get("nprocs")
+    return ranks_by_pid(rundir, sum(nprocs) if nprocs else None)
+
+
+def launcher_of(spec: dict[str, Any]) -> str:
+    """What runs the node (spec.json's ``launcher``; torchrun's without one)."""
+    return str(spec.get("launcher") or contract.LAUNCH_TORCHRUN)
+
+
+def processes(
+    mark: str,
+    state: dict[str, Any],
+    ranks: Optional[dict[int, int]] = None,
+    launcher: str = contract.LAUNCH_TORCHRUN,
+) -> list[Found]:
+    """The node's live processes, each with its role and an empty stack record. A process
+    without RANK that joined the planned world is the rank it joined as (``ranks``: a node
+    launcher's worker); the node's process (state.json's pid) is its torchrun agent, or
+    under a node launcher the LAUNCHER, or a rank where it joined the world itself
+    (Lightning's first process trains)."""
+    ranks = ranks or {}
     procs = {}
     group, _ = torchrun_group(state)  # None once torchrun no longer leads its group
     for pid in run_pids(group, mark):
         proc = describe(pid)
+        if proc is not None and proc.rank is None and pid in ranks:
+            proc = proc._replace(rank=ranks[pid])
         if proc is not None:
             procs[pid] = proc
+    agent = state.get("pid")
+    if agent in procs and procs[agent].rank is not None:
+        agent = None
     found = []
     for pid in sorted(procs):
         proc = procs[pid]
         record: ProcessStacks = {
             "pid": pid,
             "ppid": proc.ppid,
-            "role": role(proc, procs, agent),
+            "role": _launcher_role(role(proc, procs, agent), launcher),
             "rank": proc.rank,
             "local_rank": proc.local_rank,
             "cmdline": proc.cmdline,
@@ -136,6 +165,13 @@ def processes(mark: str, state: dict[str, Any]) -> list[Found]:
             "error": "",
         }
         found.append((proc, record))
+    return found
+
+
+def _launcher_role(found: str, launcher: str) -> str:
+    """The node's process is torchrun's agent only where torchrun runs the node."""
+    if found == contract.AGENT and launcher != contract.LAUNCH_TORCHRUN:
+        return contract.LAUNCHER
     return found
 
 

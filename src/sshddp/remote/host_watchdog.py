@@ -10,9 +10,10 @@ theirs to node 0 with every heartbeat (``peers``). Node 0's supervisor decides
 - init: the world has not formed (some rank has not returned from init_process_group, or
   some node has not reported at all) ``init_timeout`` seconds after node 0 started;
 - stall: the world formed (every rank returned from init_process_group), and since then no
-  node of the run wrote output for ``stall_timeout`` seconds. Its clock starts when the
-  world forms: before, the init watchdog is in charge (importing torch can take minutes),
-  and a run that never forms a world never stalls.
+  node of the run wrote output, nor were its ranks seen working (their stacks or CPU time
+  moving between samples: ``node_progress``), for ``stall_timeout`` seconds. Its clock
+  starts when the world forms: before, the init watchdog is in charge (importing torch can
+  take minutes), and a run that never forms a world never stalls.
 
 Node 0's watchdog posts the hang to its supervisor's loop (``node_events.Hang``), which
 tells the other nodes. Then every node collects the stacks of its processes
@@ -29,10 +30,10 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from sshddp.remote import contract, host_flight
+from sshddp.remote import contract, host_flight, node_progress
 from sshddp.remote.common import atomic_write_json
 from sshddp.remote.contract import HangRecord, NodeStacks, NodeWatch, SpecRecord, WatchSpec
-from sshddp.remote.joined import node_watch
+from sshddp.remote.joined import node_watch, still
 from sshddp.remote.node_events import Hang, StacksTaken
 from sshddp.remote.node_inbox import Inbox
 
@@ -145,9 +146,11 @@ def verdict(
     stall = float(watch.get("stall_timeout") or 0)
     if stall > 0 and formed_for is not None and len(facts) == len(nprocs):
         quiet = min(formed_for, *(f["quiet"] for f in facts.values()))
-        if quiet >= stall:
+        still = min(formed_for, *(f.get("still", f["quiet"]) for f in facts.values()))
+        if still >= stall:
             return contract.HANG_STALL, (
-                f"no rank wrote output for {quiet:.0f} s (--stall-timeout {stall:g})"
+                f"no rank wrote output for {quiet:.0f} s, nor were the ranks seen working"
+                f" (stacks and CPU time still) for {still:.0f} s (--stall-timeout {stall:g})"
             )
     return None
 
@@ -165,10 +168,17 @@ class Watchdog:
         self.facts: Facts = dict  #: the other nodes' facts (given by ``restart``)
         self.thread: Optional[threading.Thread] = None  #: node 0's deciding thread
         self.formed_at: Optional[float] = None  #: when node 0 saw the world formed
+        every = node_progress.interval(self._stall())
+        self.progress = node_progress.Progress(rundir, every, cpu_counts=not has_gpu())
 
     def mine(self) -> NodeWatch:
         nprocs = self.watch["nprocs"] if self.watch else None
-        return node_watch(self.rundir, self.since, world=sum(nprocs) if nprocs else None)
+        found = node_watch(self.rundir, self.since, world=sum(nprocs) if nprocs else None)
+        found["still"] = still(time.time(), found["quiet"], self.progress.moved_at)
+        return found
+
+    def _quiet(self) -> float:
+        return self.mine()["quiet"]
 
     def _start(self) -> None:
         """Node 0: decide, every TICK, in a background thread."""
@@ -185,6 +195,8 @@ class Watchdog:
         self.since = time.time()
         self.formed_at = None
         self.facts = facts
+        if self._stall() > 0:
+            self.progress.start(self._quiet)  # every node: are its quiet ranks working?
         if self.thread is None or not self.thread.is_alive():
             self._start()
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from sshddp.remote import contract
 from sshddp.remote.common import listdir, read_json
-from sshddp.remote.contract import NodeWatch, SpecRecord, WorldRecord
+from sshddp.remote.contract import NodeWatch, ProgressRecord, SpecRecord, WorldRecord
 
 
 def records(rundir: str) -> dict[str, dict[str, Any]]:
@@ -53,7 +53,35 @@ def node_watch(
         last = max(since, os.stat(os.path.join(rundir, contract.LOG)).st_mtime)
     except OSError:
         last = since
-    return {"entered": sorted(entered), "joined": sorted(joined), "quiet": max(0.0, now - last)}
+    quiet = max(0.0, now - last)  # still: as quiet, until its ranks are seen working
+    return {"entered": sorted(entered), "joined": sorted(joined), "quiet": quiet, "still": quiet}
+
+
+def still(now: float, quiet: float, moved_at: Optional[float]) -> float:
+    """Seconds since the node last wrote output (``quiet`` ago) or its ranks were seen
+    working (at ``moved_at``: ``node_progress``)."""
+    if moved_at is None:
+        return quiet
+    return max(0.0, min(quiet, now - moved_at))
+
+
+def progress(rundir: str) -> Optional[ProgressRecord]:
+    """The node's last progress record (``node_progress``), None without one."""
+    record: Optional[ProgressRecord] = read_json(os.path.join(rundir, contract.PROGRESS))
+    return record if isinstance(record, dict) else None
+
+
+def ranks_by_pid(rundir: str, world: Optional[int]) -> dict[int, int]:
+    """The global rank of each process with no RANK of its own that joined a group of size
+    ``world`` (the planned one): a node launcher's worker, by its joined/p<pid> record."""
+    found = {}
+    for name, record in records(rundir).items():
+        rank = record.get("rank")
+        if name.isdigit() or world is None or record.get("world") != world:
+            continue
+        if record.get("joined") is not None and isinstance(rank, int):
+            found[int(name[1:])] = rank
+    return found
 
 
 def node_world(rundir: str, spec: SpecRecord) -> Optional[WorldRecord]:

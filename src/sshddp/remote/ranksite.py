@@ -235,7 +235,7 @@ def _now() -> float:
     return time.time()
 
 
-JOINED_SCHEMA = 8  #: the records' schema (sshddp.remote.contract.SCHEMA)
+JOINED_SCHEMA = 9  #: the records' schema (sshddp.remote.contract.SCHEMA)
 
 
 def _write_joined(

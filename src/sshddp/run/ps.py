@@ -50,14 +50,17 @@ class PsRow:
 
     def node_text(self, i: int) -> str:
         """``1:running`` and, for a running node, ``(2/4 joined, quiet 12s)``: how many of
-        its ranks are through init_process_group, how long since it last wrote output."""
+        its ranks are through init_process_group, how long since it last wrote output, and
+        ``working`` when its ranks were seen working since (``--stall-timeout`` samples)."""
         s = self.states[i]
         text = f"{i}:{NodeState.of(s.get('state')).value}"
         if "joined" not in s:
             return text
         of = f"/{self.nprocs[i]}" if i < len(self.nprocs) else ""
         attempt = f", attempt {s['attempt']}/{s.get('attempts')}" if "attempt" in s else ""
-        return text + f"({s['joined']}{of} joined, quiet {s.get('quiet', 0):.0f}s{attempt})"
+        quiet = s.get("quiet", 0)
+        working = ", working" if s.get("still", quiet) + 1 < quiet else ""  # node_progress
+        return text + f"({s['joined']}{of} joined, quiet {quiet:.0f}s{working}{attempt})"
 
     def to_json(self) -> dict[str, Any]:
         """The row as ``ps --json`` prints it (docs/runs.md, "sshddp ps --json")."""
@@ -71,6 +74,7 @@ class PsRow:
                 "ended": s.get("ended"),
                 "joined": s.get("joined"),
                 "quiet": s.get("quiet"),
+                "still": s.get("still"),
                 "attempt": s.get("attempt"),
                 "attempts": s.get("attempts"),
             }

@@ -15,6 +15,9 @@ initblock N the ranks of node N (GROUP_RANK) sleep forever before init_process_g
             block_before_init); the others wait in it
 slowinit S  no hang: every rank sleeps S seconds in silence before init_process_group (a slow
             import), then all-reduces, prints "DONE <rank>" and ends
+silent S    no hang: every rank joins the gloo group and works for S seconds in silence, a
+            small DDP step (all-reduced gradients) after another, then prints
+            "DONE <rank> <steps>" and ends
 Every rank prints "READY <rank>" once it stands where it will hang.
 """
 
@@ -148,8 +151,31 @@ def slowinit(seconds: float) -> None:
     dist.destroy_process_group()
 
 
+def silent(seconds: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    end, steps = time.time() + seconds, 0
+    while True:  # every rank ends at the same step, on the ranks' common word
+        opt.zero_grad()
+        model(torch.randn(64, 256)).pow(2).mean().backward()
+        opt.step()
+        steps += 1
+        go = torch.tensor([float(time.time() < end)])
+        dist.all_reduce(go, op=dist.ReduceOp.MIN)
+        if not go.item():
+            break
+    print(f"DONE {dist.get_rank()} {steps}", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "slowinit":
+    if sys.argv[1] == "silent":
+        silent(float(sys.argv[2]))
+    elif sys.argv[1] == "slowinit":
         slowinit(float(sys.argv[2]))
     elif sys.argv[1] == "sleeper":
         sleeper(int(sys.argv[2]))
