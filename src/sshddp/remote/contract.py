@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any, Optional, TypedDict
 
 SCHEMA = 9  #: 9: progress.json (ProgressRecord); NodeWatch and exit.json `still`; the
-# stacks role LAUNCHER, and a node launcher's workers ranked by joined/p<pid>
+# stacks role LAUNCHER, and a node launcher's workers ranked by joined/p<pid>; RankSample
+# `stack` and `waits`, exit.json `usage.waits` (the straggler's evidence)
 # 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples);
 # RankSample `last_span`; TopRecord `history` (the last minute's progress bars)
 # 7: samples.jsonl (SampleRecord, node_sampler) and the `top` call's TopRecord
