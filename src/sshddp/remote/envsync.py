@@ -272,10 +272,12 @@ def _uv(workdir: str, version: str) -> Optional[str]:
             fh.write(zlib.decompress(data))
         os.chmod(temp, 0o755)
         hostpath.rename(temp, path)
-    except BaseException:  # a full disk: nothing half-written stays
+    except BaseException as exc:  # a full disk: nothing half-written stays
         os.unlink(temp)
         if made:
             os.rmdir(folder)
+        if isinstance(exc, OSError) and not exc.filename:
+            exc.filename = path
         raise
     return path
 
