@@ -222,9 +222,9 @@ def temp_dir(directory: str, prefix: str) -> str:
 
 
 def rename(source: str, target: str) -> None:
-    """Rename ``source`` over ``target``, both in one checked directory."""
-    if os.path.dirname(source) != os.path.dirname(target):
-        raise ValueError(f"{source} -> {target}: a rename stays in one checked directory")
+    """Rename ``source`` over ``target``, both in checked directories of one file system
+    (a new file or a build beside where it goes): what is at ``target`` is replaced, never
+    followed."""
     os.replace(source, target)
 
 
