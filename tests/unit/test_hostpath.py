@@ -175,9 +175,13 @@ def test_uv_uses_the_system_certificate_store_unless_the_env_says_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("UV_NATIVE_TLS", raising=False)
-    assert envsync._uv_env({})["UV_NATIVE_TLS"] == "1"  # a host's uv
-    assert envsync._uv_env({"UV_NATIVE_TLS": "0"})["UV_NATIVE_TLS"] == "0"  # inventory env:
-    assert model.uv_environ({"PATH": "/bin"}) == {"PATH": "/bin", "UV_NATIVE_TLS": "1"}
-    assert model.uv_environ({"UV_NATIVE_TLS": "false"})["UV_NATIVE_TLS"] == "false"
-    monkeypatch.setenv("UV_NATIVE_TLS", "0")  # the host's own environment
-    assert envsync._uv_env({})["UV_NATIVE_TLS"] == "0"
+    monkeypatch.delenv("UV_SYSTEM_CERTS", raising=False)
+    assert envsync._uv_env({})["UV_SYSTEM_CERTS"] == "1"  # a host's uv
+    said = envsync._uv_env({"UV_SYSTEM_CERTS": "0"})  # the inventory's env:
+    assert said["UV_SYSTEM_CERTS"] == "0"
+    older = envsync._uv_env({"UV_NATIVE_TLS": "0"})  # the older name, said by the user
+    assert older["UV_NATIVE_TLS"] == "0" and "UV_SYSTEM_CERTS" not in older
+    assert model.uv_environ({"PATH": "/bin"}) == {"PATH": "/bin", "UV_SYSTEM_CERTS": "1"}
+    assert model.uv_environ({"UV_SYSTEM_CERTS": "false"})["UV_SYSTEM_CERTS"] == "false"
+    monkeypatch.setenv("UV_SYSTEM_CERTS", "0")  # the host's own environment
+    assert envsync._uv_env({})["UV_SYSTEM_CERTS"] == "0"

@@ -209,8 +209,11 @@ def pythons(results: Sequence[HostSync]) -> Optional[dict[int, str]]:
 def uv_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment sshddp runs uv in on this machine: ``environ`` with uv's native TLS
     (the system's certificate store, which holds a TLS-inspecting proxy's CA as pip's does)
-    unless ``environ`` sets ``UV_NATIVE_TLS`` itself. The hosts do the same (envsync)."""
-    return {"UV_NATIVE_TLS": "1", **environ}
+    unless ``environ`` says how itself (``UV_SYSTEM_CERTS``, or the older ``UV_NATIVE_TLS``,
+    which uv 0.13 warns is deprecated). The hosts do the same (envsync)."""
+    if any(name in environ for name in ("UV_SYSTEM_CERTS", "UV_NATIVE_TLS")):
+        return dict(environ)
+    return {**environ, "UV_SYSTEM_CERTS": "1"}
 
 
 def is_pylock(name: str) -> bool:

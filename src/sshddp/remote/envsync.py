@@ -287,7 +287,8 @@ def _uv_env(extra: dict[str, Any]) -> dict[str, str]:
     env.update({str(k): str(v) for k, v in extra.items()})
     # the system's certificate store, as pip uses: a proxy's own CA (a company's, an HPC
     # centre's) is there; the host's environment or the inventory's `env:` may say otherwise
-    env.setdefault("UV_NATIVE_TLS", "1")
+    if "UV_SYSTEM_CERTS" not in env and "UV_NATIVE_TLS" not in env:
+        env["UV_SYSTEM_CERTS"] = "1"  # UV_NATIVE_TLS before uv 0.13 (deprecated since)
     env["UV_PYTHON_DOWNLOADS"] = "never"  # the interpreter is the host's: no silent download
     env["UV_NO_PROGRESS"] = "1"
     env.pop("VIRTUAL_ENV", None)
