@@ -48,6 +48,12 @@ def owner(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _name(uid: int) -> str:
+    """`` alice`` (with its space), or "" where this host does not know the uid."""
+    named = owner(uid)
+    return " " + named.split("(", 1)[1].rstrip(")") if "(" in named else ""
+
+
 def _trusted(uid: int) -> bool:
     return uid in (os.geteuid(), 0)
 
@@ -140,8 +146,8 @@ def dir_problem(path: str, st: os.stat_result, what: str) -> Optional[Unsafe]:
         return Unsafe(f"{what} {path} is not a directory", "point `workdir:` elsewhere")
     if st.st_uid != os.geteuid():
         return Unsafe(
-            f"{what} {path} belongs to {owner(st.st_uid)}, not to this user (uid "
-            f"{os.geteuid()}): someone else could change what sshddp finds there",
+            f"{what} {path} belongs to uid {st.st_uid}, not to this user (uid "
+            f"{os.geteuid()}): its owner{_name(st.st_uid)} could change what sshddp finds there",
             "remove it, or point `workdir:` to a directory of your own",
         )
     if st.st_mode & 0o022:
