@@ -114,12 +114,13 @@ class StateError(SshddpError):
 
 
 class SyncFailed(SshddpError):
-    """``launch --sync``: a host's environment could not be built (exit 7), or a host could
-    not be reached (exit 4); the message names each such host."""
+    """``launch --sync``: a host's environment could not be built (exit 7), a host could
+    not be reached (exit 4), or a host's workdir failed the launch's checks (exit 3); the
+    message names each such host."""
 
-    def __init__(self, message: str, unreachable: bool = False) -> None:
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.SYNC_FAILED) -> None:
         super().__init__(message)
-        self.exit_code = ExitCode.UNREACHABLE if unreachable else ExitCode.SYNC_FAILED
+        self.exit_code = exit_code
 
 
 class NodeFailed(SshddpError):

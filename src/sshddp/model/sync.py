@@ -41,6 +41,7 @@ class SyncStatus(str, Enum):
     FAILED = "failed"  #: uv could not install the lock there
     MISSING = "missing"  #: doctor --sync: the host has no environment for this lock yet
     NO_WHEELS = "need_wheels"  #: --offline: the host has not the lock's wheels yet (for now)
+    UNSAFE = "unsafe"  #: the workdir, or what sync would use in it, is not this user's alone
     UNREACHABLE = "unreachable"  #: the host could not be reached
 
     @property
@@ -240,6 +241,16 @@ def pythons(results: Sequence[HostSync]) -> Optional[dict[int, str]]:
     if not results or any(not r.status.ok for r in results):
         return None
     return {r.node: r.python for r in results}
+
+
+def uv_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment sshddp runs uv in on this machine: ``environ`` with uv's native TLS
+    (the system's certificate store, which holds a TLS-inspecting proxy's CA as pip's does)
+    unless ``environ`` says how itself (``UV_SYSTEM_CERTS``, or the older ``UV_NATIVE_TLS``,
+    which uv 0.13 warns is deprecated). The hosts do the same (envsync)."""
+    if any(name in environ for name in ("UV_SYSTEM_CERTS", "UV_NATIVE_TLS")):
+        return dict(environ)
+    return {**environ, "UV_SYSTEM_CERTS": "1"}
 
 
 def is_pylock(name: str) -> bool:

@@ -27,7 +27,7 @@ import time
 from typing import Any, Optional
 
 from sshddp.remote import contract
-from sshddp.remote.common import pid_alive
+from sshddp.remote.common import create, pid_alive
 from sshddp.remote.stop import stop
 
 COORDINATOR_GONE = (
@@ -68,8 +68,9 @@ def session_gone(rundir: str, parent: Optional[int]) -> bool:
     the node's stop reason says it (unless someone gave one first)."""
     if parent is None or os.getppid() == parent:
         return False
-    path = os.path.join(rundir, contract.STOP_REASON)
-    if not os.path.exists(path):
-        with open(path, "w") as fh:
+    try:  # unless someone gave one first
+        with os.fdopen(create(os.path.join(rundir, contract.STOP_REASON)), "w") as fh:
             fh.write(SESSION_GONE)
+    except FileExistsError:
+        pass
     return True

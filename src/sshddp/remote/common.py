@@ -19,10 +19,10 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 
+from sshddp.remote import hostpath
 from sshddp.remote.contract import MARK_VAR
 
 AGENT_GRACE = 0.2  # seconds torchrun may outlive its ranks at teardown
-NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 #: pid -> start time of processes proven to be a node's
@@ -31,10 +31,7 @@ Procs = Dict[int, int]
 Group = Tuple[int, int]
 
 
-def create(path: str, mode: int = 0o600, flags: int = 0) -> int:
-    """A descriptor of a new file at ``path``, open for writing. Whatever is there already,
-    a symlink included, makes it fail (FileExistsError) instead of being followed."""
-    return os.open(path, NEW_FILE | flags, mode)
+create = hostpath.create  #: a new file, never through what is there (``hostpath.create``)
 
 
 def try_lock(path: str, flags: int, mode: int) -> Optional[int]:
@@ -64,7 +61,7 @@ def atomic_write_json(path: str, obj: Any) -> None:
     an unguessable name (``create``), synced, then renamed over ``path``."""
     tmp = _write_temp(path, obj)
     try:
-        os.replace(tmp, path)
+        hostpath.rename(tmp, path)
     except BaseException:
         unlink(tmp)
         raise
@@ -84,7 +81,7 @@ def publish_json(path: str, obj: Any) -> bool:
     except OSError:
         if os.path.lexists(path):
             return False
-        os.replace(tmp, path)
+        hostpath.rename(tmp, path)
         return True
     finally:
         unlink(tmp)
@@ -122,9 +119,9 @@ def unlink(path: str) -> None:
 def read_json(path: str) -> Any:
     """The file's JSON value, or None when it is missing or not (yet) whole."""
     try:
-        with open(path) as fh:
+        with hostpath.open_read(path, "record", binary=False) as fh:
             return json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, hostpath.Unsafe):
         return None
 
 
@@ -133,11 +130,11 @@ def read_json_lines(path: str, last: int = 0) -> list[Any]:
     when given); a line that is not whole (cut by that seek, being written, cut short by a
     full disk) is left out."""
     try:
-        with open(path, "rb") as fh:
+        with hostpath.open_read(path, "record") as fh:
             if last:
                 fh.seek(max(0, os.fstat(fh.fileno()).st_size - last))
             lines = fh.read().splitlines()
-    except OSError:
+    except (OSError, hostpath.Unsafe):
         return []
     out = []
     for line in lines:

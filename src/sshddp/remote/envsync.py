@@ -42,6 +42,7 @@ has, when none matches), "platform"}.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -53,12 +54,12 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import zlib
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from sshddp.remote import hostpath
 from sshddp.remote.common import emit, pid_alive
-from sshddp.remote.workdir import Unsafe, resolve
+from sshddp.remote.workdir import Unsafe, make_workdir
 
 if TYPE_CHECKING:  # --offline's code is imported (compiled, on the host) only when asked for
     from sshddp.remote import wheelpass
@@ -71,16 +72,40 @@ def main(args: dict[str, Any]) -> None:
     try:
         emit(_sync(args))
     except Unsafe as exc:
-        emit({"status": "failed", "error": str(exc)})
+        emit({"status": "unsafe", "error": str(exc)})
+    except OSError as exc:
+        emit({"status": "failed", "error": _os_error(exc, str(args["workdir"]))})
+
+
+def _os_error(exc: OSError, workdir: str) -> str:
+    """What went wrong writing under the workdir, naming the file and, when it is full,
+    the disk."""
+    where = exc.filename or workdir
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        mount = hostpath.mount_of(where)
+        free = _size(_free_bytes(mount))
+        return (
+            f"no space left on the disk at {mount} ({free} free) writing {where}: "
+            f"free some space there, or point `workdir:` of this host elsewhere"
+        )
+    return f"cannot write {where}: {exc.strerror or exc}"
+
+
+def _free_bytes(mount: str) -> int:
+    try:
+        got = os.statvfs(mount)
+    except OSError:
+        return 0
+    return got.f_bavail * got.f_frsize
 
 
 def _sync(args: dict[str, Any]) -> dict[str, Any]:
-    workdir = resolve(str(args["workdir"]))
+    workdir = make_workdir(str(args["workdir"]))
     uv = _uv(workdir, str(args["uv"]))
     if uv is None:
         return {"status": "need_uv", "platform": host_platform()}
     env = _uv_env(args.get("env") or {})
-    envs = _private_dir(os.path.join(workdir, "envs"))
+    envs = hostpath.private_dir(os.path.join(workdir, "envs"), "the environments' directory")
     found = _found_before(workdir, args)
     if found is not None:
         ready = _answer(envs, str(args["digest"]), found)
@@ -134,9 +159,9 @@ def _found_before(workdir: str, args: dict[str, Any]) -> Optional[str]:
     Python installed since that would match better is used once this one is gone, or its
     environment is."""
     try:
-        with open(_found_file(workdir, args), encoding="utf-8") as fh:
+        with hostpath.open_read(_found_file(workdir, args), "sync's record", binary=False) as fh:
             path = fh.read().strip()
-    except OSError:
+    except FileNotFoundError:
         return None
     return path if path and os.access(path, os.X_OK) else None
 
@@ -144,11 +169,15 @@ def _found_before(workdir: str, args: dict[str, Any]) -> Optional[str]:
 def _remember(workdir: str, args: dict[str, Any], python: str) -> None:
     path = _found_file(workdir, args)
     try:
-        with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as fh:
-            fh.write(python)
-        os.replace(f"{path}.{os.getpid()}", path)
+        fd, temp = hostpath.temp_file(os.path.dirname(path), ".python-")
     except OSError:
-        pass  # the next sync finds it again
+        return  # the next sync finds it again
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(python)
+        hostpath.rename(temp, path)
+    except OSError:
+        os.unlink(temp)
 
 
 def _built(
@@ -172,7 +201,7 @@ def _building(envs: str, key: str) -> Iterator[None]:
     shared home) build an environment once, the others wait for it and use it. A file
     system without locks builds on every host at once, each aside, as before."""
     path = os.path.join(envs, ".lock-" + key)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = hostpath.lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -223,26 +252,43 @@ def env_key(digest: str, python: str) -> str:
 
 
 def _uv(workdir: str, version: str) -> Optional[str]:
-    """Our uv of ``version``: already here, or written from the binary on stdin."""
-    folder = os.path.join(workdir, "tools", "uv-" + version)
+    """Our uv of ``version``: already here (this user's, and no one else may change it:
+    ``Unsafe`` otherwise), or written from the binary on stdin."""
+    tools = hostpath.private_dir(os.path.join(workdir, "tools"), "the tools directory")
+    folder = os.path.join(tools, "uv-" + version)
     path = os.path.join(folder, "uv")
-    if os.access(path, os.X_OK):
-        return path
+    if os.path.lexists(folder):
+        hostpath.check_dir(folder, "uv's directory")
+        if hostpath.executable(path, "uv"):
+            return path
     data = sys.stdin.buffer.read()
     if not data:
         return None
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=".uv-", dir=folder)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(zlib.decompress(data))
-    os.chmod(temp, 0o755)
-    os.replace(temp, path)
+    made = not os.path.lexists(folder)
+    hostpath.private_dir(folder, "uv's directory")
+    fd, temp = hostpath.temp_file(folder, ".uv-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(zlib.decompress(data))
+        os.chmod(temp, 0o755)
+        hostpath.rename(temp, path)
+    except BaseException as exc:  # a full disk: nothing half-written stays
+        os.unlink(temp)
+        if made:
+            os.rmdir(folder)
+        if isinstance(exc, OSError) and not exc.filename:
+            exc.filename = path
+        raise
     return path
 
 
 def _uv_env(extra: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in extra.items()})
+    # the system's certificate store, as pip uses: a proxy's own CA (a company's, an HPC
+    # centre's) is there; the host's environment or the inventory's `env:` may say otherwise
+    if "UV_SYSTEM_CERTS" not in env and "UV_NATIVE_TLS" not in env:
+        env["UV_SYSTEM_CERTS"] = "1"  # UV_NATIVE_TLS before uv 0.13 (deprecated since)
     env["UV_PYTHON_DOWNLOADS"] = "never"  # the interpreter is the host's: no silent download
     env["UV_NO_PROGRESS"] = "1"
     env.pop("VIRTUAL_ENV", None)
@@ -279,6 +325,7 @@ def _version_order(version: str) -> list[int]:
 
 
 def _uv_run(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
+    hostpath.run_checked(argv[0], "uv")
     return subprocess.run(
         argv,
         env=env,
@@ -300,12 +347,13 @@ def _build(
     env: dict[str, str],
 ) -> str:
     """Build the environment aside and rename it into place; "" or uv's error."""
-    build = tempfile.mkdtemp(prefix=f".build-{key}-{os.getpid()}-{_machine()}-", dir=envs)
+    build = hostpath.temp_dir(envs, f".build-{key}-{os.getpid()}-{_machine()}-")
     try:
         project = os.path.join(build, "project")
         os.mkdir(project)
         for name, text in args["files"].items():
-            with open(os.path.join(project, os.path.basename(name)), "w") as fh:
+            path = os.path.join(project, os.path.basename(name))
+            with os.fdopen(hostpath.create(path), "w") as fh:
                 fh.write(text)
         venv = os.path.join(build, "venv")
         env = dict(env, UV_PROJECT_ENVIRONMENT=venv)
@@ -321,7 +369,7 @@ def _build(
             if code != 0:
                 return _tail(said) or f"uv exited {code}"
         marker = {"key": key, "digest": args["digest"], "python": python, "uv": args["uv"]}
-        with open(os.path.join(venv, MARKER), "w") as fh:
+        with os.fdopen(hostpath.create(os.path.join(venv, MARKER)), "w") as fh:
             json.dump(marker, fh)
         _progress("done", _size(_tree_bytes(venv)))
         _place(venv, final)
@@ -346,6 +394,7 @@ def _uv_stream(phase: str, argv: list[str], env: dict[str, str], cwd: str) -> tu
     """Run uv in ``phase``, saying how far it got as its summary lines come; (exit code,
     its output)."""
     _progress(phase)
+    hostpath.run_checked(argv[0], "uv")
     proc = subprocess.Popen(
         argv,
         env=env,
@@ -391,11 +440,11 @@ def _size(n: float) -> str:
 def _place(venv: str, final: str) -> None:
     """Rename the built environment into place; one another sync placed first is kept."""
     try:
-        os.rename(venv, final)
+        hostpath.rename(venv, final)
     except OSError:
         if not os.path.exists(os.path.join(final, MARKER)):
             shutil.rmtree(final, ignore_errors=True)  # an old incomplete one: never used
-            os.rename(venv, final)
+            hostpath.rename(venv, final)
 
 
 def _machine() -> str:
@@ -417,10 +466,13 @@ def _prune_builds(envs: str) -> None:
 
 
 def _touch(marker: str) -> bool:
-    """Mark the environment as just asked for; False when it is not complete."""
+    """Mark the environment as just asked for; False when it is not complete. ``Unsafe``
+    when the environment, or its marker, is not this user's alone."""
     try:
-        os.utime(marker)
-    except OSError:
+        hostpath.check_dir(os.path.dirname(marker), "environment")
+        hostpath.check_file(marker, "environment's marker")
+        os.utime(marker, follow_symlinks=False)
+    except FileNotFoundError:
         return False
     return True
 
@@ -457,11 +509,6 @@ def _command_lines() -> bytes:
             except OSError:
                 continue
     return b"\n".join(found)
-
-
-def _private_dir(path: str) -> str:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
 
 
 def _tail(text: str) -> str:

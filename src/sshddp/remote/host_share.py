@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Dict, Iterator, Optional
 
-from sshddp.remote import wire
+from sshddp.remote import hostpath, wire
 
 CHUNK = 1 << 20  #: bytes hashed, read or sent at a time
 CONNECT_TIMEOUT = 2.0  #: seconds one connect attempt waits
@@ -241,14 +241,20 @@ def _connect(addr: str, port: int, timeout: float, who: str = "node 0") -> socke
 
 
 def _store(lines: wire.Lines, cwd: str, item: dict[str, Any], size: int) -> None:
-    """``size`` raw bytes from ``lines`` into a temporary file beside the target, then, if
-    they are node 0's version, renamed over it."""
+    """``size`` raw bytes from ``lines`` into a new temporary file (``O_EXCL``, an
+    unguessable name) beside the target, then, if they are node 0's version, renamed over
+    it. A target directory others may write to (unless sticky and ours) is refused."""
     target = os.path.join(cwd, item["path"])
     os.makedirs(os.path.dirname(target) or cwd, 0o700, exist_ok=True)
-    tmp = f"{target}.sshddp-share-{os.getpid()}"
+    try:
+        folder = hostpath.target_dir(os.path.dirname(target) or cwd, "--share target directory")
+    except hostpath.Unsafe as exc:
+        raise OSError(str(exc)) from None
+    name = os.path.basename(target)
+    fd, tmp = hostpath.temp_file(folder, f".{name}.sshddp-share-")
     sha = hashlib.sha256()
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             for data in _raw(lines, size):
                 sha.update(data)
                 fh.write(data)
@@ -257,7 +263,7 @@ def _store(lines: wire.Lines, cwd: str, item: dict[str, Any], size: int) -> None
                 f"{item['path']} arrived with SHA-256 {sha.hexdigest()}, not node 0's "
                 f"{item['sha256']} (did it change on node 0 meanwhile?)"
             )
-        os.replace(tmp, target)
+        hostpath.rename(tmp, os.path.join(folder, name))
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)

@@ -17,28 +17,35 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Optional
 
-from sshddp.remote import host_share
+from sshddp.remote import host_share, hostpath
 
 WHEELS_MARKER = ".sshddp-wheels"  #: written last into a complete wheel directory
 PULL_TIMEOUT = 600.0  #: seconds a host waits on the seed for its wheels
 
 
 def folder(workdir: str, digest: str) -> str:
-    return os.path.join(workdir, "wheels", digest)
+    """Where the wheels of lock ``digest`` go under checked ``workdir`` (``wheels/`` made,
+    or checked: this user's alone)."""
+    return os.path.join(hostpath.private_dirs(workdir, "wheels", "the wheels directory"), digest)
 
 
 def complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, WHEELS_MARKER))
+    """Whether the wheels at ``path`` are all there; ``Unsafe`` when that directory, or its
+    marker, is not this user's alone."""
+    try:
+        hostpath.check_dir(path, "the wheels directory")
+        hostpath.check_file(os.path.join(path, WHEELS_MARKER), "the wheels' marker")
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def receive(path: str, wanted: list[dict[str, Any]], pull: Optional[dict[str, Any]]) -> None:
     """The wheels into ``path``: from the seed (``pull``), else from stdin; OSError when
     they do not arrive whole."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    aside = tempfile.mkdtemp(prefix=".get-", dir=os.path.dirname(path))
+    aside = hostpath.temp_dir(os.path.dirname(path), ".get-")
     try:
         if pull is not None:
             files = [{"path": w["name"], "size": w["size"], "sha256": w["sha256"]} for w in wanted]
@@ -47,11 +54,11 @@ def receive(path: str, wanted: list[dict[str, Any]], pull: Optional[dict[str, An
                 raise OSError(got["error"])
         else:
             _read_stdin(aside, wanted)
-        with open(os.path.join(aside, WHEELS_MARKER), "w") as fh:
+        with os.fdopen(hostpath.create(os.path.join(aside, WHEELS_MARKER)), "w") as fh:
             fh.write("complete\n")
         if not complete(path):
             shutil.rmtree(path, ignore_errors=True)  # an incomplete one: never used
-            os.rename(aside, path)
+            hostpath.rename(aside, path)
     finally:
         shutil.rmtree(aside, ignore_errors=True)
 
@@ -62,7 +69,7 @@ def _read_stdin(aside: str, wanted: list[dict[str, Any]]) -> None:
     for item in listed:
         name = os.path.basename(str(item["name"]))
         sha, left = hashlib.sha256(), int(item["size"])
-        with open(os.path.join(aside, name), "wb") as fh:
+        with os.fdopen(hostpath.create(os.path.join(aside, name)), "wb") as fh:
             while left > 0:
                 data = stdin.read(min(host_share.CHUNK, left))
                 if not data:

@@ -21,127 +21,25 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
-from typing import Any, Optional
+from typing import Any
 
-PRIVATE = 0o700
-MAX_LINKS = 40  #: symlinks followed while resolving a workdir, as Linux follows at most
+from sshddp.remote import hostpath
+from sshddp.remote.hostpath import Unsafe
 
+__all__ = ["Unsafe", "inspect", "make_rundir", "make_workdir", "moved", "resolve", "resolve_rundir"]
 
-class Unsafe(Exception):
-    """A directory sshddp must not use, or cannot make: what is wrong, and the fix."""
-
-    def __init__(self, what: str, fix: str = "") -> None:
-        super().__init__(f"{what}; {fix}" if fix else what)
-        self.what = what
-        self.fix = fix
-
-
-def _problem(path: str, st: os.stat_result, what: str) -> Optional[Unsafe]:
-    """What is wrong with directory ``path`` (its stat ``st``) for sshddp, or None."""
-    if not stat.S_ISDIR(st.st_mode):
-        return Unsafe(f"{what} {path} is not a directory", "point `workdir:` elsewhere")
-    if st.st_uid != os.geteuid():
-        return Unsafe(
-            f"{what} {path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): "
-            "someone else could change what a run finds there",
-            "point `workdir:` to a directory of your own",
-        )
-    if st.st_mode & 0o022:
-        return Unsafe(
-            f"{what} {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}), "
-            "who could plant files in a run",
-            f"run `chmod go-w {path}` on the host (sshddp makes its directories 0700)",
-        )
-    return None
-
-
-def _owner(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-def _link_problem(workdir: str, link: str, st: os.stat_result) -> Optional[Unsafe]:
-    """Why symlink ``link`` (its lstat ``st``) on the way to ``workdir`` must not be
-    followed: its owner could point it elsewhere at any moment."""
-    if st.st_uid in (os.geteuid(), 0):
-        return None
-    where = "" if link == workdir else f" (on the way to workdir {workdir})"
-    return Unsafe(
-        f"workdir {link} is a symlink{where} owned by {_owner(st.st_uid)}, not by this user "
-        f"(uid {os.geteuid()}) or root: its owner could point it at their own files",
-        "point `workdir:` to a real directory of your own",
-    )
-
-
-def _above_problem(workdir: str, path: str, st: os.stat_result) -> Optional[Unsafe]:
-    """Why directory ``path`` above ``workdir`` lets someone else move the workdir."""
-    if st.st_uid not in (os.geteuid(), 0):
-        return Unsafe(
-            f"{path}, above workdir {workdir}, belongs to {_owner(st.st_uid)}, who could "
-            "replace what sshddp checked there",
-            "point `workdir:` to a directory whose parents are yours or root's",
-        )
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return Unsafe(
-            f"{path}, above workdir {workdir}, is writable by other users (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}, not sticky), who could replace what is in it",
-            f"run `chmod go-w {path}` on the host, or point `workdir:` elsewhere",
-        )
-    return None
+PRIVATE = hostpath.PRIVATE
 
 
 def resolve(workdir: str) -> str:
     """The real path of ``workdir`` (``~`` expanded; a missing tail stays as it is, to be
-    made), followed only through what no other user can change (see the module's text);
-    ``Unsafe`` otherwise."""
-    given = os.path.abspath(os.path.expanduser(workdir))
-    todo = given.split("/")[1:]
-    done, links = "/", 0
-    while todo:
-        part = todo.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            done = os.path.dirname(done)
-            continue
-        here = os.path.join(done, part)
-        try:
-            st = os.lstat(here)
-        except FileNotFoundError:
-            return os.path.join(here, *todo)
-        if stat.S_ISLNK(st.st_mode):
-            links += 1
-            problem = _link_problem(given, here, st) or _loop(given, links)
-            if problem:
-                raise problem
-            target = os.readlink(here)
-            done = "/" if target.startswith("/") else done
-            todo = target.split("/") + todo
-            continue
-        if stat.S_ISDIR(st.st_mode) and any(p not in ("", ".") for p in todo):
-            problem = _above_problem(given, here, st)
-            if problem:
-                raise problem
-        done = here
-    return done
-
-
-def _loop(workdir: str, links: int) -> Optional[Unsafe]:
-    if links <= MAX_LINKS:
-        return None
-    return Unsafe(f"workdir {workdir}: too many levels of symbolic links", "fix the links")
+    made), followed only through what no other user can change (``hostpath.chase``)."""
+    return hostpath.chase(workdir, "workdir")
 
 
 def _check(path: str, what: str, follow: bool) -> None:
     st = os.stat(path) if follow else os.lstat(path)
-    if not follow and stat.S_ISLNK(st.st_mode):
-        raise Unsafe(f"{what} {path} is a symlink", "remove it: sshddp makes that directory")
-    problem = _problem(path, st, what)
+    problem = hostpath.dir_problem(path, st, what)
     if problem:
         raise problem
 
@@ -153,6 +51,18 @@ def _mkdir(path: str) -> bool:
         return True
     except FileExistsError:
         return False
+
+
+def make_workdir(workdir: str) -> str:
+    """The real path of ``workdir`` (``resolve``), made 0700 if missing, else checked as a
+    launch checks it: a directory of this user's that no one else may write to."""
+    try:
+        real = resolve(workdir)
+        os.makedirs(real, PRIVATE, exist_ok=True)
+        _check(real, "workdir", follow=False)
+        return real
+    except OSError as exc:
+        raise _cannot(exc, workdir) from exc
 
 
 def make_rundir(rundir: str) -> str:

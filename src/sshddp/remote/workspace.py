@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import socket
 
+from sshddp.remote import hostpath
+
 SHA_FILE = ".sha256"  #: the code's digest, kept in RUNDIR/code only
 
 
@@ -87,9 +89,19 @@ def _place(source: str, target: str, workspace: str) -> None:
         os.replace(tmp, target)
         return
     try:
-        os.link(source, tmp)
+        os.link(source, tmp)  # fails on whatever is there, a symlink included: never follows it
+    except FileExistsError:
+        raise
     except OSError:  # a filesystem without hard links, or another one
-        import shutil
+        _copy(source, tmp)
+    hostpath.rename(tmp, target)
 
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+
+def _copy(source: str, tmp: str) -> None:
+    """``source`` (in the run directory) copied to new file ``tmp`` (``O_EXCL``)."""
+    import shutil
+
+    with hostpath.open_read(source, "shipped file") as src:
+        mode = os.fstat(src.fileno()).st_mode & 0o755
+        with os.fdopen(hostpath.create(tmp, mode), "wb") as dst:
+            shutil.copyfileobj(src, dst)

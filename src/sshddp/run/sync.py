@@ -84,7 +84,8 @@ def _compile(requirements: Path) -> str:
 
     argv = [uv.find_uv_bin(), "pip", "compile", "--universal", "--no-header"]
     argv += ["--emit-index-url", "--emit-find-links", requirements.name]
-    done = subprocess.run(argv, cwd=requirements.parent, capture_output=True, text=True)
+    env = model.uv_environ(os.environ)
+    done = subprocess.run(argv, cwd=requirements.parent, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         said = done.stderr.strip() or f"uv exited {done.returncode}"
         raise UsageError(f"{requirements}: uv could not resolve it:\n{said}")
@@ -308,23 +309,19 @@ def _packed(host_platform: str) -> bytes:
     platform's costs a pip download."""
     digest = hashlib.sha256(f"{uv_version()}\0{host_platform}".encode()).hexdigest()[:16]
     cached = cache_dir() / f"uv-{uv_version()}-{digest}.zlib"
-    try:
-        return cached.read_bytes()
-    except OSError:
-        pass
+    packed = syncuv.cached(cached)  # this user's alone, or refused
     if host_platform == local_platform():
         import uv
 
-        packed = zlib.compress(Path(uv.find_uv_bin()).read_bytes(), UV_LEVEL)
+        binary = Path(uv.find_uv_bin()).read_bytes()
+        if packed is not None:
+            return syncuv.same_binary(packed, binary, cached)
+        packed = zlib.compress(binary, UV_LEVEL)
+    elif packed is not None:
+        return packed
     else:
         packed = zlib.compress(syncuv.uv_for(host_platform, uv_version()), UV_LEVEL)
-    try:  # whole or not at all: a half-written file would be sent as uv
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_name(f"{cached.name}.{os.getpid()}.part")
-        part.write_bytes(packed)
-        os.replace(part, cached)
-    except OSError:
-        pass  # no cache: the next sync packs it again
+    syncuv.keep(cached, packed)
     return packed
 
 
@@ -352,6 +349,15 @@ def project_path(option: Optional[str], inventory: Inventory) -> Optional[str]:
     return str(Path(inventory.source).parent / path)
 
 
+def _launch_exit_code(results: list[HostSync]) -> ExitCode:
+    """A launch's exit code for a failed sync: a workdir that failed the checks fails the
+    launch's preflight (3), as it would without --sync."""
+    code = model.exit_code(results)
+    if code is ExitCode.SYNC_FAILED and any(r.status is SyncStatus.UNSAFE for r in results):
+        return ExitCode.CHECK_FAILED
+    return code
+
+
 def synced(
     inventory: Inventory, path: str, ssh: SshOptions, fanout: int
 ) -> tuple[Inventory, list[HostSync]]:
@@ -365,6 +371,6 @@ def synced(
     if pythons is None:
         bad = [model.line(r, project.python) for r in results if not r.status.ok]
         message = f"sync of {path} failed:\n" + "\n".join(bad)
-        raise SyncFailed(message, model.exit_code(results) is ExitCode.UNREACHABLE)
+        raise SyncFailed(message, _launch_exit_code(results))
     hosts = tuple(replace(h, python=pythons[h.index]) for h in inventory.hosts)
     return replace(inventory, hosts=hosts), results

@@ -14,6 +14,7 @@ the lock gives it. A package with no wheel for this machine is an error naming i
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import subprocess
@@ -137,7 +138,7 @@ def _export(root: Path) -> str:
 
     argv = [uv.find_uv_bin(), "export", "--frozen", "--format", "requirements.txt"]
     argv += ["--no-hashes", "--no-emit-project", "--emit-index-url", "--emit-find-links"]
-    return _run(argv, root, f"{root}: uv could not export its lock")
+    return _run(argv, root, f"{root}: uv could not export its lock", model.uv_environ(os.environ))
 
 
 def _listed(path: Path) -> dict[str, object]:
@@ -148,8 +149,8 @@ def _listed(path: Path) -> dict[str, object]:
     return {"name": path.name, "size": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
-def _run(argv: list[str], cwd: Path, what: str) -> str:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+def _run(argv: list[str], cwd: Path, what: str, env: Optional[dict[str, str]] = None) -> str:
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise UsageError(f"{what}:\n{done.stderr.strip() or f'exit {done.returncode}'}")
     return done.stdout
