@@ -29,7 +29,7 @@ import signal
 import time
 from typing import Any, Iterator, NamedTuple, Optional, Tuple
 
-from sshddp.remote import contract
+from sshddp.remote import contract, hostpath
 from sshddp.remote.common import emit, listdir, pid_alive, read_json, run_pids, start_time
 from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 from sshddp.remote.frames import cwd_of, note, python_frame
@@ -300,16 +300,7 @@ def by_signal(rundir: str, todo: list[Found], timeout: float) -> None:
 def _empty(path: str) -> None:
     """A dump read is dropped: a rank sampled every second (``node_sampler``) keeps a small
     file. Its process appends to it, so its next dump starts at the new end."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return
-    try:
-        os.ftruncate(fd, 0)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    hostpath.truncate(path)
 
 
 @contextlib.contextmanager

@@ -169,7 +169,7 @@ class Watchdog:
         self.thread: Optional[threading.Thread] = None  #: node 0's deciding thread
         self.formed_at: Optional[float] = None  #: when node 0 saw the world formed
         every = node_progress.interval(self._stall())
-        self.progress = node_progress.Progress(rundir, every, cpu_counts=not has_gpu())
+        self.progress = node_progress.QuietWatch(rundir, every, cpu_counts=not has_gpu())
 
     def mine(self) -> NodeWatch:
         nprocs = self.watch["nprocs"] if self.watch else None

@@ -227,6 +227,39 @@ def temp_dir(directory: str, prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=directory)
 
 
+def link_inside(target: str, path: str, root: str) -> None:
+    """Make the symbolic link ``path`` -> ``target``, once ``target`` (relative) is known to
+    resolve inside ``root`` from the real directory of ``path``, itself inside ``root``: a
+    link sshddp makes never leads out of the tree it belongs to (``Unsafe``)."""
+    top = os.path.realpath(root)
+    here = os.path.realpath(os.path.dirname(path))
+    lands = os.path.realpath(os.path.join(here, target))
+    if os.path.isabs(target) or not all(_within(p, top) for p in (here, lands)):
+        raise Unsafe(f"{path} -> {target} would lead out of {root}: refusing the link")
+    os.symlink(target, path)
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def truncate(path: str) -> None:
+    """Empty the regular file of ours at ``path`` (never through a link, never a FIFO's
+    open that waits); nothing where there is none or it is not ours to empty."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            os.ftruncate(fd, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def rename(source: str, target: str) -> None:
     """Rename ``source`` over ``target``, both in checked directories of one file system
     (a new file or a build beside where it goes): what is at ``target`` is replaced, never

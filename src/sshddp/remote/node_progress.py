@@ -2,7 +2,7 @@
 
 No output is not proof of a hang: a detached Lightning bar prints nothing until the end. So
 while its output is quiet, every node's supervisor samples its ranks every few seconds
-(``Progress``): each process's stacks (as ``sshddp stacks`` reads them: the dump signal,
+(``QuietWatch``): each process's stacks (as ``sshddp stacks`` reads them: the dump signal,
 ``host_stacks.collect``) and its CPU time (utime + stime, /proc/PID/stat). Two samples
 apart (``moved``, pure), the ranks worked when a process came or went, a process's Python
 stacks changed, or, on a host without a GPU, a process used at least ``CPU_SHARE`` of a core
@@ -88,7 +88,7 @@ def take(rundir: str) -> Sample:
     return sample
 
 
-class Progress:
+class QuietWatch:
     """A node's sampler thread: while the node is quiet, a sample every ``every`` seconds,
     compared with the one before; ``moved_at`` is when its ranks were last seen working."""
 

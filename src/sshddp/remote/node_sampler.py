@@ -66,7 +66,7 @@ class Sampler(threading.Thread):
         self.roles: dict[int, str] = {}
         self.scanned = 0.0
         self.cpu: CpuTimes = {}
-        self.output = Output(os.path.join(rundir, contract.INDEX))
+        self.output = OutputSeen(os.path.join(rundir, contract.INDEX))
         self.gpus: tuple[str, Callable[[], list[GpuSample]]] = ("", list)
         self.lines = 0
         self.stacked = 0.0
@@ -189,7 +189,7 @@ def waits_of(samples: list[SampleRecord]) -> dict[str, list[Any]]:
     return seen
 
 
-class Output:
+class OutputSeen:
     """How much each local rank wrote (node.idx, read as it grows), and when it last did."""
 
     def __init__(self, index: str) -> None:
@@ -225,7 +225,7 @@ def rank_samples(
     roles: dict[int, str],
     cpu: dict[int, Optional[float]],
     rss: dict[int, int],
-    output: Output,
+    output: OutputSeen,
     stacks: Optional[dict[int, StackSample]] = None,
 ) -> list[RankSample]:
     """One record per rank process of the node, its workers' use added to its own."""

@@ -28,16 +28,10 @@ def make_link(target: str, path: str, root: str) -> None:
     """Make the symbolic link ``path`` -> ``target``, once ``target`` (relative) is known to
     resolve inside ``root`` from the real directory of ``path``, itself inside ``root``: a
     shipped link never leads out of the code or the workspace (``WorkspaceError``)."""
-    top = os.path.realpath(root)
-    here = os.path.realpath(os.path.dirname(path))
-    lands = os.path.realpath(os.path.join(here, target))
-    if os.path.isabs(target) or not all(_inside(p, top) for p in (here, lands)):
-        raise WorkspaceError(f"{path} -> {target} would lead out of {root}: refusing the link")
-    os.symlink(target, path)
-
-
-def _inside(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
+    try:
+        hostpath.link_inside(target, path, root)
+    except hostpath.Unsafe as exc:
+        raise WorkspaceError(str(exc)) from None
 
 
 def fill(code: str, workspace: str) -> None:
