@@ -220,7 +220,7 @@ def run_report(
     successful run that never formed its world: a warning that says so). ``full_tail``
     holds every line of the node's log (torchrun's failure summary names the failing rank);
     ``ranks_tail``, where the node's log tells them apart, the ranks' lines alone: the ones
-    shown.
+    shown, unless the ranks wrote none (then torchrun's own last lines are).
 
     Whatever came from the hosts (reasons, the ranks' lines) is shown with its control
     characters escaped (``escape.visible``): it cannot move the cursor or forge a line."""
@@ -246,7 +246,9 @@ def run_report(
     if node is None:
         return "\n".join(out)
     rank = None if result.hung and result.hang_cause else _root_line(out, node, full_tail)
-    shown = full_tail if ranks_tail is None or rank is not None else ranks_tail
+    # The ranks' own lines where they wrote any (torchrun's banner stays out); where none
+    # did, torchrun's (or the node launcher's) own last lines: its error is the news.
+    shown = ranks_tail if ranks_tail else full_tail
     out.extend(_tail_lines(node, shown, rank))
     return "\n".join(out)
 
