@@ -394,18 +394,23 @@ def _world_said(planned: int, sizes: Sequence[int]) -> str:
 
 def _silent_said(planned: int) -> str:
     return (
-        f"its processes formed the planned world of {planned}, but none of them ran a "
-        "collective on it (no all-reduce, broadcast or barrier): each trained on its own"
+        f"the world formed (size {planned} of {planned}), but no collective ran on it (no "
+        "all-reduce, broadcast or barrier): its processes never exchanged a tensor"
     )
 
 
 def _silent_fix() -> list[str]:
+    """What was seen first, then the guesses: the script itself, then a framework."""
     return [
-        "  likely cause: a framework chose to run each process alone: accelerate (and a "
-        "transformers Trainer, built on it) does so on hosts without a GPU unless told to "
-        "use the CPU",
-        "  fix: on CPU hosts, `--env ACCELERATE_USE_CPU=1` (accelerate and a Trainer "
-        "alike), or in the code `Accelerator(cpu=True)` / `TrainingArguments(use_cpu=True)`",
+        "  seen: every process joined the world, and each said as it left that no "
+        "collective ran on its groups",
+        "  likely cause (a guess): the script never calls one (a model not wrapped in "
+        "DistributedDataParallel, no all-reduce), or a framework chose to run each process "
+        "alone: accelerate (and a transformers Trainer, built on it) does so on hosts "
+        "without a GPU unless told to use the CPU",
+        "  fix: wrap the model in DistributedDataParallel (or call the collectives); for "
+        "accelerate or a Trainer on CPU hosts, `--env ACCELERATE_USE_CPU=1`, or in the code "
+        "`Accelerator(cpu=True)` / `TrainingArguments(use_cpu=True)`",
     ]
 
 
