@@ -10,6 +10,8 @@ PYTHON = "python3"  #: the interpreter with torch on a host
 WORKDIR = "~/.sshddp"  #: where a host keeps sshddp's files (runs/ below it)
 RDZV_PORT = 29500  #: torchrun's rendezvous port; sshddp's supervisors use the next one
 AUTO_PORT = -1  #: `--port auto` / `rendezvous: {port: auto}`: node 0 picks a free pair
+#: where `--port auto` starts: above the default pair, which a default launch will take
+AUTO_PORT_FROM = RDZV_PORT + 2
 
 # Launch
 LOG_DIR = "sshddp-logs"  #: local log root; a run's logs go to LOG_DIR/<run id>/

@@ -344,11 +344,21 @@ def test_doctor_port_auto_with_the_default_port_taken(
     assert result.code == ExitCode.OK, result.explain()
     hosts = json.loads(result.out)["hosts"]
     picked = hosts[0]["facts"]["port"]
-    assert picked["free"] and picked["port"] > default_port_taken and picked["auto"] == 29500
+    assert picked["free"] and picked["port"] > default_port_taken and picked["auto"] == 29502
     for h in hosts:  # every host connected to the picked port while node 0 held it
         assert h["facts"]["rendezvous"]["ok"] and h["facts"]["rendezvous"]["port"] == picked["port"]
     (port,) = [f for f in hosts[0]["findings"] if f["check"] == "port"]
     assert port["message"].startswith(f"picked ports {picked['port']} and {picked['port'] + 1}")
+
+
+@pytest.mark.xdist_group("rdzv-29500")  # port 29500 and --port auto's range: one worker
+def test_port_auto_never_picks_the_default_pair(cluster: SshdCluster, tmp_path: Path) -> None:
+    """Even when 29500 and 29501 are free: a default launch of another user takes them."""
+    inv = write(tmp_path, inv_text([{"host": "h1"}], defaults.RDZV_PORT))
+    result = doctor(cluster, inv, "--port", "auto", "--json")
+    assert result.code == ExitCode.OK, result.explain()
+    picked = json.loads(result.out)["hosts"][0]["facts"]["port"]
+    assert picked["free"] and picked["port"] >= defaults.RDZV_PORT + 2, picked
 
 
 @pytest.mark.xdist_group("rdzv-29500")  # port 29500 and --port auto's range: one worker

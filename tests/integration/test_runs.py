@@ -267,3 +267,36 @@ def test_attach_then_ctrl_backslash_says_the_nodes_run_on(
         stopped = sshddp(ssh_env, tmp_path, "stop", "aq")
     assert stopped.returncode == 0, stopped.stderr
     run_no_leak("aq")
+
+
+def test_logs_follow_interrupted_before_it_follows_says_what_it_says_while_following(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Ctrl-C while `logs -f` still prints what the node wrote (here: a reader that takes
+    none of its 300 kB) says the same as a Ctrl-C once it follows: the run goes on."""
+    inv, workdir = write_inventory(ssh_env, tmp_path, free_port(), [1], nproc=1)
+    write = "head -c 300000 /dev/zero | tr '\\0' x | fold -w 99; exec sleep 600"
+    launch = ["launch", "--launcher", "node", "--detach", "--name", "lfi", str(inv)]
+    r = sshddp(ssh_env, tmp_path, *launch, "--", "sh", "-c", write)
+    assert r.returncode == 0, r.stderr
+    try:
+        remote = workdir / "runs" / "lfi" / "n0" / "node.log"
+        wait_until(lambda: remote.exists() and remote.stat().st_size >= 303_000, 60, "the log")
+        env = cli_env(ssh_env)
+        logs = subprocess.Popen(
+            [*SSHDDP, "logs", "-f", "lfi"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        local = tmp_path / "sshddp-logs" / "lfi" / "node0-h1.log"
+        wait_until(lambda: local.exists() and local.stat().st_size >= 303_000, 60, "the copy")
+        time.sleep(0.5)  # the copy is whole: now it prints, into a pipe nobody reads
+        logs.send_signal(signal.SIGINT)
+        err = logs.stderr.read().decode() if logs.stderr else ""
+        assert logs.wait(timeout=30) == 130, err
+        assert "stopped following run lfi; it goes on" in err, err
+    finally:  # the run sleeps: it must not outlive a failed assertion
+        assert sshddp(ssh_env, tmp_path, "stop", "lfi").returncode == 0
+    run_no_leak("lfi")

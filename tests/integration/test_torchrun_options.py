@@ -4,6 +4,7 @@ written for ``torch.distributed.launch``, on real hosts with real torchrun."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 from typing import Callable
@@ -110,3 +111,24 @@ def test_the_c10d_rendezvous_backend_passes_through(
     assert sorted(j["rank"] for j in summaries) == [0, 1]
     assert {j["sum"] for j in summaries} == {1.0}
     run_no_leak(run.run_id)
+
+
+def test_torchruns_own_error_is_the_reports_tail_when_no_rank_wrote(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """A bad torchrun option, and a rendezvous port taken under --no-check: no rank ran, so
+    the report's tail is torchrun's own error, not only its exit code."""
+    opts = ["--torchrun-arg=--monitor-interval=abc"]
+    bad = launch(ssh_env, tmp_path, free_port(), ["ok"], opts=opts, hosts=[1])
+    assert bad.rc == 1, bad.stderr
+    assert "invalid float value: 'abc'" in bad.stderr.split("root cause:")[1], bad.stderr
+    run_no_leak(bad.run_id)
+    port = free_port()
+    (tmp_path / "busy").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("", port))
+        taken.listen()
+        busy = launch(ssh_env, tmp_path / "busy", port, ["ok"], opts=["--no-check"], hosts=[1])
+    assert busy.rc == 1, busy.stderr
+    assert "EADDRINUSE" in busy.stderr.split("root cause:")[1], busy.stderr
+    run_no_leak(busy.run_id)

@@ -22,7 +22,7 @@ from sshddp.model.checks import (
     torch_requirement,
 )
 from sshddp.model.imports import ScriptImports
-from sshddp.model.inventory import Host
+from sshddp.model.inventory import Host, parse_inventory
 
 PORT = 29500
 ADDR = "10.0.0.1"
@@ -504,3 +504,16 @@ def test_fleet_checks_leave_the_facts_alone() -> None:
     before = copy.deepcopy([h.facts for h in hosts])
     evaluate(hosts, CTX)
     assert [h.facts for h in hosts] == before
+
+
+def test_a_fix_of_gpus_given_under_defaults_names_the_defaults_line() -> None:
+    text = "defaults:\n  python: /opt/venv/bin/python\n  gpus: 2\n"
+    text += "hosts:\n  - n0\n  - host: n1\n    gpus: 4\n"
+    n0, n1 = parse_inventory(text, "inv.yaml").hosts
+    none = find(run((n0, facts()), (n1, facts())), 0, "gpus")
+    assert "`nproc: 2` in place of `gpus: 2` in `defaults:` (line 3 of inv.yaml)" in none.fix
+    own = find(run((n0, facts()), (n1, facts())), 1, "gpus")
+    assert "in hosts[1] (n1, line 6 of inv.yaml)" in own.fix and "defaults" not in own.fix
+    fewer = facts(nvidia_smi=gpu_smi(["GPU-a"]), torch={"version": "2.4.1", "device_count": 1})
+    one = find(run((n0, fewer), (n1, facts())), 0, "gpus")
+    assert one.fix.startswith("set `gpus: 1` for `defaults:` (line 3 of inv.yaml)")

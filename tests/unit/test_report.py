@@ -87,3 +87,27 @@ def test_the_report_shows_what_hosts_and_ranks_wrote_escaped_and_framed() -> Non
     assert "  | Traceback" in report and "  | x\\rsshddp: run r1 succeeded" in report
     assert "\\x1b]0;t\\x07boom\\r" in report
     assert not [ln for ln in report.splitlines() if ln.startswith("sshddp: run r1 succeeded")]
+
+
+BANNER = "E1202 10:00:01.5 8649 torch/distributed/elastic/multiprocessing/api.py:1002] failed"
+
+
+def _failed_node() -> RunResult:
+    node = NodeResult(0, "h1", NodeState.FAILED, 1, reason="torchrun exited with code 1")
+    return RunResult("r1", [node], root_cause=0)
+
+
+def test_the_tail_is_the_ranks_own_lines_without_torchruns_banner() -> None:
+    ranks = ["step 1", "[rank0]: ValueError: boom"]
+    full = ["step 1", "[rank0]: ValueError: boom", f"{BANNER} (exitcode: 1) local_rank: 0"]
+    report = run_report(_failed_node(), [*full, *SUMMARY], ranks)
+    assert "  | [rank0]: ValueError: boom" in report
+    assert "E1202" not in report
+
+
+def test_where_no_rank_wrote_the_tail_is_torchruns_own_error() -> None:
+    full = ["usage: torchrun [-h] ...", "torchrun: error: argument --monitor-interval: "]
+    full[-1] += "invalid float value: 'abc'"
+    report = run_report(_failed_node(), full, [])
+    assert "--- last 2 lines of node 0's output ---" in report
+    assert "  | torchrun: error: argument --monitor-interval: invalid float value: 'abc'" in report

@@ -77,9 +77,12 @@ def test_a_world_formed_in_which_no_collective_ran_is_not_distributed() -> None:
     result = ended(world(4, 2, 2, 4, 4, ran=(0, 0)), world(4, 2, 2, 4, 4, ran=(0, 0)))
     assert result.ok and result.undistributed and result.exit_code is ExitCode.OK
     text = run_report(result, [])
-    assert "was not distributed: its processes formed the planned world of 4, but none" in text
+    assert "was not distributed: the world formed (size 4 of 4), but no collective ran" in text
     assert "2 of 2 process(es) joined a process group (world size 4)" in text
     assert "`--env ACCELERATE_USE_CPU=1`" in text and "TrainingArguments(use_cpu=True)" in text
+    # what was seen comes before any guess, and the guess says it is one
+    seen, guess = text.index("  seen: every process joined"), text.index("likely cause (a guess)")
+    assert seen < guess < text.index("accelerate")
 
 
 def test_one_collective_or_one_process_that_did_not_say_means_no_warning() -> None:

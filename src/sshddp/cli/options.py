@@ -106,7 +106,7 @@ class PortOrAuto(click.ParamType):
 
 
 PORT_OR_AUTO = PortOrAuto()
-PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29500 up)."
+PORT_HELP = "Rendezvous port, or auto: node 0 picks a free pair P, P+1 (from 29502 up)."
 
 
 def log_dir_option(fn: F) -> F:

@@ -537,13 +537,14 @@ def _gpus(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Findin
             Status.FAIL,
             f"{want} GPUs expected, none found (no nvidia-smi, no driver)",
             f"install the NVIDIA driver on {hf.host.host}, or run it as a CPU host: "
-            f"`nproc: {want}` in place of `gpus: {want}` in {_entry(hf.host, ctx)}",
+            f"`nproc: {want}` in place of `gpus: {want}` in {_gpus_entry(hf.host, ctx)}",
         )
     have = have or 0
     if have < want:
         why = f" ({_shown(cvd, ctx)} {_from(cvd, hf.host)} hides the rest)" if cvd else ""
         fix = _drop_var(cvd, hf.host, ctx) if cvd else ""
-        fix = fix or f"set `gpus: {have}` for {hf.host.host} in the inventory"
+        place = _gpus_entry(hf.host, ctx) if hf.host.gpus_defaults_line else ""
+        fix = fix or f"set `gpus: {have}` for {place or hf.host.host + ' in the inventory'}"
         return Finding("gpus", Status.FAIL, f"{have} GPUs visible, {want} expected{why}", fix)
     procs = ctx.nproc_override or want
     if procs > have:
@@ -747,6 +748,16 @@ def _entry(host: Host, ctx: Context) -> str:
     return f"hosts[{host.index}] ({host.host}{where})"
 
 
+def _gpus_entry(host: Host, ctx: Context) -> str:
+    """Where the host's ``gpus:`` is given: its entry, or ``defaults:`` (for every host that
+    does not set its own)."""
+    line = host.gpus_defaults_line
+    if not line:
+        return _entry(host, ctx)
+    where = f" (line {line} of {ctx.inventory})" if ctx.inventory else ""
+    return f"`defaults:`{where}, which {host.host} takes it from (or in {_entry(host, ctx)})"
+
+
 def _drop_var(v: rankenv.EnvValue, host: Host, ctx: Context) -> str:
     """How to stop setting ``v`` where it comes from."""
     if v.source == "--env":
@@ -926,7 +937,7 @@ def _hidden_gpus(
         return None
     fix = _drop_var(cvd, hf.host, ctx)
     if left:
-        fix += f", or set `gpus: {left}` for {_entry(hf.host, ctx)}"
+        fix += f", or set `gpus: {left}` for {_gpus_entry(hf.host, ctx)}"
     return (
         Status.FAIL,
         f"{_shown(cvd, ctx)} {_from(cvd, hf.host)} leaves {left} GPU(s) to the ranks; the "

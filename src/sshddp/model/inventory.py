@@ -81,6 +81,8 @@ class Host:
     line: int = 0  #: 1-based line of the host's entry in the file (0 if unknown)
     transport: Transport = "ssh"  #: how sshddp reaches it: SSH, or a Slurm job step (srun)
     slurm_job: Optional[str] = None  #: the Slurm job whose node this is (hosts: {slurm: ...})
+    #: line of `gpus:` under `defaults:` where the host takes its gpus from there, else 0
+    gpus_defaults_line: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         # A caller's dict must not change a frozen Host behind its back.
@@ -486,6 +488,8 @@ def _value_where(path: str, key_node: yaml.Node, node: yaml.Node) -> _Where:
 def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     top = _items(doc, root, "", _TOP_KEYS)
     defaults = _read_section(doc, top.get("defaults"), "defaults", _DEFAULT_KEYS, _DEFAULTS_HINTS)
+    if "gpus" in defaults:  # a fix of a host's gpus then names this line too
+        defaults["gpus_defaults_line"] = _key_line(top["defaults"][1], "gpus")
     share = defaults.pop("share", ())  # the run's, not a host's
     sync = defaults.pop("sync", None)
     include = defaults.pop("include", ())
@@ -635,8 +639,18 @@ def _yaml_host(
     return _make_host(own, defaults, index, node.start_mark.line + 1), where
 
 
+def _key_line(node: yaml.Node, key: str) -> int:
+    """The 1-based line of ``key`` in the mapping ``node`` (0 where it is not there)."""
+    for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+        if getattr(key_node, "value", None) == key:
+            return int(key_node.start_mark.line) + 1
+    return 0
+
+
 def _make_host(own: Mapping[str, Any], defaults: Mapping[str, Any], index: int, line: int) -> Host:
     merged = {**defaults, **own}
+    if "gpus" in own:
+        merged.pop("gpus_defaults_line", None)
     merged["env"] = {**defaults.get("env", {}), **own.get("env", {})}  # host wins per name
     return Host(index=index, line=line, **merged)
 

@@ -221,7 +221,7 @@ def run_report(
     successful run that never formed its world: a warning that says so). ``full_tail``
     holds every line of the node's log (torchrun's failure summary names the failing rank);
     ``ranks_tail``, where the node's log tells them apart, the ranks' lines alone: the ones
-    shown.
+    shown, unless the ranks wrote none (then torchrun's own last lines are).
 
     Whatever came from the hosts (reasons, the ranks' lines) is shown with its control
     characters escaped (``escape.visible``): it cannot move the cursor or forge a line."""
@@ -248,7 +248,9 @@ def run_report(
     if node is None:
         return "\n".join(out)
     rank = None if result.hung and result.hang_cause else _root_line(out, node, full_tail)
-    shown = full_tail if ranks_tail is None or rank is not None else ranks_tail
+    # The ranks' own lines where they wrote any (torchrun's banner stays out); where none
+    # did, torchrun's (or the node launcher's) own last lines: its error is the news.
+    shown = ranks_tail if ranks_tail else full_tail
     out.extend(_tail_lines(node, shown, rank))
     out.extend(f"hint: {hint}" for hint in missing_hints(shown, result.left_out))
     return "\n".join(out)
@@ -403,18 +405,23 @@ def _world_said(planned: int, sizes: Sequence[int]) -> str:
 
 def _silent_said(planned: int) -> str:
     return (
-        f"its processes formed the planned world of {planned}, but none of them ran a "
-        "collective on it (no all-reduce, broadcast or barrier): each trained on its own"
+        f"the world formed (size {planned} of {planned}), but no collective ran on it (no "
+        "all-reduce, broadcast or barrier): its processes never exchanged a tensor"
     )
 
 
 def _silent_fix() -> list[str]:
+    """What was seen first, then the guesses: the script itself, then a framework."""
     return [
-        "  likely cause: a framework chose to run each process alone: accelerate (and a "
-        "transformers Trainer, built on it) does so on hosts without a GPU unless told to "
-        "use the CPU",
-        "  fix: on CPU hosts, `--env ACCELERATE_USE_CPU=1` (accelerate and a Trainer "
-        "alike), or in the code `Accelerator(cpu=True)` / `TrainingArguments(use_cpu=True)`",
+        "  seen: every process joined the world, and each said as it left that no "
+        "collective ran on its groups",
+        "  likely cause (a guess): the script never calls one (a model not wrapped in "
+        "DistributedDataParallel, no all-reduce), or a framework chose to run each process "
+        "alone: accelerate (and a transformers Trainer, built on it) does so on hosts "
+        "without a GPU unless told to use the CPU",
+        "  fix: wrap the model in DistributedDataParallel (or call the collectives); for "
+        "accelerate or a Trainer on CPU hosts, `--env ACCELERATE_USE_CPU=1`, or in the code "
+        "`Accelerator(cpu=True)` / `TrainingArguments(use_cpu=True)`",
     ]
 
 

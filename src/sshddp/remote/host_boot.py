@@ -228,8 +228,11 @@ def _start_supervisor(
     os.close(log)
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
-        state = read_json(os.path.join(rundir, contract.EXIT)) or read_json(
-            os.path.join(rundir, contract.STATE)
+        # state.json first: a node whose program started and has ended already is followed
+        # like any other (its log and exit.json come with the follow); exit.json alone
+        # says the program never started.
+        state = read_json(os.path.join(rundir, contract.STATE)) or read_json(
+            os.path.join(rundir, contract.EXIT)
         )
         if state:
             return dict(state)

@@ -370,7 +370,7 @@ def probe(args: dict[str, Any]) -> tuple[Facts, Holds]:
     holds = Holds()
     listen = args.get("listen_port")
     if listen == AUTO:
-        facts["port"] = _pick_pair(int(args.get("auto_from") or 29500), holds)
+        facts["port"] = _pick_pair(int(args.get("auto_from") or 29502), holds)
     elif listen:
         facts["port"] = _hold_port(int(listen), holds)
     if args.get("connect"):

@@ -160,7 +160,7 @@ def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool
         "workdir": host.workdir,
         "deep": deep,
         "listen_port": ("auto" if ctx.auto_port else ctx.rdzv_port) if listen else None,
-        "auto_from": defaults.RDZV_PORT,
+        "auto_from": defaults.AUTO_PORT_FROM,
         "connect": [ctx.rdzv_addr, ctx.rdzv_port] if rdzv_ok and not ctx.auto_port else None,
         "connect_timeout": defaults.RDZV_CONNECT_WINDOW,
         "script": None if ctx.script_is_local else ctx.script,

@@ -155,6 +155,10 @@ def show_logs(
                     f"run {record.run_id}: nothing to follow: its run directories are gone "
                     "from its hosts, and this machine never recorded how it ended"
                 )
+        except KeyboardInterrupt:  # before the follow began: said as during it
+            if not follow:
+                raise
+            raise _stopped_following(record.run_id) from None
         finally:
             logs.close()
 
@@ -164,10 +168,15 @@ def _watch(state: RunState) -> None:
     interrupts = Interrupts().deferred()
     coordinator.watch(state, interrupts)
     if interrupts.count:
-        raise Interrupted(
-            f"stopped following run {state.layout.run_id}; it goes on (`sshddp logs -f "
-            f"{state.layout.run_id}` follows it again)"
-        )
+        raise _stopped_following(state.layout.run_id)
+
+
+def _stopped_following(run_id: str) -> Interrupted:
+    """What Ctrl-C during ``logs --follow`` says, whenever it comes and wherever the output
+    goes."""
+    return Interrupted(
+        f"stopped following run {run_id}; it goes on (`sshddp logs -f {run_id}` follows it again)"
+    )
 
 
 def _note(screen: Screen, warning: Optional[str]) -> None:
