@@ -1,6 +1,6 @@
 """spec.json's command structure for tests whose node's torchrun is a stand-in.
 
-The composer (``remote/compose.py``) starts a torchrun node as ``python RUNDIR/agent.py``
+The composer (``protocol/compose.py``) starts a torchrun node as ``python RUNDIR/agent.py``
 and torchrun's arguments: a test that writes its own ``agent.py`` into the run directory
 runs that code in torchrun's place, as the node's torchrun, and the code ignores the
 arguments.
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sshddp.model.commands import Program, TorchrunOptions
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 
 def torchrun_node(script: str = "train.py") -> dict[str, Any]:

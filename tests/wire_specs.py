@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from sshddp.remote.contract import SpecRecord
+from sshddp.protocol.contract import SpecRecord
 
 KEY = bytes(range(32))
 

@@ -39,7 +39,7 @@ def python_command(python: str) -> str:
 
 def rank_source() -> str:
     """The rank shim every rank's interpreter runs from the node's run directory."""
-    return shipped.source("sshddp.remote.rank")
+    return shipped.source("sshddp.remote.rankside.rank")
 
 
 def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, bytes]:

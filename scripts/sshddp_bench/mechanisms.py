@@ -62,17 +62,19 @@ class Patch:
 VARIANTS: dict[str, tuple[Patch, ...]] = {
     "baseline": (),
     "baseline2": (),
-    "prewarm": (Patch("remote/host_session.py", 'if args.get("warm"):', "if False:"),),
+    "prewarm": (Patch("remote/node/host_session.py", 'if args.get("warm"):', "if False:"),),
     "standby": (
         Patch(
-            "remote/standby.py",
+            "remote/node/standby.py",
             "self.standby = Standby.start(self.argv, ahead, self.cwd, attempt)",
             "pass",
         ),
     ),
-    "os._exit": (Patch("remote/agent.py", "    os._exit(code)\n", "    sys.exit(code)\n"),),
+    "os._exit": (
+        Patch("remote/rankside/agent.py", "    os._exit(code)\n", "    sys.exit(code)\n"),
+    ),
     "store-poll": (
-        Patch("remote/agent.py", "store = store_endpoint(sys.argv[1:])", "store = None"),
+        Patch("remote/rankside/agent.py", "store = store_endpoint(sys.argv[1:])", "store = None"),
     ),
 }
 
@@ -83,18 +85,22 @@ ABOUT: dict[str, tuple[str, str, str]] = {
     "baseline2": ("nothing taken out (the noise floor)", "—", "—"),
     "standby": (
         "the standby torchrun, handed the node's output over a Unix socket "
-        "(`remote/standby.py`, `Spare`)",
+        "(`remote/node/standby.py`, `Spare`)",
         "~240",
         "**keep**",
     ),
-    "os._exit": ("the agent shim's `os._exit` (`remote/agent.py`, `finish`)", "~50", "**keep**"),
+    "os._exit": (
+        "the agent shim's `os._exit` (`remote/rankside/agent.py`, `finish`)",
+        "~50",
+        "**keep**",
+    ),
     "prewarm": (
-        "the first attempt's prewarm, CPU-slot lock files (`remote/first_standby.py`)",
+        "the first attempt's prewarm, CPU-slot lock files (`remote/node/first_standby.py`)",
         "~250",
         "keep: its own target",
     ),
     "store-poll": (
-        "polling node 0's store (`remote/agent.py`, `await_store`)",
+        "polling node 0's store (`remote/rankside/agent.py`, `await_store`)",
         "~80",
         "keep: its own target",
     ),

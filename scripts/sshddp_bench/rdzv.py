@@ -10,8 +10,8 @@ node that joined before the last one polls torch's store once a second
 the last node is ready. With the static backend, node 0 serves the store: when node 0 is
 the late one, the other node's connect waits between tries, longer each time, and the
 last rows time that through plain torchrun and through sshddp's agent shim, whose nodes
-try the store every 10 ms before torchrun runs (``remote/agent.py``, docs/design.md *How a launch
-works*, step 4). Not a case of the suite: it measures torch, and that one wait of sshddp's.
+try the store every 10 ms before torchrun runs (``remote/rankside/agent.py``, docs/design.md *How a
+launch works*, step 4). Not a case of the suite: it measures torch, and that one wait of sshddp's.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def agent_source() -> str:
     """sshddp's agent shim, as a launch writes it into a node's run directory."""
     from sshddp.hosts import shipped
 
-    return shipped.source("sshddp.remote.agent")
+    return shipped.source("sshddp.remote.rankside.agent")
 
 
 if __name__ == "__main__":

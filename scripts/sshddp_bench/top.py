@@ -39,11 +39,11 @@ TARGET_S = 1.5  #: the issue's target for 16 ranks on 8 hosts
 TARGET_CORE = 1.0  #: % of one core the sampler may cost at 1 Hz
 WINDOW_S = 10.0  #: seconds each supervisor's CPU is counted over
 NO_SAMPLER = "no-sampler"
-VARIANTS[NO_SAMPLER] = (Patch("remote/supervisor.py", "        self.sampler.start()\n", ""),)
+VARIANTS[NO_SAMPLER] = (Patch("remote/node/supervisor.py", "        self.sampler.start()\n", ""),)
 NO_STACKS = "no-stacks"  #: the sampler without its read of the ranks' stacks
 VARIANTS[NO_STACKS] = (
     Patch(
-        "remote/node_sampler.py",
+        "remote/calls/node_sampler.py",
         "            stacks = rank_stacks(self.rundir, self.procs, self.roles)\n",
         "            stacks = {}\n",
     ),

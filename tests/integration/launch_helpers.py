@@ -153,8 +153,8 @@ def has_node_mark(pid: int, mark: str) -> bool:
 
 def standby_slots(nodes: int) -> int:
     """How many of ``nodes`` nodes of one run on this machine start a first standby: the
-    machine's slots for an early torch import (remote/first_standby.py), one per two cores."""
-    from sshddp.remote.first_standby import slot_count
+    machine's slots for an early torch import (remote/node/first_standby.py), one per two cores."""
+    from sshddp.remote.node.first_standby import slot_count
 
     return min(nodes, slot_count())
 

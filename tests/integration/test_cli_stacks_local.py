@@ -17,7 +17,7 @@ import pytest
 from cli_helpers import assert_clean_failure, sshddp
 from sshddp.errors import ExitCode
 from sshddp.hosts import shipped
-from sshddp.remote import contract
+from sshddp.protocol import contract
 from sshddp.run import registry
 from sshddp.run.registry import RunRecord
 from stacks_records import local, record
@@ -61,7 +61,7 @@ def live(tmp_path: Path) -> Iterator[RunRecord]:
     rundir = Path(run.nodes[0].rundir)
     (rundir / contract.SITE).mkdir(parents=True)
     site = rundir / contract.SITE / "sitecustomize.py"
-    site.write_text(shipped.source("sshddp.remote.ranksite"))
+    site.write_text(shipped.source("sshddp.remote.rankside.ranksite"))
     mark = f"r1/n0-{tmp_path.name}-{os.getpid()}"
     (rundir / contract.SPEC).write_text(json.dumps({"node_rank": 0, "mark": mark}))
     env = {"PYTHONPATH": str(site.parent), contract.MARK_VAR: mark, "RANK": "0"}

@@ -1,7 +1,7 @@
-"""``fetch`` through the host named ``localhost`` (a real process running remote/host_fetch.py, on
-this Python and on Python 3.8): a file and a directory arrive whole and verified; a copy
-whose bytes were changed or cut on the way never takes its place; paths that cannot be
-fetched say why."""
+"""``fetch`` through the host named ``localhost`` (a real process running
+remote/calls/host_fetch.py, on this Python and on Python 3.8): a file and a directory arrive whole
+and verified; a copy whose bytes were changed or cut on the way never takes its place; paths that
+cannot be fetched say why."""
 
 from __future__ import annotations
 

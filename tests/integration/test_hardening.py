@@ -33,7 +33,7 @@ from launch_helpers import (
     write_inventory,
 )
 
-from sshddp.remote.peers import MAX_PENDING
+from sshddp.remote.node.peers import MAX_PENDING
 from sshddp_lab.sshd import SshdCluster, processes_with_env
 
 PAYLOAD = Path(__file__).parent / "payloads" / "hardening.py"

@@ -19,7 +19,7 @@ import yaml
 from launch_helpers import SSHDDP, cli_env
 
 from cli_helpers import Result, sshddp
-from sshddp.remote import host_share
+from sshddp.remote.node import host_share
 from sshddp_lab.sshd import SshdCluster
 
 UV_VERSION = metadata.version("uv")

@@ -1,5 +1,5 @@
 """A launch session starts its node's torchrun importing torch before the preflight
-(remote/first_standby.py): the first attempt runs on that standby, with the command line and
+(remote/node/first_standby.py): the first attempt runs on that standby, with the command line and
 environment it gets at the start, and a launch that never starts leaves nothing of it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import yaml
 from launch_helpers import JOB, Run, sshddp, standby_slots, write_inventory
 
-from sshddp.remote.first_standby import slot_count, take_slot
+from sshddp.remote.node.first_standby import slot_count, take_slot
 from sshddp_lab.sshd import SshdCluster
 
 

@@ -1,5 +1,5 @@
-"""The agent shim (remote/agent.py) running real torchrun: through the shim it ends as `python
--m torch.distributed.run` does, a standby runs it with the go's argv, cwd and environment,
+"""The agent shim (remote/rankside/agent.py) running real torchrun: through the shim it ends as
+`python -m torch.distributed.run` does, a standby runs it with the go's argv, cwd and environment,
 and a node started early waits for node 0's store."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sshddp.hosts import shipped
-from sshddp.remote import contract
-from sshddp.remote.standby import Spare, Standby
+from sshddp.protocol import contract
+from sshddp.remote.node.standby import Spare, Standby
 
 WORKER = r"""
 import os, sys
@@ -30,9 +30,11 @@ if sys.argv[1] == "fail" and rank == 1:
 @pytest.fixture()
 def shim(tmp_path: Path) -> Path:
     path = tmp_path / "agent.py"
-    path.write_text(shipped.source("sshddp.remote.agent"))
+    path.write_text(shipped.source("sshddp.remote.rankside.agent"))
     # the standby reads its go with the wire's module beside it, as in a run directory
-    (tmp_path / contract.STANDBY_WIRE).write_text(shipped.source("sshddp.remote.standby_messages"))
+    (tmp_path / contract.STANDBY_WIRE).write_text(
+        shipped.source("sshddp.protocol.standby_messages")
+    )
     (tmp_path / "worker.py").write_text(WORKER)
     return path
 
@@ -80,7 +82,7 @@ def test_a_standby_runs_torchrun_with_the_gos_argv_cwd_and_environment(
     shim: Path, tmp_path: Path
 ) -> None:
     """A launch's first standby starts before its port and working directory are final
-    (remote/first_standby.py): the go's command line, directory and environment are what
+    (remote/node/first_standby.py): the go's command line, directory and environment are what
     torchrun runs with, and its module runs as with -m (no runpy warning)."""
     early = [sys.executable, str(shim), "--standalone", "--nproc-per-node", "1", "worker.py"]
     standby = Standby.start([*early, "early"], dict(os.environ), str(Path.home()), 1)

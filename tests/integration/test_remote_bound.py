@@ -1,4 +1,4 @@
-"""A node bound to its launch session (remote/bound.py), as it runs over srun: run here
+"""A node bound to its launch session (remote/node/bound.py), as it runs over srun: run here
 through the real session, as the host's shell (here: a Slurm job step) would run it.
 
 Over srun a node's processes live in its launch session's job step, which ends when the
@@ -22,9 +22,9 @@ from test_remote_session import answer, boot_args, session_clock
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import session_messages as msgs
-from sshddp.remote.bound import COORDINATOR_GONE, SESSION_GONE
+from sshddp.protocol import session_messages as msgs
 from sshddp.remote.common import pid_alive
+from sshddp.remote.node.bound import COORDINATOR_GONE, SESSION_GONE
 
 BOUND = 60.0
 

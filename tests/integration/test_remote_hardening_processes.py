@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import common, host_follow, output, stop, supervisor, workdir
+from sshddp.remote import common, workdir
+from sshddp.remote.node import host_follow, output, stop, supervisor
 from standin_specs import stand_in
 from wire_specs import KEY, free_port, spec
 

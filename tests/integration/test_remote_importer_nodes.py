@@ -49,14 +49,14 @@ def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
     entries = [
         f"sshddp.remote.{m}" for m in ("host_session", "host_boot", "host_follow", "first_standby")
     ]
-    entries.append("sshddp.remote.supervisor")
+    entries.append("sshddp.remote.node.supervisor")
     modules = {m: shipped.source(m) for e in entries for m in shipped.closure(e)}
     modules["loaded"] = (
         "import importlib, json, sys\n"
         "def main(args):\n"
         "    for name in args:\n"
         "        importlib.import_module(name)\n"
-        "    from sshddp.remote.first_standby import take_slot\n"
+        "    from sshddp.remote.node.first_standby import take_slot\n"
         "    slot = take_slot()  # a torchrun node's session takes one before its probe\n"
         "    if slot is not None:\n"
         "        import os\n"

@@ -16,8 +16,8 @@ import pytest
 from port_binds import bound
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import host_imports, network
-from sshddp.remote import session_messages as msgs
+from sshddp.protocol import session_messages as msgs
+from sshddp.remote.calls import host_imports, network
 
 
 def own_ipv4() -> list[str]:

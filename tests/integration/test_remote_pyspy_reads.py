@@ -1,4 +1,4 @@
-"""remote/pyspy: the real py-spy (pinned in the test extras) reading a real process."""
+"""remote/calls/pyspy: the real py-spy (pinned in the test extras) reading a real process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sshddp.remote import pyspy
+from sshddp.remote.calls import pyspy
 
 NAPS = """
 import threading, time

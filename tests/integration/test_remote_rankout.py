@@ -1,7 +1,8 @@
 """Each rank's own stream on the host: real processes started with the node's sitecustomize
-(``remote/ranksite.py``) write into the supervisor's ``NodeOutput`` (``remote/output.py``,
-``remote/rankout.py``), which copies them into node.log and records in node.idx which
-rank wrote each span. No torch: the rank environment torchrun gives is set by hand."""
+(``remote/rankside/ranksite.py``) write into the supervisor's ``NodeOutput``
+(``remote/node/output.py``, ``remote/rankside/rankout.py``), which copies them into node.log and
+records in node.idx which rank wrote each span. No torch: the rank environment torchrun gives is set
+by hand."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 
 from sshddp.hosts import shipped
 from sshddp.model import spans
-from sshddp.remote import contract
-from sshddp.remote.output import NodeOutput
-from sshddp.remote.rankout import rank_ptys, set_size, told_apart
+from sshddp.protocol import contract
+from sshddp.remote.node.output import NodeOutput
+from sshddp.remote.rankside.rankout import rank_ptys, set_size, told_apart
 
 RANK = """
 import subprocess, sys
@@ -35,7 +36,9 @@ def expected(rank: int) -> bytes:
 
 def site(rundir: Path) -> Path:
     (rundir / "site").mkdir(parents=True)
-    (rundir / "site" / "sitecustomize.py").write_text(shipped.source("sshddp.remote.ranksite"))
+    (rundir / "site" / "sitecustomize.py").write_text(
+        shipped.source("sshddp.remote.rankside.ranksite")
+    )
     return rundir / "site"
 
 

@@ -1,4 +1,4 @@
-"""The ranks' sitecustomize (remote/ranksite.py), run here as a node's Python processes run
+"""The ranks' sitecustomize (remote/rankside/ranksite.py), run here as a node's Python processes run
 it, on this Python and on Python 3.8: output line-buffered in every process that has it on
 PYTHONPATH, the sitecustomize it shadows still runs, and in a run directory every process
 dumps its stacks on the dump signal into its own file."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sshddp.hosts import shipped
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 PROBE = "import sys, sitecustomize; print(sys.stdout.line_buffering, sys.stderr.line_buffering)"
 
@@ -28,7 +28,7 @@ def python(request: pytest.FixtureRequest, oldest_python: Path) -> str:
 def site_dirs(tmp_path: Path, other: str | None) -> str:
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(shipped.source("sshddp.remote.ranksite"))
+    (site / "sitecustomize.py").write_text(shipped.source("sshddp.remote.rankside.ranksite"))
     paths = [str(site)]
     if other is not None:
         theirs = tmp_path / "theirs"

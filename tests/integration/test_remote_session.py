@@ -1,4 +1,4 @@
-"""A node's whole life through the launch session (remote/host_session.py), run here as the
+"""A node's whole life through the launch session (remote/node/host_session.py), run here as the
 host's shell would run it, on this Python and on Python 3.8, the oldest a host may have:
 probe, go, stage, start (the supervisor forked off the session), then the node's log and
 its exit record, exactly as the coordinator reads them."""
@@ -18,7 +18,7 @@ import pytest
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import session_messages as msgs
+from sshddp.protocol import session_messages as msgs
 from standin_specs import torchrun_node
 
 STAND_IN = "import runpy\nrunpy.run_path('train.py', run_name='__main__')\n"
@@ -65,10 +65,10 @@ def boot_args(rundir: Path) -> dict[str, Any]:
             "sha256": hashlib.sha256(SCRIPT).hexdigest(),
         },
         "supervisor": shipped.standalone("supervisor"),
-        "rank": shipped.source("sshddp.remote.rank"),
+        "rank": shipped.source("sshddp.remote.rankside.rank"),
         "agent": STAND_IN,  # the node's torchrun: it runs train.py as python would
-        "wire": shipped.source("sshddp.remote.standby_messages"),
-        "site": shipped.source("sshddp.remote.ranksite"),
+        "wire": shipped.source("sshddp.protocol.standby_messages"),
+        "site": shipped.source("sshddp.remote.rankside.ranksite"),
         "remote_script": None,
         "keep_runs": 50,
     }
@@ -140,14 +140,14 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     tmp_path: Path, oldest_python: Path, which: str
 ) -> None:
     """A torchrun node's session starts torchrun importing torch before its probe
-    (remote/first_standby.py): at the start its supervisor-to-be becomes the supervisor and the
+    (remote/node/first_standby.py): at the start its supervisor-to-be becomes the supervisor and the
     standby runs torchrun. On Python 3.8, which has no torch here, the standby cannot import
     it: it runs all the same, and torchrun fails into the node's log, saying why."""
     python = sys.executable if which == "this" else str(oldest_python)
     rundir = tmp_path / "runs" / "r1" / "n0"
     args = boot_args(rundir)
     args["spec"]["torchrun"]["options"] = ["--standalone"]
-    args["agent"] = shipped.source("sshddp.remote.agent")  # torchrun itself
+    args["agent"] = shipped.source("sshddp.remote.rankside.agent")  # torchrun itself
     standby = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site", "wire")}
     proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

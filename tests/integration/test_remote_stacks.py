@@ -1,4 +1,4 @@
-"""The host side of ``sshddp stacks`` (remote/host_stacks.py, with the ranks' sitecustomize),
+"""The host side of ``sshddp stacks`` (remote/calls/host_stacks.py, with the ranks' sitecustomize),
 run here as a host runs it, on this Python and on Python 3.8: a real process tree set up as
 a node's (the node's marker, RANK, the run directory's site/ on PYTHONPATH), read by the
 collector shipped as the coordinator ships it. Nothing it does may disturb the processes."""
@@ -19,7 +19,7 @@ import pytest
 
 from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 TREE = """
 import ctypes, multiprocessing as mp, os, signal, socket, subprocess, sys, threading, time
@@ -84,7 +84,7 @@ class Node:
         self.rundir = tmp / "runs" / "r1" / "n0"
         (self.rundir / contract.SITE).mkdir(parents=True)
         (self.rundir / contract.SITE / "sitecustomize.py").write_text(
-            shipped.source("sshddp.remote.ranksite")
+            shipped.source("sshddp.remote.rankside.ranksite")
         )
         self.mark = f"r1/n0-{tmp.name}-{os.getpid()}"  # pid: xdist workers share tmp names
         spec = {"run_id": "r1", "node_rank": 0, "mark": self.mark}
@@ -278,7 +278,7 @@ def test_a_supervisor_can_collect_in_process_from_a_thread(node: Node) -> None:
     thread, with the node's run directory; it gets the same records back."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sshddp.remote.host_stacks import collect
+    from sshddp.remote.calls.host_stacks import collect
 
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(collect, str(node.rundir)).result(timeout=60)

@@ -1,4 +1,4 @@
-"""``sshddp stop`` on a host (remote/stop.py), run here: it signals the supervisor that
+"""``sshddp stop`` on a host (remote/node/stop.py), run here: it signals the supervisor that
 state.json names only while that pid still is that process (same start time)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from sshddp.remote import common, stop
+from sshddp.remote import common
+from sshddp.remote.node import stop
 
 
 def test_the_supervisor_is_known_by_pid_and_start_time() -> None:

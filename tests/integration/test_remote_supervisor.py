@@ -1,4 +1,4 @@
-"""The supervisor (remote/supervisor.py), run here as on a host, with its idle sleep made an
+"""The supervisor (remote/node/supervisor.py), run here as on a host, with its idle sleep made an
 hour long: a signal, or torchrun exiting while a child of it still holds the output pipe,
 must wake it at once, or these runs would hang."""
 

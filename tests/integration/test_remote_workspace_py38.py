@@ -1,4 +1,4 @@
-"""The working directory that outlives a run (remote/workspace.py), filled by Python 3.8."""
+"""The working directory that outlives a run (remote/node/workspace.py), filled by Python 3.8."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_fill_runs_on_the_oldest_python(tmp_path: Path, oldest_python: Path) -> 
     (space / "out.log").write_bytes(b"kept")
     program = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from sshddp.remote.workspace import fill; fill(sys.argv[2], sys.argv[3])"
+        "from sshddp.remote.node.workspace import fill; fill(sys.argv[2], sys.argv[3])"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     subprocess.run(

@@ -10,12 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 ONCE = "import os, sys; print('attempt', os.environ['SSHDDP_ATTEMPT']); sys.exit({code})"
 
 
-RUN = "import sys; from sshddp.remote.supervisor import run_supervisor; run_supervisor(sys.argv[1])"
+RUN = (
+    "import sys; from sshddp.remote.node.supervisor import run_supervisor; "
+    "run_supervisor(sys.argv[1])"
+)
 
 
 def supervise(tmp_path: Path, code: str, restarts: int = 2) -> tuple[dict[str, Any], Path]:

@@ -26,7 +26,7 @@ from launch_helpers import JOB, SSHDDP, run_id_of, wait_until
 from test_slurm_lab import assert_cluster_idle
 
 from cli_helpers import assert_clean_failure, sshddp
-from sshddp.remote.bound import COORDINATOR_GONE
+from sshddp.remote.node.bound import COORDINATOR_GONE
 from sshddp_lab.slurm import SlurmCluster
 
 BOUND = 180.0  # a launch of three nodes, each importing torch, on a busy 2-core machine

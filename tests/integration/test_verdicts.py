@@ -15,7 +15,7 @@ from typing import Any, Callable
 from launch_helpers import launch, sshddp, write_inventory
 
 from sshddp.hosts import shipped
-from sshddp.remote import contract
+from sshddp.protocol import contract
 from sshddp_lab.sshd import SshdCluster
 
 SHORT = Path(__file__).parent / "payloads" / "short.py"  # prints its env; never imports torch
@@ -89,7 +89,9 @@ def test_every_process_says_how_many_collectives_its_groups_ran(tmp_path: Path) 
     rundir = tmp_path / "n0"
     (rundir / "site").mkdir(parents=True)
     (rundir / "spec.json").write_text("{}")
-    (rundir / "site" / "sitecustomize.py").write_text(shipped.source("sshddp.remote.ranksite"))
+    (rundir / "site" / "sitecustomize.py").write_text(
+        shipped.source("sshddp.remote.rankside.ranksite")
+    )
     ran = {}
     for rank, mode in enumerate(["alone", "reduce", "reduce+destroy", "destroy"]):
         with socket.socket() as sock:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from sshddp.hosts import shipped
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 
 def _free_port() -> int:
@@ -37,7 +37,9 @@ def test_a_rank_records_init_process_group_with_real_torch(tmp_path: Path) -> No
     rundir = tmp_path / "n0"
     (rundir / "site").mkdir(parents=True)
     (rundir / "spec.json").write_text("{}")
-    (rundir / "site" / "sitecustomize.py").write_text(shipped.source("sshddp.remote.ranksite"))
+    (rundir / "site" / "sitecustomize.py").write_text(
+        shipped.source("sshddp.remote.rankside.ranksite")
+    )
     env = {
         **os.environ,
         "PYTHONPATH": str(rundir / "site"),

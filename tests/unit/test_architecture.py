@@ -1,12 +1,12 @@
 """The package's shape, checked: layers whose imports only point down, no import cycle,
-host-side code that imports only the standard library and itself, and short functions.
+host-side code that imports only the standard library and itself, short functions, and
+folders a newcomer can read.
 
-Layers, top to bottom: cli -> run -> hosts -> model -> (errors, defaults, trace). The host-side
-package ``sshddp.remote`` is shipped to the hosts, not imported by them from here: the layers
-may import only what both sides share (``SHARED``: the contract, the files the hosts write;
-``compose``, a node's command line from spec.json, so ``--dry-run`` shows what the host runs;
-and the protocol modules of the wires the coordinator is an end of), and ``hosts.shipped``
-reads its sources as text.
+Layers, top to bottom: cli -> run -> hosts -> model -> (protocol, errors, defaults, trace).
+The host-side package ``sshddp.remote`` (rooms by role: ``node``, ``rankside``, ``calls``) is
+shipped to the hosts, never imported here: ``hosts.shipped`` reads its sources as text.
+``sshddp.protocol`` is what both sides share (the contract, the composer, the wires'
+messages): stdlib-only, shipped too, and imported by either side.
 """
 
 from __future__ import annotations
@@ -20,15 +20,20 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-#: the host-side modules the layers may import: what both sides of a wire read and write
-SHARED = {
-    "sshddp.remote.compose",
-    "sshddp.remote.contract",
-    "sshddp.remote.session_messages",
-    "sshddp.remote.standby_messages",
-}
+#: the packages shipped to the hosts: stdlib-only, Python 3.8
+SHIPPED = ("remote", "protocol")
+MAX_FOLDER_MODULES = 32
 PACKAGE = SRC / "sshddp"
-LAYERS = {"cli": 4, "run": 3, "hosts": 2, "model": 1, "errors": 0, "defaults": 0, "trace": 0}
+LAYERS = {
+    "cli": 4,
+    "run": 3,
+    "hosts": 2,
+    "model": 1,
+    "protocol": 0,
+    "errors": 0,
+    "defaults": 0,
+    "trace": 0,
+}
 TOP_LEVEL = {"sshddp", "sshddp.__main__"}  # the package itself and `python -m sshddp`
 MAX_FUNCTION_LINES = 50
 MAX_CLASS_LINES = 150
@@ -87,11 +92,11 @@ def test_imports_point_down(name: str) -> None:
         theirs = layer(target)
         where = f"{path.relative_to(SRC)}:{line} imports {target}"
         if mine == "remote":
-            assert theirs == "remote", f"{where}: host-side code imports only itself"
+            assert theirs in SHIPPED, f"{where}: host-side code imports only the shipped code"
+        elif mine == "protocol":
+            assert theirs == "protocol", f"{where}: the protocol imports only itself"
         elif theirs == "remote":
-            assert target in SHARED, (
-                f"{where}: only the contract, the composer and the wires' messages"
-            )
+            raise AssertionError(f"{where}: only the protocol is shared, never the host code")
         else:
             assert LAYERS[theirs] <= LAYERS[mine], f"{where}: an import pointing up"
 
@@ -99,7 +104,7 @@ def test_imports_point_down(name: str) -> None:
 def test_host_side_code_imports_only_the_standard_library() -> None:
     stdlib = sys.stdlib_module_names
     for name, path in modules().items():
-        if layer(name) != "remote":
+        if layer(name) not in SHIPPED:
             continue
         for target, line in imports(path, name):
             top = target.split(".")[0]
@@ -155,19 +160,19 @@ def test_a_call_ships_exactly_the_host_side_modules_its_entry_imports() -> None:
     from sshddp.hosts import shipped
 
     for name in modules():
-        if layer(name) != "remote" or name == "sshddp.remote":
+        if layer(name) not in SHIPPED or name in {"sshddp.remote", "sshddp.protocol"}:
             continue
         by_ast = {t for t, _ in sshddp_imports(name, modules()[name])}
         assert shipped.imports_of(name) == by_ast, name
-    stop = shipped.closure("sshddp.remote.stop")
-    assert "sshddp.remote.stop" in stop and "sshddp.remote.common" in stop
-    assert "sshddp.remote.supervisor" not in stop and "sshddp.remote.probe" not in stop
+    stop = shipped.closure("sshddp.remote.node.stop")
+    assert "sshddp.remote.node.stop" in stop and "sshddp.remote.common" in stop
+    assert "sshddp.remote.node.supervisor" not in stop and "sshddp.remote.calls.probe" not in stop
 
 
 def test_a_host_module_is_named_for_the_side_it_runs_on() -> None:
     """A traceback's file name says which side of the wire it ran on: no module of the
     host-side package shares its file name with a module of the coordinator."""
-    host = {p.name for p in (PACKAGE / "remote").glob("*.py")} - {"__init__.py"}
+    host = {p.name for p in (PACKAGE / "remote").rglob("*.py")} - {"__init__.py"}
     coordinator = {
         p.name for p in PACKAGE.rglob("*.py") if "remote" not in p.relative_to(PACKAGE).parts
     }
@@ -185,3 +190,13 @@ def test_no_class_name_is_defined_twice() -> None:
                 where.setdefault(node.name, []).append(f"{path.relative_to(SRC)}:{node.lineno}")
     twice = {name: places for name, places in where.items() if len(places) > 1}
     assert not twice, f"class names defined more than once: {twice}"
+
+
+def test_no_folder_is_a_crowd() -> None:
+    """A newcomer finds a module by its folder's role: none holds more than a screenful."""
+    crowded = {
+        str(folder.relative_to(SRC)): n
+        for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]
+        if (n := len(list(folder.glob("*.py")))) > MAX_FOLDER_MODULES
+    }
+    assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: {crowded}"

@@ -38,7 +38,7 @@ def gpu_facts(
     model: str = "NVIDIA H100 80GB HBM3",
     driver: str = "550.54.15",
 ) -> dict[str, Any]:
-    """What the probe reports for a healthy GPU host (see remote/probe.py)."""
+    """What the probe reports for a healthy GPU host (see remote/calls/probe.py)."""
     torch_facts: Optional[dict[str, Any]] = None
     if torch is not None:
         torch_facts = {

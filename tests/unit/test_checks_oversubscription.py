@@ -13,7 +13,7 @@ CTX = Context(rdzv_addr="10.0.0.1", rdzv_port=29500)
 
 
 def facts(cpus: Optional[int], gpus: int = 0) -> dict[str, Any]:
-    """What remote/probe.py reports, cut to what the gpus check reads."""
+    """What remote/calls/probe.py reports, cut to what the gpus check reads."""
     torch = {"version": "2.13.0", "cuda": "13.0" if gpus else None, "device_count": gpus}
     return {"python": {"version": "3.11.7"}, "cpus": cpus, "torch": torch}
 

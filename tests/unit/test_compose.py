@@ -1,4 +1,4 @@
-"""The one composer of a node's command line (``remote/compose.py``): each launcher's argv
+"""The one composer of a node's command line (``protocol/compose.py``): each launcher's argv
 from spec.json's structure, and ``--dry-run`` showing exactly what the host composes."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from sshddp.errors import ExitCode
 from sshddp.model.commands import Program, TorchrunOptions
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import CodeSpec, LaunchOptions, describe, make_plan
-from sshddp.remote import compose, contract
-from sshddp.remote.contract import SpecRecord
-from sshddp.remote.supervisor import torchrun_argv
+from sshddp.protocol import compose, contract
+from sshddp.protocol.contract import SpecRecord
+from sshddp.remote.node.supervisor import torchrun_argv
 
 PY, RUNDIR = "/opt/py", "/w/runs/r1/n1"
 AGENT, RANK = [PY, f"{RUNDIR}/agent.py"], [PY, f"{RUNDIR}/rank.py"]

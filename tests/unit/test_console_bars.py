@@ -13,8 +13,8 @@ from typing import Optional
 import pytest
 
 from sshddp.model.bars import LineState, Sparse, bar_line, last_state, screen_rows, settle
-from sshddp.remote.rankout import set_size
-from sshddp.remote.winsize import resize
+from sshddp.remote.node.winsize import resize
+from sshddp.remote.rankside.rankout import set_size
 from sshddp.run.sinks import Console, goes_nowhere, terminal_size
 
 

@@ -1,10 +1,10 @@
-"""``remote/envsync.py``'s leftover builds on a workdir that several machines may share."""
+"""``remote/calls/envsync.py``'s leftover builds on a workdir that several machines may share."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sshddp.remote import envsync
+from sshddp.remote.calls import envsync
 
 GONE = 2**22 + 7  # above Linux's largest pid: no process has it
 

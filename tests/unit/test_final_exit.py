@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from sshddp.remote import common, supervisor
+from sshddp.remote import common
+from sshddp.remote.node import supervisor
 
 
 def test_a_final_record_is_published_once_and_whole(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ UUIDS = ["GPU-aaaa-0", "GPU-aaaa-1", "GPU-aaaa-2", "GPU-aaaa-3"]
 
 
 def net(dev: str = "eth0", mtu: int = 1500, addr: str = "10.0.0.2/24", **more: Any) -> Any:
-    """What remote/network.py reports for a host reaching node 0 by ``dev``."""
+    """What remote/calls/network.py reports for a host reaching node 0 by ``dev``."""
     interfaces = {
         "lo": {"mtu": 65536, "up": True, "addrs": ["127.0.0.1/8", "::1/128"]},
         dev: {"mtu": mtu, "up": True, "addrs": [addr]},

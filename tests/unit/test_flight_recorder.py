@@ -18,8 +18,9 @@ import pytest
 
 from sshddp.model import hang
 from sshddp.model.flight import RankFlight, findings
-from sshddp.remote import contract, host_flight
-from sshddp.remote.contract import FlightEntry, FlightRecord, HangRecord
+from sshddp.protocol import contract
+from sshddp.protocol.contract import FlightEntry, FlightRecord, HangRecord
+from sshddp.remote.node import host_flight
 
 REAL = Path(__file__).parent / "data" / "nccl_trace_h100_torch2.11"
 

@@ -40,11 +40,11 @@ from sshddp.hosts.transport import SshOptions
 from sshddp.model.envvars import MASK, SECRET_NAME_RE, parse_env_pairs
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions, LaunchPlan, make_plan
-from sshddp.remote import compose, contract
-from sshddp.remote import session_messages as msgs
-from sshddp.remote.contract import Secrets
+from sshddp.protocol import compose, contract
+from sshddp.protocol import session_messages as msgs
+from sshddp.protocol.contract import Secrets
 from sshddp.remote.importer import unpack
-from sshddp.remote.supervisor import Supervisor
+from sshddp.remote.node.supervisor import Supervisor
 from sshddp.run.boot import Boot
 from sshddp.run.payload import build_payload, code_spec
 from sshddp.run.runstate import LaunchState
@@ -246,8 +246,10 @@ class _InProcessCommand(ScriptedOutput):
         body["modules"] = unpack(io.BytesIO(rest[:size]), size)
         rest = rest[size:]
         rundir = os.path.expanduser(json.loads(rest.partition(b"\n")[0])["boot"]["rundir"])
-        assert body["main"] == "sshddp.remote.host_session"
-        body["modules"]["sshddp.remote.host_follow"] += "\n\ndef main(args):\n    return None\n"
+        assert body["main"] == "sshddp.remote.node.host_session"
+        body["modules"]["sshddp.remote.node.host_follow"] += (
+            "\n\ndef main(args):\n    return None\n"
+        )
         # The start line the coordinator sends once every node staged comes at the end.
         stdin = json.dumps(body).encode() + b"\n" + rest + msgs.encode(msgs.start(True))
         fake_stdin = mock.Mock(buffer=io.BytesIO(stdin))

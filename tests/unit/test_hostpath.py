@@ -12,7 +12,8 @@ import pytest
 
 from sshddp.errors import UsageError
 from sshddp.model import sync as model
-from sshddp.remote import envsync, hostpath
+from sshddp.remote import hostpath
+from sshddp.remote.calls import envsync
 from sshddp.run import sync, syncuv
 
 NOBODY = 65534  # another user: files are given to them with chown (the tests run as root)

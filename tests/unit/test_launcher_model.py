@@ -21,8 +21,8 @@ from sshddp.model.plan import CodeSpec, LaunchOptions, LaunchPlan, make_plan
 from sshddp.model.report import launcher_failure, run_report
 from sshddp.model.smoke import SmokeReport, find_record, render, verdict
 from sshddp.model.state import NodeResult, NodeState, RunResult
-from sshddp.remote import contract
-from sshddp.remote.supervisor import node_env, torchrun_argv
+from sshddp.protocol import contract
+from sshddp.remote.node.supervisor import node_env, torchrun_argv
 
 INV = parse_inventory(
     "defaults: {python: /opt/py}\nhosts:\n  - {host: a, nproc: 2}\n  - {host: b, nproc: 3}\n",

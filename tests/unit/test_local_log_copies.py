@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import sshddp
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model import spans
-from sshddp.remote.contract import SOURCE_NODE as NODE
+from sshddp.protocol.contract import SOURCE_NODE as NODE
 from sshddp.run import logread
 from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.sinks import NodeLogs

@@ -50,7 +50,7 @@ def test_a_reports_tail_holds_the_ranks_lines_not_torchruns(tmp_path: Path) -> N
     without an index has no such tail (the report shows all of it)."""
     import struct
 
-    from sshddp.remote.contract import INDEX_RECORD, SOURCE_NODE
+    from sshddp.protocol.contract import INDEX_RECORD, SOURCE_NODE
 
     pieces = [
         (b"OMP_NUM_THREADS banner\n", SOURCE_NODE),

@@ -1,5 +1,5 @@
-"""The supervisor's decisions (remote/node_events.py): pure functions of (state, event), and
-the supervisors' messages (remote/peer_messages.py). No process, no socket."""
+"""The supervisor's decisions (remote/node/node_events.py): pure functions of (state, event), and
+the supervisors' messages (protocol/peer_messages.py). No process, no socket."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import contract
-from sshddp.remote import peer_messages as pm
-from sshddp.remote.node_events import (
+from sshddp.protocol import contract
+from sshddp.protocol import peer_messages as pm
+from sshddp.remote.node.node_events import (
     EXITED,
     STOP,
     WATCH,

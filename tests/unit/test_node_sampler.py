@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sshddp.remote import node_sampler
+from sshddp.remote.calls import node_sampler
 
 #: ``nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,power.draw,
 #: temperature.gpu --format=csv,noheader,nounits`` on an 8-GPU node (two GPUs shown), one

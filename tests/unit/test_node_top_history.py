@@ -1,12 +1,12 @@
 """The ``top`` call's history: each rank's latest span of output at one sample every
-TREND_EVERY seconds of the last minute, read back from node.log (``remote/node_top.py``)."""
+TREND_EVERY seconds of the last minute, read back from node.log (``remote/calls/node_top.py``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sshddp.remote import node_top
+from sshddp.remote.calls import node_top
 
 
 def _rundir(tmp_path: Path, seconds: int) -> Path:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sshddp.remote import peers, supervisor, wire
-from sshddp.remote.contract import SpecRecord
+from sshddp.protocol.contract import SpecRecord
+from sshddp.remote.node import peers, supervisor, wire
 
 KEY = bytes(range(32))
 

@@ -1,11 +1,11 @@
-"""Whether a quiet node's ranks still work (``remote/node_progress``): the pure judgement of
+"""Whether a quiet node's ranks still work (``remote/node/node_progress``): the pure judgement of
 two samples of their stacks and CPU time, taken seconds apart."""
 
 from __future__ import annotations
 
-from sshddp.remote.contract import ThreadRecord
-from sshddp.remote.joined import still
-from sshddp.remote.node_progress import CPU_SHARE, interval, moved, stack_key
+from sshddp.protocol.contract import ThreadRecord
+from sshddp.remote.node.joined import still
+from sshddp.remote.node.node_progress import CPU_SHARE, interval, moved, stack_key
 
 
 def threads(*frames: tuple[str, int, str]) -> list[ThreadRecord]:

@@ -14,9 +14,9 @@ import pytest
 
 from sshddp.model import spans
 from sshddp.model.ranksel import source_ranks
-from sshddp.remote import contract
-from sshddp.remote.host_follow import Spans
-from sshddp.remote.rankout import PARTIAL_WAIT, Source, told_apart
+from sshddp.protocol import contract
+from sshddp.remote.node.host_follow import Spans
+from sshddp.remote.rankside.rankout import PARTIAL_WAIT, Source, told_apart
 from sshddp.run import logread
 from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.sinks import Console, NodeLogs
@@ -330,7 +330,7 @@ def test_a_tail_that_starts_inside_a_rank_s_line_starts_that_rank_at_its_next_li
 def test_the_follower_sends_spans_from_its_offset_and_then_what_no_record_names(
     tmp_path: Path,
 ) -> None:
-    """remote/host_follow.py's Spans: the records from an index offset with their bytes; once
+    """remote/node/host_follow.py's Spans: the records from an index offset with their bytes; once
     the node has ended, the log's bytes past the last record as the node's own."""
     log = tmp_path / "node.log"
     index = tmp_path / "node.idx"

@@ -1,4 +1,4 @@
-"""The agent shim (remote/agent.py), in-process: the failure summary names the script, the
+"""The agent shim (remote/rankside/agent.py), in-process: the failure summary names the script, the
 exit code is the interpreter's, and waiting for node 0's store."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sshddp.remote.agent import await_store, exit_code, program_name, store_endpoint
+from sshddp.remote.rankside.agent import await_store, exit_code, program_name, store_endpoint
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Staging a node's code (remote/host_boot.py), run here: archives that could write outside the
+"""Staging a node's code (remote/node/host_boot.py), run here: archives that could write outside the
 run directory, or are damaged, are refused and leave nothing behind."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import host_boot
+from sshddp.remote.node import host_boot
 
 
 def archive(*members: tuple[str, bytes | None, bytes]) -> bytes:

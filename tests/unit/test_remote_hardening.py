@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import common, output, peer_messages, peers, wire, workdir
+from sshddp.protocol import peer_messages
+from sshddp.remote import common, workdir
+from sshddp.remote.node import output, peers, wire
 from wire_specs import KEY, free_port, spec
 
 # ------------------------------------------------------------------ files and directories

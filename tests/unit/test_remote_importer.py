@@ -20,7 +20,7 @@ def test_the_modules_follow_the_header_line_packed() -> None:
     head = json.loads(line)
     assert "modules" not in head and head["packed"] == len(rest)
     modules = importer.unpack(io.BytesIO(rest), head["packed"])
-    closure = shipped.closure("sshddp.remote.host_session")
+    closure = shipped.closure("sshddp.remote.node.host_session")
     assert modules == {m: shipped.source(m) for m in closure}
     assert len(rest) * 3 < sum(len(s) for s in modules.values())
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from port_binds import bound
-from sshddp.remote import network, probe
+from sshddp.remote.calls import network, probe
 from sshddp.remote.common import temp_dir, which
 
 

@@ -1,4 +1,4 @@
-"""The rank shim (remote/rank.py): an exception that ends the script shows the script's own
+"""The rank shim (remote/rankside/rank.py): an exception that ends the script shows the script's own
 frames, as under ``python SCRIPT``; none of the shim's (``UserFrames``). In process: the
 shim's module-level ``with`` is played by code compiled under the shim's file name."""
 
@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import pytest
 
-from sshddp.remote import rank
-from sshddp.remote.rank import UserFrames
+from sshddp.remote.rankside import rank
+from sshddp.remote.rankside.rank import UserFrames
 
 SCRIPT = "/work/train.py"
 USER = compile("def step():\n    1 / 0\n\nstep()\n", SCRIPT, "exec")

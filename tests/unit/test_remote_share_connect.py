@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sshddp.remote import host_share
+from sshddp.remote.node import host_share
 
 
 def test_an_unresolvable_source_fails_at_once_and_names_the_fix() -> None:

@@ -1,4 +1,4 @@
-"""The working directory that outlives a run (remote/workspace.py), run here in-process: the
+"""The working directory that outlives a run (remote/node/workspace.py), run here in-process: the
 shipped code replaces its own files there and leaves everything else alone."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import host_boot
-from sshddp.remote.workspace import WorkspaceError, fill
+from sshddp.remote.node import host_boot
+from sshddp.remote.node.workspace import WorkspaceError, fill
 from workspace_trees import code_dir, tree
 
 

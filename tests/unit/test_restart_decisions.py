@@ -13,9 +13,9 @@ from test_plan import plan_of
 from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import attempt_line, attempt_marks, attempts_lines, run_report
 from sshddp.model.state import NodeResult, NodeState, RunResult
-from sshddp.remote import contract
-from sshddp.remote.host_attempts import read_summary, summary
-from sshddp.remote.restarts import failure_text, refusal
+from sshddp.protocol import contract
+from sshddp.remote.node.host_attempts import read_summary, summary
+from sshddp.remote.node.restarts import failure_text, refusal
 from sshddp.run import logread
 from sshddp.run.ps import PsRow
 

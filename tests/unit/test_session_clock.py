@@ -1,8 +1,8 @@
 """The clock sample a launch session's first line gives, and when a launch takes another.
 
-The session (``remote/host_session.py``) writes its clock as soon as it runs, so the coordinator
-gets a sample from writing the header to reading that line, with no round trip of its own.
-A launch takes one more only when that sample does not prove the host within
+The session (``remote/node/host_session.py``) writes its clock as soon as it runs, so the
+coordinator gets a sample from writing the header to reading that line, with no round trip of its
+own. A launch takes one more only when that sample does not prove the host within
 ``CLOCK_WARN``; doctor always takes ``CLOCK_SAMPLES`` more and keeps the best.
 """
 
@@ -19,7 +19,7 @@ from sshddp import defaults
 from sshddp.errors import RemoteError
 from sshddp.hosts.session import HostSession
 from sshddp.model.inventory import Host
-from sshddp.remote import session_messages as msgs
+from sshddp.protocol import session_messages as msgs
 from sshddp.run import preflight
 
 FACTS = msgs.facts({"hostname": "h1"})

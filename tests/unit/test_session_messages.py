@@ -1,4 +1,4 @@
-"""The launch session's wire (remote/session_messages.py): every message survives its
+"""The launch session's wire (protocol/session_messages.py): every message survives its
 round trip, and a line that is not one (junk, an unknown or missing kind, a missing field,
 a field of the wrong type) decodes to None, so neither end acts on a guess."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import session_messages as msgs
+from sshddp.protocol import session_messages as msgs
 
 ORDERS: list[Any] = [
     msgs.ask("clock"),

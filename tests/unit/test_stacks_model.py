@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from sshddp.model import stacks
 from sshddp.model.stacks import HostStacks
-from sshddp.remote import contract
-from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
+from sshddp.protocol import contract
+from sshddp.protocol.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 
 WAIT = [
     ("/x/train.py", 10, "<module>"),

@@ -1,4 +1,4 @@
-"""The standby's wire (remote/standby_messages.py): the go and the order to supervise
+"""The standby's wire (protocol/standby_messages.py): the go and the order to supervise
 survive their round trip, and anything else decodes to None. The agent shim reads its go
 with this module loaded from beside it (agent.standby_wire), as in a run directory."""
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from sshddp.remote import agent, contract
-from sshddp.remote import standby_messages as msgs
+from sshddp.protocol import contract
+from sshddp.protocol import standby_messages as msgs
+from sshddp.remote.rankside import agent
 
 GO = msgs.go({"PATH": "/bin", "SECRET": "s"}, ["python", "agent.py", "--nnodes", "2"], "/w")
 SUPERVISE = msgs.supervise(4242, {"env": {"TOKEN": "t"}, "peer_key": "ab" * 16})
@@ -77,7 +78,7 @@ def test_the_agent_shim_reads_the_go_with_the_module_beside_it(tmp_path: Path) -
     sshddp importable from there."""
     source = Path(agent.__file__).parent
     shutil.copy(source / "agent.py", tmp_path / contract.AGENT_SHIM)
-    shutil.copy(source / "standby_messages.py", tmp_path / contract.STANDBY_WIRE)
+    shutil.copy(msgs.__file__, tmp_path / contract.STANDBY_WIRE)
     assert agent.STANDBY_WIRE == contract.STANDBY_WIRE
     namespace: dict[str, Any] = {"__file__": str(tmp_path / contract.AGENT_SHIM)}
     exec(compile((tmp_path / contract.AGENT_SHIM).read_text(), "agent.py", "exec"), namespace)

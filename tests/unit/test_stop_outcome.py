@@ -7,7 +7,7 @@ import pytest
 
 from sshddp.model.inventory import Host
 from sshddp.model.layout import NodeLayout
-from sshddp.remote.contract import StopAnswer
+from sshddp.protocol.contract import StopAnswer
 from sshddp.run.runs import NodeStop
 
 NODE = NodeLayout(Host(host="h1", index=0), 0, 1, 0, "/w/runs/r/n0", "")

@@ -1,4 +1,4 @@
-"""The straggler of a coupled run: each stack sample classified (``remote/waits.py``, on
+"""The straggler of a coupled run: each stack sample classified (``remote/calls/waits.py``, on
 py-spy's real dumps of a DDP run's ranks), each rank's window (``node_top.waits``), the
 judgement (``model/straggler.py``) and how ``top`` shows it."""
 
@@ -13,8 +13,8 @@ from sshddp.model.report import run_report
 from sshddp.model.state import NodeResult, RunResult
 from sshddp.model.straggler import Waits
 from sshddp.model.top import RankRow
-from sshddp.remote import node_sampler, node_top, pyspy, waits
-from sshddp.remote.contract import SampleRecord, ThreadRecord
+from sshddp.protocol.contract import SampleRecord, ThreadRecord
+from sshddp.remote.calls import node_sampler, node_top, pyspy, waits
 
 #: ``py-spy dump --json`` (and ``--native``) of the ranks of ``straggler.py`` (the
 #: integration payload) under torchrun, 2-3 ranks on gloo: a rank waiting in DDP's

@@ -35,7 +35,7 @@ CTX = Context(rdzv_addr="10.0.0.1", rdzv_port=29500)
 
 
 def facts(driver: str, gpus: int = 2) -> dict[str, Any]:
-    """A probe of a GPU host in the synced environment (see remote/probe.py)."""
+    """A probe of a GPU host in the synced environment (see remote/calls/probe.py)."""
     torch = {"version": "2.5.1+cu124", "cuda": "12.4", "device_count": gpus, "nccl": "2.21.5"}
     gpu = {"name": "NVIDIA A100", "memory_mib": 81920, "driver": driver}
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sshddp.model import top
 from sshddp.model.top import NodeRow, RankRow
-from sshddp.remote.contract import GpuSample, SampleRecord
+from sshddp.protocol.contract import GpuSample, SampleRecord
 
 TQDM = (
     b"rank 4:   0%|          | 0/10000000 [00:00<?, ?it/s]\r"

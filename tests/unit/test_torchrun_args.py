@@ -12,8 +12,8 @@ from cli_helpers import assert_clean_failure, sshddp
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.commands import Program, TorchrunOptions
 from sshddp.model.torchrun import DOCUMENTED, OWNED, owned_by_sshddp, torchrun_args
-from sshddp.remote import compose, contract
-from sshddp.remote.contract import SpecRecord
+from sshddp.protocol import compose, contract
+from sshddp.protocol.contract import SpecRecord
 
 
 def torchrun_argv(

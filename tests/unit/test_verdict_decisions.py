@@ -14,9 +14,9 @@ from sshddp.errors import ExitCode
 from sshddp.model import hang
 from sshddp.model.report import failure_hints, run_report
 from sshddp.model.state import NodeResult, NodeState, NodeWorld, RunResult, not_distributed
-from sshddp.remote import contract
-from sshddp.remote.contract import HangRecord
-from sshddp.remote.joined import node_watch, node_world
+from sshddp.protocol import contract
+from sshddp.protocol.contract import HangRecord
+from sshddp.remote.node.joined import node_watch, node_world
 
 
 def world(

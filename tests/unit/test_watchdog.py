@@ -18,11 +18,11 @@ from sshddp.errors import ExitCode, UsageError
 from sshddp.model import hang
 from sshddp.model.plan import LaunchOptions, validate_options
 from sshddp.model.state import NodeResult, NodeState, RunResult
-from sshddp.remote import contract
-from sshddp.remote.contract import ExitRecord, HangRecord, NodeWatch, WatchSpec
-from sshddp.remote.host_flight import dumps as nccl_dumps
-from sshddp.remote.host_watchdog import has_gpu, nccl_env, ranges, verdict, world_text
-from sshddp.remote.joined import node_watch
+from sshddp.protocol import contract
+from sshddp.protocol.contract import ExitRecord, HangRecord, NodeWatch, WatchSpec
+from sshddp.remote.node.host_flight import dumps as nccl_dumps
+from sshddp.remote.node.host_watchdog import has_gpu, nccl_env, ranges, verdict, world_text
+from sshddp.remote.node.joined import node_watch
 from sshddp.run import ps
 from sshddp.run.ps import PsRow
 
@@ -274,9 +274,9 @@ def test_a_node_records_its_hang_then_stops_only_when_told_to_stop(tmp_path: Pat
     """The watchdog's node side, on this host: hang.json with the node's stacks (no process
     runs here) and its facts; "report" leaves the node running, "stop" sets the verdict
     and wakes the supervisor."""
-    from sshddp.remote.host_watchdog import Watchdog
-    from sshddp.remote.node_events import Hang, decide, initial
-    from sshddp.remote.node_inbox import Inbox
+    from sshddp.remote.node.host_watchdog import Watchdog
+    from sshddp.remote.node.node_events import Hang, decide, initial
+    from sshddp.remote.node.node_inbox import Inbox
 
     spec = {"schema": 3, "run_id": "r", "node_rank": 1, "mark": "r/n1/x", "watch": watch(stall=5)}
     (tmp_path / contract.SPEC).write_text(json.dumps(spec))

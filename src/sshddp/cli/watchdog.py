@@ -1,5 +1,5 @@
 """The launch's watchdog options: how long the world may take to form, and how long the
-run may stay silent (``remote/host_watchdog.py`` runs them on the hosts)."""
+run may stay silent (``remote/node/host_watchdog.py`` runs them on the hosts)."""
 
 from __future__ import annotations
 

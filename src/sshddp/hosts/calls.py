@@ -12,8 +12,8 @@ from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.model.state import NodeState
-from sshddp.remote import contract
-from sshddp.remote.contract import (
+from sshddp.protocol import contract
+from sshddp.protocol.contract import (
     ExitRecord,
     FetchHeader,
     FetchTrailer,
@@ -37,7 +37,7 @@ def stop_node(transport: Transport, rundir: str, force: bool, reason: str) -> St
 
 
 def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float) -> NodeStacks:
-    """Every thread's stack of every process of the node's run (``remote/host_stacks.py``)."""
+    """Every thread's stack of every process of the node's run (``remote/calls/host_stacks.py``)."""
     answer: NodeStacks = shipped.call(
         transport, "host_stacks", {"rundir": rundir, "native": native, "timeout": timeout}
     )
@@ -45,7 +45,7 @@ def node_stacks(transport: Transport, rundir: str, native: bool, timeout: float)
 
 
 def node_top(transport: Transport, rundir: str, tail: int) -> TopRecord:
-    """The node's latest sample and its ranks' last output (``remote/node_top.py``)."""
+    """The node's latest sample and its ranks' last output (``remote/calls/node_top.py``)."""
     answer: TopRecord = shipped.call(transport, "node_top", {"rundir": rundir, "tail": tail})
     return answer
 
@@ -58,7 +58,7 @@ def watch_top(transport: Transport, rundir: str, tail: int, every: float) -> Rem
 
 
 def resize_node(transport: Transport, rundir: str, columns: int, rows: int) -> str:
-    """Give the node's pty (--tty) a new size (``remote/winsize.py``); "" or why not."""
+    """Give the node's pty (--tty) a new size (``remote/node/winsize.py``); "" or why not."""
     answer = shipped.call(
         transport, "winsize", {"rundir": rundir, "columns": columns, "rows": rows}
     )
@@ -66,14 +66,16 @@ def resize_node(transport: Transport, rundir: str, columns: int, rows: int) -> s
 
 
 def node_hang(transport: Transport, rundir: str) -> Optional[HangRecord]:
-    """What the node's watchdog recorded when the run hung (``remote/host_hang.py``), if any."""
+    """What the node's watchdog recorded when the run hung (``remote/node/host_hang.py``), if
+    any."""
     answer: HangRecord = shipped.call(transport, "host_hang", {"rundir": rundir})
     return answer if isinstance(answer, dict) and answer else None
 
 
 def follow_node(transport: Transport, rundir: str, offset: int, index: int) -> RemoteProcess:
     """Stream the node's log from ``offset`` (and its index from ``index``: see
-    ``remote/host_follow.py``) until it ends; the status comes on stderr (``status_record``)."""
+    ``remote/node/host_follow.py``) until it ends; the status comes on stderr
+    (``status_record``)."""
     args = {"rundir": rundir, "offset": offset, "index": index}
     return shipped.start(transport, "host_follow", args)
 
@@ -91,7 +93,7 @@ def read_node(
     Returns the node's status record (exit.json, or its live state); state "gone" when the
     host holds no run directory for it. A ``RemoteError`` when the answer was cut short."""
     args: dict[str, Any] = {"rundir": rundir, "offset": offset, "mode": mode}
-    if index is not None:  # the log framed with its index (remote/host_follow.py)
+    if index is not None:  # the log framed with its index (remote/node/host_follow.py)
         args["index"] = index
     proc = shipped.start(transport, "host_follow", args)
     try:

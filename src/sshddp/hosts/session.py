@@ -1,6 +1,6 @@
 """One SSH channel and one remote interpreter per host for a whole launch (or doctor run).
 
-The host's session (``remote/host_session.py``) tells its clock as soon as it runs (a clock
+The host's session (``remote/node/host_session.py``) tells its clock as soon as it runs (a clock
 sample without a round trip of its own), answers the preflight probe, waits for the go,
 stages the node's code, waits for the start (given once every node staged), forks the
 node's supervisor and then streams the node's log. A doctor run ends it after the probe.
@@ -22,8 +22,8 @@ from sshddp.errors import RemoteError
 from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.model.commands import python_command
-from sshddp.remote import contract, session_messages
-from sshddp.remote.standby_messages import StandbyArgs
+from sshddp.protocol import contract, session_messages
+from sshddp.protocol.standby_messages import StandbyArgs
 
 #: the reply each step waits for (``answer``'s ``what``), and what of it the caller gets
 REPLY_KIND = {"probe": "facts", "release": "released", "stage": "staged", "start": "started"}
@@ -42,7 +42,7 @@ class HostSession:
     ) -> None:
         """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing.
         ``standby``: for a launch's torchrun node, the args of the standby the session starts
-        at once, importing torch while the preflight runs (``remote/first_standby.py``)."""
+        at once, importing torch while the preflight runs (``remote/node/first_standby.py``)."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
@@ -143,7 +143,7 @@ class HostSession:
     def end(self, wait: float = defaults.SESSION_END_WAIT) -> None:
         """End the session, and unless its node started, wait (up to ``wait`` s) until the
         host has: a launch session's torchrun that began importing torch early is gone
-        then, and what it made removed (``remote/first_standby.py``)."""
+        then, and what it made removed (``remote/node/first_standby.py``)."""
         if self.closed:
             return
         if self.started:

@@ -26,6 +26,8 @@ from sshddp.hosts.transport import RemoteProcess, Transport, run
 from sshddp.model.commands import python_command
 
 PACKAGE = "sshddp.remote"
+#: the packages shipped to the hosts: the host code, and the protocol both sides import
+SHIPPED = (PACKAGE, "sshddp.protocol")
 #: zlib level of the packed modules: 6 (the default) packs 255 KB to 75 KB in 21 ms, once
 #: per launch; 9 gains 0.4 KB for three times the time, 1 loses 16 KB
 PACK_LEVEL = 6
@@ -33,51 +35,93 @@ IMPORTER = f"{PACKAGE}.importer"
 _BUILDING = threading.Lock()
 
 
+def _file(module: str) -> Any:
+    """The source file of shipped module ``module``: ``a/b.py``, or ``a/b/__init__.py`` for
+    a package."""
+    parent, _, leaf = module.rpartition(".")
+    folder = resources.files(parent)
+    if (folder / leaf).is_dir():
+        return folder / leaf / "__init__.py"
+    return folder / f"{leaf}.py"
+
+
 @cache
 def source(module: str) -> str:
-    """The source of host-side module ``module`` (``sshddp.remote`` or below)."""
-    name = "__init__" if module == PACKAGE else module.removeprefix(PACKAGE + ".")
-    return (resources.files(PACKAGE) / f"{name}.py").read_text(encoding="utf-8")
+    """The source of shipped module ``module`` (``sshddp.remote`` or ``sshddp.protocol``,
+    or below)."""
+    return _file(module).read_text(encoding="utf-8")
 
 
-_FROM = re.compile(
-    r"^[ \t]*from[ \t]+(sshddp\.remote(?:\.\w+)*)[ \t]+import[ \t]+(\([^)]*\)|.*)$", re.M
-)
-_IMPORT = re.compile(r"^[ \t]*import[ \t]+(sshddp\.remote\.\w+)", re.M)
+@cache
+def is_package(module: str) -> bool:
+    parent, _, leaf = module.rpartition(".")
+    return (resources.files(parent) / leaf).is_dir()
+
+
+_ROOTS = r"sshddp\.(?:remote|protocol)"
+_FROM = re.compile(rf"^[ \t]*from[ \t]+({_ROOTS}(?:\.\w+)*)[ \t]+import[ \t]+(\([^)]*\)|.*)$", re.M)
+_IMPORT = re.compile(rf"^[ \t]*import[ \t]+({_ROOTS}(?:\.\w+)+)", re.M)
 
 
 def imports_of(module: str) -> set[str]:
-    """The host-side modules that ``module`` imports, anywhere in its code. A text scan, not
+    """The shipped modules that ``module`` imports, anywhere in its code. A text scan, not
     ``ast``: it is fast, and ``ast.parse`` is not safe in threads on Python 3.11."""
     text = source(module)
     found = set(_IMPORT.findall(text))
     for base, names in _FROM.findall(text):
-        if base != PACKAGE:
+        if not is_package(base):
             found.add(base)
             continue
         for name in names.strip("()").split(","):
             name = name.split("#")[0].split(" as ")[0].strip()
-            if name:
-                found.add(f"{PACKAGE}.{name}")
+            if not name:
+                continue
+            full = f"{base}.{name}"
+            found.add(full if _file(full).is_file() else base)
     return found
 
 
 @cache
 def closure(entry: str) -> tuple[str, ...]:
-    """``entry`` and every host-side module it needs, the package included, sorted."""
-    seen = {PACKAGE}
+    """``entry`` and every shipped module it needs, their packages included, sorted."""
+    seen: set[str] = set()
     todo = [entry]
     while todo:
         module = todo.pop()
-        if module not in seen:
-            seen.add(module)
-            todo.extend(imports_of(module))
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(imports_of(module))
+        parent = module.rpartition(".")[0]
+        if parent != "sshddp":
+            todo.append(parent)
     return tuple(sorted(seen))
 
 
+@cache
+def _by_short_name() -> dict[str, str]:
+    """Every shipped module by its file's name (unique: a module's name says its side)."""
+    found = {}
+    for root in SHIPPED:
+        base = resources.files(root)
+        for path in _walk(base):
+            found[path[-1]] = ".".join((root, *path))
+    return found
+
+
+def _walk(folder: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for item in folder.iterdir():
+        if item.is_dir() and (item / "__init__.py").is_file():
+            out.extend(_walk(item, (*prefix, item.name)))
+        elif item.name.endswith(".py") and item.name != "__init__.py":
+            out.append((*prefix, item.name[:-3]))
+    return out
+
+
 def entry_module(name: str) -> str:
-    """``"host_session"`` -> ``"sshddp.remote.host_session"``."""
-    return name if name.startswith(PACKAGE + ".") else f"{PACKAGE}.{name}"
+    """``"host_session"`` -> ``"sshddp.remote.node.host_session"`` (a dotted name as is)."""
+    return name if "." in name else _by_short_name()[name]
 
 
 @cache

@@ -19,7 +19,7 @@ per task). srun itself runs without this shell's ``SLURM_*`` options (``hosts.sl
 
 A node's supervisor lives in its launch session's step, and Slurm ends a step's processes
 when the step ends, so a run over srun lives as long as this coordinator holds its steps:
-see ``remote/bound.py`` for how the hosts make that end orderly.
+see ``remote/node/bound.py`` for how the hosts make that end orderly.
 """
 
 from __future__ import annotations

@@ -2,5 +2,5 @@
 
 Everything here is tested without SSH. It imports only the standard library, PyYAML (to
 read an inventory's text), ``sshddp.errors``, ``sshddp.defaults`` and the host contract
-(``sshddp.remote.contract``).
+(``sshddp.protocol.contract``).
 """

@@ -119,7 +119,7 @@ class RouteFacts(TypedDict, total=False):
 
 
 class NetFacts(TypedDict, total=False):
-    """The network path to node 0 (``remote/network.py``)."""
+    """The network path to node 0 (``remote/calls/network.py``)."""
 
     method: str  #: "ip" (iproute2) or "socket" (the kernel's files and a UDP connect)
     target: Optional[str]  #: node 0's address as this host resolves it
@@ -150,7 +150,7 @@ class ClockFacts(TypedDict, total=False):
 
 
 class ProbeFacts(TypedDict, total=False):
-    """What ``remote/probe.py`` reports of a host (its JSON document)."""
+    """What ``remote/calls/probe.py`` reports of a host (its JSON document)."""
 
     hostname: str
     os: str

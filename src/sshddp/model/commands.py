@@ -3,7 +3,7 @@
 Two kinds: the remote command line that runs shipped host-side code with the host's
 interpreter (``python_command``, with its ``BOOTSTRAP``), and what a node's supervisor starts,
 as structure (``TorchrunOptions``, ``Program``): spec.json carries it, and
-``sshddp.remote.compose`` makes it a command line, on the host and for ``--dry-run`` alike.
+``sshddp.protocol.compose`` makes it a command line, on the host and for ``--dry-run`` alike.
 Nothing here connects anywhere.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 ProgramKind = Literal["script", "module", "command"]  #: contract.PROGRAM_*
 
@@ -69,7 +69,7 @@ class TorchrunOptions:
     nproc: int  #: --nproc-per-node
     rdzv_endpoint: str  #: node 0's ``host:port`` (``endpoint``)
     rdzv_id: str  #: the run id
-    #: the supervisors restart the whole run (``remote/restarts.py``), never torchrun alone
+    #: the supervisors restart the whole run (``remote/node/restarts.py``), never torchrun alone
     max_restarts: int = 0
     #: the user's own options (checked by ``model.torchrun``), after sshddp's
     options: tuple[str, ...] = ()

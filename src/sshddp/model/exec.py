@@ -121,7 +121,7 @@ def check_command(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def remote_command(python: str) -> str:
-    """The shell line that starts the host's ``python`` for ``remote/execute.py`` (which
+    """The shell line that starts the host's ``python`` for ``remote/calls/execute.py`` (which
     gets the argv and the environment on stdin), its stderr joined to stdout from the
     start: a missing interpreter says so in the output."""
     return "exec 2>&1; " + python_command(python)

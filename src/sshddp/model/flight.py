@@ -1,5 +1,5 @@
 """Pure: which rank never entered which collective, from the ranks' NCCL flight recorder
-dumps (``remote/host_flight.py`` sums each one up on its host).
+dumps (``remote/node/host_flight.py`` sums each one up on its host).
 
 Every rank numbers the collectives of a process group in the order it enqueues them, so
 the ranks of a hung group compare directly: a rank whose last enqueued collective is
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sshddp.model.stacks import ranges
-from sshddp.remote.contract import FlightEntry, FlightRecord
+from sshddp.protocol.contract import FlightEntry, FlightRecord
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from sshddp.model import stacks
 from sshddp.model.escape import visible
 from sshddp.model.flight import RankFlight, findings
 from sshddp.model.stacks import HostStacks
-from sshddp.remote import contract
-from sshddp.remote.contract import HangRecord, ThreadRecord
+from sshddp.protocol import contract
+from sshddp.protocol.contract import HangRecord, ThreadRecord
 
 
 @dataclass(frozen=True)

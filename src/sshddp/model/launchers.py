@@ -16,7 +16,7 @@ from typing import Literal
 
 from sshddp.errors import UsageError
 from sshddp.model.commands import endpoint
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 Launcher = Literal["torchrun", "node"]
 LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "node")

@@ -35,7 +35,7 @@ from sshddp.model.launchers import (
 from sshddp.model.layout import NodeLayout, RunLayout
 from sshddp.model.share import normalized, share_problem
 from sshddp.model.torchrun import torchrun_args
-from sshddp.remote import compose, contract
+from sshddp.protocol import compose, contract
 
 #: what the ranks get when the user's console is a terminal: rich (Lightning's progress bar)
 #: then redraws its live display over the ranks' pipe as it would on a terminal, and the

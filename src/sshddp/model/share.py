@@ -1,7 +1,7 @@
 """``--share``: which files of the ranks' working directory node 0 hands to the other nodes
 before the ranks start, and what a launch without it warns about.
 
-Every node reports what it found once it staged (``remote/host_share.py``'s ``look``: the
+Every node reports what it found once it staged (``remote/node/host_share.py``'s ``look``: the
 working directory's top-level files, names and sizes, and each shared path's size and
 SHA-256); this module decides from those reports alone. A shared path whose copy on a node
 already has node 0's digest is skipped there; one node 0 lacks is left alone everywhere (a
@@ -19,7 +19,8 @@ from typing import Any, Optional
 SHOWN = 5  #: files a warning names; then it counts the rest
 _DIGITS = re.compile(r"[0-9]+")
 
-#: One node's report (``remote/host_share.py``'s ``look``), None when the node did not send one.
+#: One node's report (``remote/node/host_share.py``'s ``look``), None when the node did not send
+# one.
 Look = Optional[Mapping[str, Any]]
 
 

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 RECORD = struct.Struct(contract.INDEX_RECORD)
 WIDTH = RECORD.size

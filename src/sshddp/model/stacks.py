@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from sshddp.remote import contract
-from sshddp.remote.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
+from sshddp.protocol import contract
+from sshddp.protocol.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
 
 ROLE_ORDER = (contract.RANK, contract.WORKER, contract.AGENT, contract.LAUNCHER, contract.OTHER)
 StackKey = tuple[tuple[tuple[str, int, str], ...], ...]

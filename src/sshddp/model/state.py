@@ -15,7 +15,7 @@ from typing import Any, Optional
 from sshddp.errors import ExitCode
 from sshddp.model.leftout import LeftOut
 from sshddp.model.straggler import Waits
-from sshddp.remote import contract
+from sshddp.protocol import contract
 
 
 class NodeState(str, Enum):

@@ -2,7 +2,7 @@
 
 Pure. In a run whose ranks all-reduce every step (DDP), every rank steps at the same rate,
 the straggler's: rates cannot tell it. Its stacks can: the others wait for it inside the
-collective while it works elsewhere (``remote/waits.py`` classifies each sample of a
+collective while it works elsewhere (``remote/calls/waits.py`` classifies each sample of a
 rank's stacks, ``node_sampler`` takes one a second, ``node_top`` sends the last WINDOW
 seconds). Over that window a rank is the straggler when:
 - every rank of the run has at least MIN_SAMPLES samples (a judgement on fewer is noise),

@@ -6,7 +6,7 @@ asked for); or a requirements file, resolved once on the laptop into exact pins 
 every platform (``PINNED``), so that every host installs the same versions. Its files
 travel to every host as text; their ``digest`` (with the uv version, which decides how a
 lock installs) names the environment together with the host's platform and interpreter
-(``remote/envsync.py``). The Python version asked for is ``.python-version``'s first line,
+(``remote/calls/envsync.py``). The Python version asked for is ``.python-version``'s first line,
 else ``requires-python``; with neither, a host builds on its own ``python:``.
 """
 
@@ -154,7 +154,7 @@ def _project_table(text: str) -> str:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far a host's build got, as ``remote/envsync.py`` says it while it builds."""
+    """How far a host's build got, as ``remote/calls/envsync.py`` says it while it builds."""
 
     phase: str  #: resolving, downloading, installing, done
     detail: str = ""  #: the packages uv prepared, the environment's size once done
@@ -178,7 +178,7 @@ def progress_line(host: str, progress: Progress) -> str:
 
 
 def outcome(node: int, host: str, answer: Mapping[str, object], seconds: float) -> HostSync:
-    """A host's outcome from ``remote/envsync.py``'s answer."""
+    """A host's outcome from ``remote/calls/envsync.py``'s answer."""
     try:
         status = SyncStatus(str(answer.get("status")))
     except ValueError:
@@ -290,7 +290,7 @@ UV_MACOS = {"arm64": "macosx_11_0_arm64", "x86_64": "macosx_10_12_x86_64"}
 
 def uv_wheel_tag(host_platform: str) -> Optional[str]:
     """The platform tag of the ``uv`` wheel that runs on a host whose platform is
-    ``host_platform`` (``remote/envsync.host_platform``: ``linux-aarch64-glibc2.31``), for
+    ``host_platform`` (``remote/calls/envsync.host_platform``: ``linux-aarch64-glibc2.31``), for
     ``pip download --platform``; None where uv publishes no wheel for it. A Linux host
     whose C library Python cannot name is taken for musl (Alpine): ``platform.libc_ver``
     recognises glibc only."""

@@ -1,5 +1,5 @@
 """``sshddp top``'s view of a run: a row per node and per rank, from each node's latest
-sample (``remote/node_sampler.py``) and the step rate its ranks' progress bars show, with
+sample (``remote/calls/node_sampler.py``) and the step rate its ranks' progress bars show, with
 the slow one named, and the straggler of a coupled run (``straggler``).
 
 Pure. A rank is slow when its steps per second fall below SLOW_BELOW times the median of
@@ -20,7 +20,7 @@ from typing import Any, Optional
 from sshddp.model import straggler
 from sshddp.model.bars import last_state
 from sshddp.model.straggler import Waits
-from sshddp.remote.contract import GpuSample, SampleRecord
+from sshddp.protocol.contract import GpuSample, SampleRecord
 
 SLOW_BELOW = 0.5
 BUSY = 20.0  #: % utilisation: a median below this means no GPU works, so none is idle

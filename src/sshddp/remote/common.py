@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 
+from sshddp.protocol.contract import MARK_VAR
 from sshddp.remote import hostpath
-from sshddp.remote.contract import MARK_VAR
 
 AGENT_GRACE = 0.2  # seconds torchrun may outlive its ranks at teardown
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

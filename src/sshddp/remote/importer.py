@@ -3,7 +3,7 @@
 The bootstrap (``sshddp.model.commands.BOOTSTRAP``) reads one JSON header line from stdin::
 
     {"importer": <this file's source>, "packed": N,
-     "main": "sshddp.remote.host_session", "args": {...}}
+     "main": "sshddp.remote.node.host_session", "args": {...}}
 
 and runs ``run(header)`` from this file, which reads the N bytes after the line: the
 modules' sources, {name: source, ...} as zlib-compressed JSON (a file left on the host,

@@ -29,8 +29,8 @@ from sshddp.hosts.pool import HostResults
 from sshddp.hosts.session import HostSession
 from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
-from sshddp.remote import contract
-from sshddp.remote.standby_messages import StandbyArgs
+from sshddp.protocol import contract
+from sshddp.protocol.standby_messages import StandbyArgs
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import LaunchState
 from sshddp.run.share import Share
@@ -87,10 +87,10 @@ def _host_code() -> tuple[str, str, str, str, str]:
     sitecustomize, torchrun's agent shim and the standby wire's module it reads."""
     return (
         shipped.standalone("supervisor"),
-        shipped.source("sshddp.remote.rank"),
-        shipped.source("sshddp.remote.ranksite"),
-        shipped.source("sshddp.remote.agent"),
-        shipped.source("sshddp.remote.standby_messages"),
+        shipped.source("sshddp.remote.rankside.rank"),
+        shipped.source("sshddp.remote.rankside.ranksite"),
+        shipped.source("sshddp.remote.rankside.agent"),
+        shipped.source("sshddp.protocol.standby_messages"),
     )
 
 
@@ -107,7 +107,7 @@ def _packed_host_code() -> bytes:
 def standby_args(plan: LaunchPlan, node: NodePlan) -> Optional[StandbyArgs]:
     """The standby args of a torchrun node: what its launch session needs to start the
     first attempt's standby at once, importing torch while the preflight runs
-    (``remote/first_standby.py``); None for a node without torchrun. The same values as the
+    (``remote/node/first_standby.py``); None for a node without torchrun. The same values as the
     boot args (``Boot._boot_args``)."""
     spec = plan.spec(node)
     if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:

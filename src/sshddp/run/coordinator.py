@@ -40,7 +40,7 @@ from sshddp.model.plan import (
 )
 from sshddp.model.ranksel import check_ranks
 from sshddp.model.state import NodeResult, NodeState, RunResult
-from sshddp.remote.contract import ExitRecord
+from sshddp.protocol.contract import ExitRecord
 from sshddp.run import preflight, registry
 from sshddp.run.attempts import AttemptWatch
 from sshddp.run.boot import Boot, pack_soon, standby_args

@@ -1,6 +1,6 @@
 """``sshddp exec``: one command on every host in parallel, each host's output and status.
 
-The command starts through the host's ``python`` (``remote/execute.py``), which gives it the
+The command starts through the host's ``python`` (``remote/calls/execute.py``), which gives it the
 inventory's ``env`` and that interpreter's directory first on ``PATH``, as a node launcher.
 
 Each host's connection is opened and its command run in the pool's threads (at most

@@ -18,7 +18,7 @@ from sshddp.hosts import calls
 from sshddp.hosts.transport import Transport
 from sshddp.model.layout import NodeLayout
 from sshddp.model.state import NodeState, RunResult
-from sshddp.remote.contract import ExitRecord
+from sshddp.protocol.contract import ExitRecord
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.runstate import RunState

@@ -1,6 +1,6 @@
 """What a run's watchdogs recorded when it hung, read back from every node at once
-(``remote/host_hang.py``): for the launch's report and for ``sshddp stacks`` of a run that ended
-hung. The report itself is pure (``model.hang``)."""
+(``remote/node/host_hang.py``): for the launch's report and for ``sshddp stacks`` of a run that
+ended hung. The report itself is pure (``model.hang``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.hang import NodeHang
 from sshddp.model.layout import NodeLayout
-from sshddp.remote.contract import HangRecord
+from sshddp.protocol.contract import HangRecord
 from sshddp.run.registry import RunRecord
 
 

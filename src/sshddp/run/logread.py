@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 
 from sshddp.model import spans
-from sshddp.remote.contract import SOURCE_NODE
+from sshddp.protocol.contract import SOURCE_NODE
 
 CHUNK = 1 << 20  #: bytes read at a time
 BLOCK = 1 << 16  #: bytes read at a time when looking for the last lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from sshddp.model.spans import StreamReader
-from sshddp.remote.contract import SOURCE_NODE
+from sshddp.protocol.contract import SOURCE_NODE
 from sshddp.run.sinks import Console, NodeLogs
 
 

@@ -153,7 +153,7 @@ class Gathered:
 
 
 def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool) -> dict[str, Any]:
-    """What a host's probe is asked (``remote/probe.py``): the ranks' environment travels
+    """What a host's probe is asked (``remote/calls/probe.py``): the ranks' environment travels
     with it, on stdin."""
     imports = ctx.imports
     return {

@@ -22,7 +22,7 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import Outcome, open_transport
 from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model.state import NodeState
-from sshddp.remote.contract import ExitRecord
+from sshddp.protocol.contract import ExitRecord
 from sshddp.run import registry
 from sshddp.run.registry import NodeRecord, RunRecord
 

@@ -32,7 +32,7 @@ from sshddp.model.inventory import Host
 from sshddp.model.layout import NodeLayout, RunLayout, first_ranks
 from sshddp.model.plan import LaunchPlan
 from sshddp.model.state import NodeResult, NodeState, RunResult
-from sshddp.remote.contract import ExitRecord
+from sshddp.protocol.contract import ExitRecord
 
 VERSION = 2  #: of the file format; a record without it was written by version 1
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}

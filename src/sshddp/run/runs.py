@@ -28,7 +28,7 @@ from sshddp.model.escape import TerminalStream
 from sshddp.model.layout import NodeLayout
 from sshddp.model.report import attempt_marks
 from sshddp.model.state import NodeState
-from sshddp.remote.contract import ExitRecord, StopAnswer
+from sshddp.protocol.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed

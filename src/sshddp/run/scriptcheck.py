@@ -1,7 +1,7 @@
 """What the imports check asks of the hosts: the script's imports, read on this machine.
 
 The script is parsed here (``model.imports``), never on the hosts; each host then only looks
-the names up (``remote/host_imports.py``). A shipped ``--workdir`` tree provides what it holds
+the names up (``remote/calls/host_imports.py``). A shipped ``--workdir`` tree provides what it holds
 beside the script; a single shipped file provides nothing but itself, so modules next to it
 here are named in the fix. A script that lives only on the hosts is not read.
 """

@@ -29,7 +29,7 @@ from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.layout import RunLayout
 from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
-from sshddp.remote.contract import SOURCE_NODE
+from sshddp.protocol.contract import SOURCE_NODE
 from sshddp.run.logfiles import LocalCopy, Say, open_run_dir
 
 _COLORS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93")

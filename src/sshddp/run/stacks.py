@@ -1,8 +1,8 @@
 """``sshddp stacks``: every rank's stacks from every host of a run, at once, without
 stopping it; then the full dumps saved under the run's local log directory.
 
-Each host runs ``remote/host_stacks.py`` over its connection, in parallel through the host pool;
-what it does on the host (which process is which rank, the dump signal, py-spy) is told
+Each host runs ``remote/calls/host_stacks.py`` over its connection, in parallel through the host
+pool; what it does on the host (which process is which rank, the dump signal, py-spy) is told
 there. Grouping and rendering are pure (``model.stacks``).
 """
 
@@ -23,8 +23,8 @@ from sshddp.hosts.transport import SshOptions
 from sshddp.model import stacks
 from sshddp.model.layout import NodeLayout
 from sshddp.model.stacks import HostStacks
-from sshddp.remote import contract
-from sshddp.remote.contract import NodeStacks
+from sshddp.protocol import contract
+from sshddp.protocol.contract import NodeStacks
 from sshddp.run.registry import RunRecord
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO)

@@ -1,6 +1,6 @@
 """``sshddp sync``: every host gets the virtual environment a uv project's lock describes.
 
-Each host answers in one call (``remote/envsync.py``): its environment for this lock is
+Each host answers in one call (``remote/calls/envsync.py``): its environment for this lock is
 there, or it builds it and says so, or says what failed. A host without our uv answers
 ``need_uv`` and gets a second call carrying a uv binary: the laptop's own (the ``uv``
 package sshddp depends on) for a host of its platform, else the one from the ``uv`` wheel
@@ -233,7 +233,7 @@ def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
 
 
 class _Channel:
-    """One call of ``remote/envsync.py``: its progress lines as they come, then its answer
+    """One call of ``remote/calls/envsync.py``: its progress lines as they come, then its answer
     (its last line)."""
 
     def __init__(
@@ -280,7 +280,7 @@ class _Channel:
 
 
 def local_platform() -> str:
-    """This machine's platform as ``remote/envsync.host_platform`` says a host's."""
+    """This machine's platform as ``remote/calls/envsync.host_platform`` says a host's."""
     import platform
     import sysconfig
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from sshddp import trace
 from sshddp.hosts import calls
 from sshddp.model.layout import NodeLayout
-from sshddp.remote.contract import StopAnswer
+from sshddp.protocol.contract import StopAnswer
 from sshddp.run.runstate import RunState, StopLevel
 
 

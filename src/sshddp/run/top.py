@@ -1,5 +1,5 @@
 """``sshddp top``: one snapshot of every node of a run and every rank on it, each node asked
-once over its connection (``remote/node_top.py``), in parallel through the host pool; the
+once over its connection (``remote/calls/node_top.py``), in parallel through the host pool; the
 rows and the slow one are worked out by ``model.top``. A live view (``LiveTop``) asks once
 per node and keeps the call open: the node sends a record a second, so an hours-long view
 costs each host one process, not one Python start a second.
@@ -21,8 +21,8 @@ from sshddp.hosts.transport import RemoteProcess, SshOptions
 from sshddp.model import top
 from sshddp.model.layout import NodeLayout
 from sshddp.model.top import NodeRow, RankRow
-from sshddp.remote import contract
-from sshddp.remote.contract import TopRecord
+from sshddp.protocol import contract
+from sshddp.protocol.contract import TopRecord
 from sshddp.run.registry import RunRecord
 
 TAIL = 2048  #: bytes of each rank's latest output asked for (its progress bar)

@@ -1,6 +1,6 @@
 """--tty: when the user's terminal is resized (SIGWINCH), every node's pty gets its new size.
 
-A thread does the calls (one short SSH call a node, ``remote/winsize.py``), so the signal
+A thread does the calls (one short SSH call a node, ``remote/node/winsize.py``), so the signal
 handler only sets a flag; a window dragged wider sends many signals, and only the size it
 settles on is sent.
 """

@@ -1,0 +1,195 @@
+"""The supervisors' messages to each other: one tagged record per kind, built and read here.
+
+``wire`` carries them (MACed, sequenced JSON lines); this module says what they mean. Every
+message is a JSON object whose ``"t"`` names its kind:
+
+- ``hb``: a heartbeat; a node other than 0 adds ``"w"``, its watchdog facts (``NodeWatch``);
+- ``done``: how the sender's node ended (``state``, ``reason``);
+- ``abort``: node 0 stops every node (``reason``);
+- ``hang``: node 0's watchdog found the run hung: take the stacks, then ``action``;
+- ``fail``: the sender's attempt failed and it stopped (``--max-restarts``);
+- ``halt``: node 0 stops attempt ``attempt`` everywhere; ``halted``: the sender did;
+- ``again``: node 0 starts attempt ``attempt`` everywhere; ``bye``: node 0 leaves.
+
+``decode`` checks a message's kind and fields, and returns None for anything else: noise,
+logged as ``wire`` logs a line that fails its MAC, never obeyed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Optional, TypedDict, Union
+
+from sshddp.protocol.contract import NodeWatch
+
+MAX_TEXT = 2000  #: characters of a reason a message carries
+MAX_WHY = 500  #: characters of a restart's reason (fail, halt, again)
+
+
+class Beat(TypedDict, total=False):
+    t: Literal["hb"]
+    rank: int
+    w: NodeWatch  #: a node other than 0: its watchdog facts
+
+
+class Done(TypedDict):
+    t: Literal["done"]
+    rank: int
+    state: str
+    reason: str
+
+
+class Abort(TypedDict):
+    t: Literal["abort"]
+    reason: str
+
+
+class HangNews(TypedDict):
+    t: Literal["hang"]
+    kind: str
+    reason: str
+    action: str
+
+
+class Fail(TypedDict):
+    t: Literal["fail"]
+    attempt: int
+    reason: str
+
+
+class Halt(TypedDict):
+    t: Literal["halt"]
+    attempt: int
+    reason: str
+
+
+class Halted(TypedDict):
+    t: Literal["halted"]
+    attempt: int
+
+
+class Again(TypedDict):
+    t: Literal["again"]
+    attempt: int
+    reason: str
+
+
+class Bye(TypedDict):
+    t: Literal["bye"]
+
+
+PeerMessage = Union[Beat, Done, Abort, HangNews, Fail, Halt, Halted, Again, Bye]
+
+
+def beat(rank: int, facts: Optional[NodeWatch] = None) -> Beat:
+    msg: Beat = {"t": "hb", "rank": rank}
+    if facts is not None:
+        msg["w"] = facts
+    return msg
+
+
+def done(rank: int, state: str, reason: str) -> Done:
+    return {"t": "done", "rank": rank, "state": state, "reason": reason[:MAX_TEXT]}
+
+
+def abort(reason: str) -> Abort:
+    return {"t": "abort", "reason": reason[:MAX_TEXT]}
+
+
+def hang(kind: str, reason: str, action: str) -> HangNews:
+    return {"t": "hang", "kind": kind, "reason": reason[:MAX_TEXT], "action": action}
+
+
+def fail(attempt: int, reason: str) -> Fail:
+    return {"t": "fail", "attempt": attempt, "reason": reason[:MAX_WHY]}
+
+
+def halt(attempt: int, reason: str) -> Halt:
+    return {"t": "halt", "attempt": attempt, "reason": reason}
+
+
+def halted(attempt: int) -> Halted:
+    return {"t": "halted", "attempt": attempt}
+
+
+def again(attempt: int, reason: str) -> Again:
+    return {"t": "again", "attempt": attempt, "reason": reason}
+
+
+def bye() -> Bye:
+    return {"t": "bye"}
+
+
+def encode(msg: PeerMessage) -> dict[str, Any]:
+    """The JSON object ``wire`` sends."""
+    return dict(msg)
+
+
+def _text(raw: dict[str, Any], key: str, most: int) -> Optional[str]:
+    value = raw.get(key)
+    return value[:most] if isinstance(value, str) else None
+
+
+def _number(raw: dict[str, Any], key: str) -> Optional[int]:
+    value = raw.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _beat(raw: dict[str, Any]) -> Optional[PeerMessage]:
+    rank = _number(raw, "rank")
+    if rank is None:
+        return None
+    facts = raw.get("w")
+    return beat(rank, facts if isinstance(facts, dict) else None)  # type: ignore[arg-type]
+
+
+def _done(raw: dict[str, Any]) -> Optional[PeerMessage]:
+    rank, state, reason = _number(raw, "rank"), raw.get("state"), _text(raw, "reason", MAX_TEXT)
+    if rank is None or not isinstance(state, str) or reason is None:
+        return None
+    return done(rank, state, reason)
+
+
+def _abort(raw: dict[str, Any]) -> Optional[PeerMessage]:
+    reason = _text(raw, "reason", MAX_TEXT)
+    return None if reason is None else abort(reason)
+
+
+def _hang(raw: dict[str, Any]) -> Optional[PeerMessage]:
+    texts = [_text(raw, k, MAX_TEXT) for k in ("kind", "reason", "action")]
+    kind, reason, action = texts
+    if kind is None or reason is None or action is None:
+        return None
+    return hang(kind, reason, action)
+
+
+def _restart(raw: dict[str, Any]) -> Optional[PeerMessage]:
+    tag, attempt = raw["t"], _number(raw, "attempt")
+    if tag == "halted" and attempt is not None:
+        return halted(attempt)
+    reason = _text(raw, "reason", MAX_WHY)
+    if attempt is None or reason is None:
+        return None
+    if tag == "fail":
+        return fail(attempt, reason)
+    return halt(attempt, reason) if tag == "halt" else again(attempt, reason)
+
+
+_READERS: dict[str, Callable[[dict[str, Any]], Optional[PeerMessage]]] = {
+    "hb": _beat,
+    "done": _done,
+    "abort": _abort,
+    "hang": _hang,
+    "fail": _restart,
+    "halt": _restart,
+    "halted": _restart,
+    "again": _restart,
+    "bye": lambda raw: bye(),
+}
+
+
+def decode(raw: dict[str, Any]) -> Optional[PeerMessage]:
+    """The message ``raw`` (an authentic line's JSON object) carries; None when it is not
+    one of these (the caller logs it as noise)."""
+    tag = raw.get("t")
+    reader = _READERS.get(tag) if isinstance(tag, str) else None
+    return reader(raw) if reader is not None else None

@@ -1,0 +1,343 @@
+"""What a node's supervisor reacts to, and what it decides: pure functions of (state, event).
+
+The supervisor's loop (``supervisor``) takes events from its inbox (``node_inbox``) and
+looks at torchrun and the output itself; ``decide`` turns each event into the node's next
+``LoopState`` and the actions the loop then carries out (tell the other nodes, end the run,
+take the stacks). What the loop does next (keep watching, torchrun exited, stop the node,
+start the next attempt) is read off the state by ``outcome``, ``stopping``, ``halting``
+and ``word_to_node_0``. Nothing here does I/O: every decision is unit-tested without a
+process.
+
+Node 0 also decides the run's restarts (``RestartDecider``): a node whose attempt failed
+says so; with attempts left and every node there, node 0 halts the attempt everywhere,
+and once every node has halted, starts the next one everywhere.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field, replace
+from typing import Any, List, Optional, Tuple, Union
+
+from sshddp.protocol import contract
+from sshddp.protocol import peer_messages as pm
+from sshddp.remote.node.restarts import refusal
+
+# ------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Exited:
+    """torchrun exited (noticed, not reaped)."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """The supervisor got ``signum``: SIGTERM/SIGINT stop gracefully, SIGUSR1 at once."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class SessionGone:
+    """The launch session a bound node lives in ended (over srun)."""
+
+
+@dataclass(frozen=True)
+class OutputFull:
+    """node.log cannot grow (its disk is full)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class PeerAbort:
+    """The run stops everywhere (a node failed or was lost, node 0 is gone...)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Node0Said:
+    """Node 0's word of the restarts, as it came: ``halt`` (stop attempt N, the run
+    restarts) or ``again`` (start attempt N)."""
+
+    msg: Union[pm.Halt, pm.Again]
+
+
+@dataclass(frozen=True)
+class Hang:
+    """The run hung (node 0's watchdog, or its word): take the stacks, then ``action``."""
+
+    kind: str
+    reason: str
+    action: str
+
+
+@dataclass(frozen=True)
+class StacksTaken:
+    """This node's stacks of a hang are recorded (hang.json)."""
+
+    kind: str
+    reason: str
+    action: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """A node's word to node 0 (``fail``, ``halted``, ``done``); rank 0: node 0's own."""
+
+    rank: int
+    msg: pm.PeerMessage
+
+
+@dataclass(frozen=True)
+class Begun:
+    """The supervisor started attempt ``attempt``'s torchrun."""
+
+    attempt: int
+
+
+Event = Union[
+    Exited,
+    Signal,
+    SessionGone,
+    OutputFull,
+    PeerAbort,
+    Node0Said,
+    Hang,
+    StacksTaken,
+    Message,
+    Begun,
+]
+
+# ------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Tell:
+    """Node 0 sends ``msg`` to every other node."""
+
+    msg: pm.PeerMessage
+
+
+@dataclass(frozen=True)
+class EndRun:
+    """Node 0 stops every node of the run, for ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class TakeStacks:
+    """Record this node's stacks (a thread of its own), then post ``StacksTaken``."""
+
+    kind: str
+    reason: str
+    action: str
+
+
+Action = Union[Tell, EndRun, TakeStacks]
+
+# ------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class RestartDecider:
+    """Node 0's part of the restarts: the attempt every node runs, and the one it halts."""
+
+    current: int = 1  #: the attempt every node runs (or is about to start)
+    halting: Optional[int] = None  #: the attempt being stopped everywhere
+    why: str = ""  #: why it is: the failure that restarts the run
+    halted: frozenset[int] = frozenset()  #: the nodes that stopped it
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """What a node's supervisor knows, as its loop sees it."""
+
+    rank: int  #: the node's rank
+    nnodes: int = 1
+    max_attempts: int = 1  #: 1 + the run's restarts
+    names: tuple[str, ...] = ()  #: the nodes' hosts, by rank
+    attempt: int = 1  #: the attempt this node runs
+    exited: bool = False  #: this attempt's torchrun exited
+    stop_signal: Optional[int] = None  #: the node was asked to stop (a signal)
+    abort: Optional[str] = None  #: why the run stops everywhere (the first reason)
+    full: Optional[str] = None  #: why node.log cannot grow
+    verdict: Optional[tuple[str, str]] = None  #: (kind, reason): the node stops as hung
+    stacks: bool = False  #: the stacks are being taken: the ranks stay until they are
+    halt: Optional[tuple[int, str]] = None  #: (attempt, why): node 0 said stop it
+    go: Optional[tuple[int, str]] = None  #: (attempt, why): node 0 said start it
+    decider: RestartDecider = field(default_factory=RestartDecider)  #: node 0's
+    heard: frozenset[int] = frozenset()  #: node 0's: the nodes it hears from (itself too)
+    ended: frozenset[int] = frozenset()  #: node 0's: the nodes that reported their end
+
+    @property
+    def restarts(self) -> bool:
+        return self.max_attempts > 1
+
+    def name(self, rank: int) -> str:
+        host = self.names[rank] if rank < len(self.names) else "?"
+        return f"node {rank} ({host})"
+
+
+Decision = Tuple[LoopState, List[Action]]
+
+
+def initial(spec: contract.SpecRecord) -> LoopState:
+    """A node's state before its first attempt."""
+    peers: dict[str, Any] = dict(spec.get("peers") or {})
+    return LoopState(
+        rank=int(spec["node_rank"]),
+        nnodes=int(peers.get("nnodes", 1)),
+        max_attempts=1 + max(0, int(spec.get("restarts") or 0)),
+        names=tuple(str(h) for h in peers.get("hosts") or ()),
+    )
+
+
+# ------------------------------------------------------------------- decisions
+
+
+def decide(state: LoopState, event: Event) -> Decision:
+    """The node's next state, and what to do, after ``event``."""
+    if isinstance(event, Message):
+        return _message(state, event.rank, event.msg)
+    if isinstance(event, Hang):
+        told = [Tell(pm.hang(event.kind, event.reason, event.action))] if state.rank == 0 else []
+        return replace(state, stacks=True), [
+            *told,
+            TakeStacks(event.kind, event.reason, event.action),
+        ]
+    return _note(state, event), []
+
+
+def _note(state: LoopState, event: Event) -> LoopState:
+    """The events that only change what the node knows."""
+    if isinstance(event, Exited):
+        return replace(state, exited=True)
+    if isinstance(event, Signal):
+        hurried = state.stop_signal == signal.SIGUSR1  # an immediate stop stays immediate
+        return state if hurried else replace(state, stop_signal=event.signum)
+    if isinstance(event, SessionGone):  # stopped as if signalled
+        asked = state.stop_signal is not None
+        return state if asked else replace(state, stop_signal=signal.SIGTERM)
+    if isinstance(event, OutputFull):
+        return state if state.full is not None else replace(state, full=event.why)
+    if isinstance(event, PeerAbort):
+        return state if state.abort is not None else replace(state, abort=event.reason)
+    if isinstance(event, StacksTaken):
+        hung = event.action == contract.ON_STALL_STOP
+        verdict = (event.kind, event.reason) if hung else state.verdict
+        return replace(state, stacks=False, verdict=verdict)
+    if isinstance(event, Begun):
+        return replace(state, attempt=event.attempt, exited=False)
+    if not state.restarts:  # without restarts, node 0's word of them means nothing
+        return state
+    if isinstance(event, Node0Said):
+        word = (event.msg["attempt"], event.msg["reason"])
+        if event.msg["t"] == "halt":
+            return replace(state, halt=word)
+        return replace(state, go=word)
+    return state
+
+
+def _message(state: LoopState, rank: int, msg: pm.PeerMessage) -> Decision:
+    """Node 0 hears from node ``rank`` (itself for rank 0)."""
+    if msg["t"] == "done":
+        return state, [_ended(state, rank, msg)] if _ends_run(state, msg) else []
+    if not state.restarts or state.rank != 0:
+        return state, []
+    if msg["t"] == "fail":
+        return failed(state, rank, msg["attempt"], msg["reason"])
+    if msg["t"] == "halted":
+        return stopped(state, rank, msg["attempt"])
+    return state, []
+
+
+def _ends_run(state: LoopState, msg: pm.Done) -> bool:
+    halting = state.restarts and state.decider.halting is not None
+    return halting or msg["state"] != contract.SUCCEEDED
+
+
+def _ended(state: LoopState, rank: int, msg: pm.Done) -> EndRun:
+    """A node ended: while the run restarts, or not succeeding, the run stops."""
+    if state.restarts and state.decider.halting is not None:
+        return EndRun(f"{state.name(rank)} ended while the run was restarting")
+    why = f"{state.name(rank)} {msg['state']}"
+    return EndRun(why + (": " + msg["reason"] if msg["reason"] else ""))
+
+
+def failed(state: LoopState, rank: int, attempt: int, reason: str) -> Decision:
+    """Node ``rank``'s attempt failed (and it stopped): restart everyone, or end the run."""
+    d = state.decider
+    if d.halting is not None or attempt != d.current:
+        return stopped(state, rank, attempt) if d.halting == attempt else (state, [])
+    heard, ended = state.heard | {state.rank}, state.ended
+    why = refusal(attempt, state.max_attempts, state.nnodes, heard, ended, state.abort)
+    if why:
+        return state, [EndRun(f"{state.name(rank)} failed: {reason}; not restarted: {why}")]
+    d = replace(d, halting=attempt, halted=frozenset(), why=f"{state.name(rank)} failed: {reason}")
+    state = replace(state, decider=d, halt=(attempt, d.why))
+    state, actions = stopped(state, rank, attempt)
+    return state, [Tell(pm.halt(attempt, d.why)), *actions]
+
+
+def stopped(state: LoopState, rank: int, attempt: int) -> Decision:
+    """Node ``rank`` stopped attempt ``attempt``; once every node has: go again."""
+    d = state.decider
+    if d.halting != attempt:
+        return state, []
+    d = replace(d, halted=d.halted | {rank})
+    if len(d.halted) < state.nnodes:
+        return replace(state, decider=d), []
+    d = replace(d, halting=None, current=attempt + 1)
+    state = replace(state, decider=d, go=(attempt + 1, d.why))
+    return state, [Tell(pm.again(attempt + 1, d.why))]
+
+
+# ------------------------------------------------------------------- what the loop does next
+
+WATCH, EXITED, STOP = "watch", "exited", "stop"
+
+
+def outcome(state: LoopState) -> str:
+    """What the loop does with the running attempt: keep watching it, handle torchrun's
+    exit, or stop the node's processes."""
+    if state.exited:
+        return EXITED
+    if state.stop_signal is not None or state.full is not None or state.verdict is not None:
+        return STOP
+    if halting(state):
+        return STOP  # node 0 restarts the run: every node stops this attempt
+    if state.abort is not None and not state.stacks:
+        return STOP  # (while this node's stacks are taken, its ranks stay)
+    return WATCH
+
+
+def halting(state: LoopState) -> bool:
+    """Node 0 asked this node to stop its current attempt."""
+    return state.halt is not None and state.halt[0] == state.attempt
+
+
+def stopping(state: LoopState) -> bool:
+    """The node ends whatever its attempt did: asked to, aborted, hung or out of disk."""
+    stops = (state.stop_signal, state.full, state.verdict, state.abort)
+    return any(v is not None for v in stops)
+
+
+def word_to_node_0(state: LoopState, ended: str) -> Optional[str]:
+    """What the node tells node 0 once its attempt ended in state ``ended``: "halted" (it
+    stopped as told), "fail" (a restart may follow), or None: the node ends here."""
+    if not state.restarts or stopping(state):
+        return None
+    if halting(state):
+        return "halted"
+    if ended == contract.FAILED and state.attempt < state.max_attempts:
+        return "fail"
+    return None
+
+
+def going(state: LoopState) -> bool:
+    """Node 0 said start the attempt after this node's."""
+    return state.go is not None and state.go[0] == state.attempt + 1

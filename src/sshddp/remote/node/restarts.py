@@ -1,0 +1,149 @@
+"""Restarts of the whole run (``--max-restarts N``), decided by the supervisors.
+
+torchrun itself never restarts (it gets ``--max-restarts 0``): with the static rendezvous
+one node's torchrun restarting alone hangs or fails. Instead a node whose torchrun failed
+while attempts remain tells node 0's supervisor (a ``fail`` message, ``peer_messages``).
+Node 0 decides (``refusal``, and ``node_events.RestartDecider``: pure): every node must
+still be heard from and none may have ended for good, else the run ends as it did without
+restarts. Then every supervisor stops its node's processes (``halt``: the usual stop,
+torchrun's group and every process carrying the node's mark, workers included), and says
+so (``halted``; a node that failed has stopped already). Once every node has, node 0 says
+``again`` (attempt k + 1) and every node starts a fresh torchrun: same node ranks, same
+rendezvous endpoint, a fresh rendezvous round (torchrun's TCP store binds its port with
+SO_REUSEADDR, so node 0's new store takes the port at once).
+
+node.log stays exactly what the ranks wrote; RUNDIR/attempts.json (``AttemptsRecord``)
+says where each attempt starts in it and why the one before ended. Every process of
+attempt k carries SSHDDP_ATTEMPT=k.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Collection, Optional
+
+from sshddp.protocol import contract
+from sshddp.protocol.contract import AttemptRecord, ExitRecord, SpecRecord
+from sshddp.remote.common import atomic_write_json, listdir, unlink
+from sshddp.remote.node.host_attempts import summary
+from sshddp.remote.node.output import NodeOutput
+
+WAIT_TICK = 0.05  #: seconds between looks while a node waits for node 0's word
+TAIL_BYTES = 64 * 1024  #: how much of an attempt's end is read for torchrun's failure summary
+_RANK_RE = re.compile(rb"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)")
+_EXIT_RE = re.compile(rb"exitcode\s*:\s*(-?\d+)")
+
+
+def refusal(
+    attempt: int,
+    max_attempts: int,
+    nnodes: int,
+    heard: Collection[int],
+    ended: Collection[int],
+    abort: Optional[str],
+) -> str:
+    """Why a failure in ``attempt`` does not restart the run ("" when it does). ``heard``:
+    the nodes node 0 still hears from (itself included); ``ended``: those that ended for
+    good."""
+    if attempt >= max_attempts:
+        return f"no attempts left ({max_attempts} made)"
+    if abort is not None:
+        return f"the run is stopping: {abort}"
+    if ended:
+        return "node(s) " + ", ".join(str(r) for r in sorted(ended)) + " ended already"
+    lost = [r for r in range(nnodes) if r not in heard]
+    if lost:
+        return "node(s) " + ", ".join(str(r) for r in lost) + " cannot be reached"
+    return ""
+
+
+def failure_text(log: str, offset: int, reason: str) -> str:
+    """What failed, from torchrun's failure summary at the end of the attempt's output
+    (``rank 5 exited with code 1``); else ``reason`` (torchrun's own exit)."""
+    try:
+        with open(log, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(offset, size - TAIL_BYTES))
+            tail = fh.read()
+    except OSError:
+        return reason
+    start = tail.rfind(b"Root Cause")
+    rank, code = _RANK_RE.search(tail, max(start, 0)), _EXIT_RE.search(tail, max(start, 0))
+    if start < 0 or rank is None or code is None:
+        return reason
+    return f"rank {int(rank.group(1))} exited with code {int(code.group(1))}"
+
+
+class Restarts:
+    """A node's attempts: which one runs, where each starts in node.log and why the one
+    before ended (attempts.json). What happens between them is the supervisor's loop's
+    (``node_events``)."""
+
+    def __init__(self, rundir: str, spec: SpecRecord) -> None:
+        self.rundir = rundir
+        self.max_attempts = 1 + max(0, int(spec.get("restarts") or 0))
+        self.attempt = 1
+        self.history: list[AttemptRecord] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_attempts > 1
+
+    def failure(self, reason: str) -> str:
+        """What failed in the current attempt (``failure_text`` of its output)."""
+        log = os.path.join(self.rundir, contract.LOG)
+        offset = self.history[-1]["offset"] if self.history else 0
+        return failure_text(log, offset, reason)
+
+    def begin(self, output: NodeOutput, spec: SpecRecord, go: Optional[tuple[int, str]]) -> None:
+        """Record the start of the next attempt (``go``: which, and why; None: the first)
+        and give it a fresh output."""
+        if not self.enabled:
+            return
+        why = ""
+        if self.history:
+            assert go is not None
+            self.attempt, why = go
+            output.reopen(spec)
+            for name in listdir(os.path.join(self.rundir, contract.JOINED)):
+                unlink(os.path.join(self.rundir, contract.JOINED, name))
+        offset = os.fstat(output.log).st_size
+        self.history.append(
+            {
+                "attempt": self.attempt,
+                "offset": offset,
+                "started": time.time(),
+                "reason": why,
+                "standby": False,
+            }
+        )
+
+    def started(self, standby: bool) -> None:
+        """The attempt's torchrun runs (``standby``: it was a standby): attempts.json says
+        so."""
+        if not self.history:
+            return
+        self.history[-1]["standby"] = standby
+        record = {"schema": contract.SCHEMA, "max_attempts": self.max_attempts}
+        atomic_write_json(
+            os.path.join(self.rundir, contract.ATTEMPTS), {**record, "attempts": self.history}
+        )
+
+    def more(self) -> bool:
+        """Another attempt may follow this one."""
+        return self.enabled and self.attempt < self.max_attempts
+
+    def summary(self) -> ExitRecord:
+        """What exit.json says of the attempts (nothing without restarts)."""
+        return summary(self.max_attempts, self.history)
+
+
+def stop_reason(rundir: str, default: str) -> str:
+    """Why the node was asked to stop (the first asker's words), else ``default``."""
+    try:
+        with open(os.path.join(rundir, contract.STOP_REASON)) as fh:
+            return fh.read().strip() or default
+    except OSError:
+        return default
