@@ -47,7 +47,8 @@ def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
     """The modules a node's session imports before it starts, and its supervisor's, loaded
     through the real bootstrap and importer in a fresh interpreter, as on a host."""
     entries = [
-        f"sshddp.remote.{m}" for m in ("host_session", "host_boot", "host_follow", "first_standby")
+        f"sshddp.remote.node.{m}"
+        for m in ("host_session", "host_boot", "host_follow", "first_standby")
     ]
     entries.append("sshddp.remote.node.supervisor")
     modules = {m: shipped.source(m) for e in entries for m in shipped.closure(e)}

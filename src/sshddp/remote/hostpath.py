@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 from typing import IO, Any, Optional
 
 PRIVATE = 0o700
@@ -219,11 +218,15 @@ def create(path: str, mode: int = 0o600, flags: int = 0) -> int:
 def temp_file(directory: str, prefix: str) -> tuple[int, str]:
     """A new file of an unguessable name in checked ``directory`` (``mkstemp``: O_EXCL,
     0600): its descriptor and path."""
+    import tempfile  # here: it brings shutil, bz2 and lzma, which a node's start does without
+
     return tempfile.mkstemp(prefix=prefix, dir=directory)
 
 
 def temp_dir(directory: str, prefix: str) -> str:
     """A new 0700 directory of an unguessable name in checked ``directory``."""
+    import tempfile
+
     return tempfile.mkdtemp(prefix=prefix, dir=directory)
 
 
