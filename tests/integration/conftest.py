@@ -6,6 +6,9 @@ may run jobs on it but must leave it as it found it (no job left, every node idl
 
 from __future__ import annotations
 
+import pwd
+import subprocess
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -52,3 +55,17 @@ def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsClu
     finally:
         cluster.close()
         net.close()
+
+
+@pytest.fixture
+def stranger() -> Iterator[pwd.struct_passwd]:
+    """A real second local user (made here as root, removed after): the one who plants
+    files and links where another user's sshddp might write or run them."""
+    name = f"sshddp-x{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(["useradd", "-M", "-s", "/bin/false", name], capture_output=True)
+    if made.returncode != 0:
+        pytest.fail(f"cannot add user {name} (needs root; CI runs as root): {made.stderr!r}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

@@ -9,7 +9,6 @@ import os
 import pwd
 import secrets
 import subprocess
-import uuid
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -23,19 +22,6 @@ from sshddp.remote.node import host_share
 from sshddp_lab.sshd import SshdCluster
 
 UV_VERSION = metadata.version("uv")
-
-
-@pytest.fixture
-def stranger() -> Iterator[pwd.struct_passwd]:
-    """A real second local user (made here as root, removed after)."""
-    name = f"sshddp-g{uuid.uuid4().hex[:8]}"
-    made = subprocess.run(["useradd", "-M", "-s", "/bin/false", name], capture_output=True)
-    if made.returncode != 0:
-        pytest.fail(f"cannot add user {name} (needs root; CI runs as root): {made.stderr!r}")
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 def project(folder: Path) -> Path:

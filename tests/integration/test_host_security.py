@@ -162,19 +162,6 @@ def test_a_coordinator_killed_while_staging_leaves_no_secret_on_any_host(
 # ------------------------------------------------ 2. another user's symlink as workdir
 
 
-@pytest.fixture
-def stranger() -> Iterator[pwd.struct_passwd]:
-    """A real second local user (made here as root, removed after)."""
-    name = f"sshddp-x{uuid.uuid4().hex[:8]}"
-    made = subprocess.run(["useradd", "-M", "-s", "/bin/false", name], capture_output=True)
-    if made.returncode != 0:
-        pytest.fail(f"cannot add user {name} (needs root; CI runs as root): {made.stderr!r}")
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
-
-
 def test_another_users_symlink_as_the_workdir_is_refused_naming_it_and_its_owner(
     ssh_env: SshdCluster,
     tmp_path: Path,

@@ -153,18 +153,7 @@ def processes(
     found = []
     for pid in sorted(procs):
         proc = procs[pid]
-        record: ProcessStacks = {
-            "pid": pid,
-            "ppid": proc.ppid,
-            "role": _launcher_role(role(proc, procs, agent), launcher),
-            "rank": proc.rank,
-            "local_rank": proc.local_rank,
-            "cmdline": proc.cmdline,
-            "source": "",
-            "threads": [],
-            "raw": "",
-            "error": "",
-        }
+        record = blank(proc, _launcher_role(role(proc, procs, agent), launcher))
         found.append((proc, record))
     return found
 
@@ -296,6 +285,22 @@ def by_signal(rundir: str, todo: list[Found], timeout: float) -> None:
             if proc.pid in files:
                 _read_dump(record, *files[proc.pid], proc, timeout)
                 _empty(files[proc.pid][0])
+
+
+def blank(proc: Proc, role_name: str) -> ProcessStacks:
+    """The record of process ``proc`` in role ``role_name``, before its stacks are read."""
+    return {
+        "pid": proc.pid,
+        "ppid": proc.ppid,
+        "role": role_name,
+        "rank": proc.rank,
+        "local_rank": proc.local_rank,
+        "cmdline": proc.cmdline,
+        "source": "",
+        "threads": [],
+        "raw": "",
+        "error": "",
+    }
 
 
 def _empty(path: str) -> None:

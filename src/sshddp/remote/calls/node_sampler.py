@@ -33,7 +33,7 @@ from sshddp.protocol.contract import (
     StackSample,
     UsageRecord,
 )
-from sshddp.remote.calls.host_stacks import Proc, by_signal, describe, role
+from sshddp.remote.calls.host_stacks import Proc, blank, by_signal, describe, role
 from sshddp.remote.calls.waits import classify
 from sshddp.remote.common import read_json, read_json_lines, run_pids, which
 from sshddp.remote.node.stop import torchrun_group
@@ -266,18 +266,7 @@ def rank_stacks(
 
 
 def _empty(proc: Proc) -> ProcessStacks:
-    return {
-        "pid": proc.pid,
-        "ppid": proc.ppid,
-        "role": contract.RANK,
-        "rank": proc.rank,
-        "local_rank": proc.local_rank,
-        "cmdline": proc.cmdline,
-        "source": "",
-        "threads": [],
-        "raw": "",
-        "error": "",
-    }
+    return blank(proc, contract.RANK)
 
 
 def _total(values: list[Optional[float]]) -> Optional[float]:
