@@ -278,10 +278,12 @@ def test_ps_asks_every_unfinished_run_at_once_names_a_hung_host_and_records_ends
             "ended",
             "joined",  # null once the node has ended
             "quiet",
+            "still",  # null without --stall-timeout
             "attempt",  # null without --max-restarts
             "attempts",
         }
-        assert row["nodes"][0]["joined"] is None and row["nodes"][0]["quiet"] is None
+        node0 = row["nodes"][0]
+        assert node0["joined"] is None and node0["quiet"] is None and node0["still"] is None
     table = sshddp(cluster, tmp_path, "ps", "--all")
     assert all(f"{r}" in table.stdout for r in runs) and "0:succeeded 1:succeeded" in table.stdout
     for run in runs:

@@ -157,3 +157,18 @@ def test_a_node_that_succeeded_unwatched_says_so_in_its_record() -> None:
     said = supervisor.noted("", supervisor.unwatched(spoke, "succeeded"))
     assert said.startswith("never reached node 0's supervisor"), said
     assert supervisor.noted("torchrun exited with code 1", "x") == "torchrun exited with code 1; x"
+
+
+def test_a_node_that_ended_waits_for_node_0_only_a_grace(monkeypatch) -> None:
+    """Both nodes failed at once: node 0's supervisor left before node 1's reached it. Node
+    1's gives up REPORT_GRACE after its own end, not at its connect deadline (2 x a 30 s
+    timeout here), so no supervisor outlives its run by a minute."""
+    monkeypatch.setattr(peers, "REPORT_GRACE", 0.5)
+    spoke = peers.peers_for(spec(1, free_port(), 30.0), KEY)
+    assert isinstance(spoke, peers.PeerClient)
+    spoke.start()
+    t0 = time.monotonic()
+    spoke.report("failed", "exit 1")
+    assert time.monotonic() - t0 < 10
+    assert spoke.conn is None and spoke.abort is not None
+    assert spoke.settle().startswith("never reached node 0's supervisor")

@@ -29,6 +29,7 @@ from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
 from sshddp.model.layout import RunLayout
 from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
+from sshddp.model.victims import Folds, Writer
 from sshddp.protocol.contract import SOURCE_NODE
 from sshddp.run.logfiles import LocalCopy, Say, open_run_dir
 
@@ -79,7 +80,9 @@ class Console:
         bar_every: float = defaults.BAR_EVERY,
         clock: Callable[[], float] = time.monotonic,
         agent: bool = True,
+        fold: bool = False,
     ) -> None:
+        """``fold``: later tracebacks shown one line each (``model.victims``)."""
         self._stream = stream
         self._agent = agent  # torchrun's own lines shown (-v, logs)
         self._color = color
@@ -92,20 +95,36 @@ class Console:
         self._region = _BarRegion(stream, self._prefix) if live else None
         self._sparse = Sparse(bar_every)
         self._clock = clock
+        self._folds = Folds() if fold else None
 
-    def add_node(self, node_rank: int, label: str, width: int, shown: bool = True) -> None:
+    def add_node(
+        self,
+        node_rank: int,
+        label: str,
+        width: int,
+        shown: bool = True,
+        source: Optional[Writer] = None,
+    ) -> None:
         """``label``: the node's ``rank host`` (``ranksel.rank_label``); ``shown``: whether
-        --ranks lets its lines through."""
-        self._add((node_rank, SOURCE_NODE), label, width, shown)
+        --ranks lets its lines through; ``source``: who it is, for a folded traceback."""
+        self._add((node_rank, SOURCE_NODE), label, width, shown, source)
 
     def add_rank(
-        self, node_rank: int, local_rank: int, label: str, width: int, shown: bool = True
+        self,
+        node_rank: int,
+        local_rank: int,
+        label: str,
+        width: int,
+        shown: bool = True,
+        source: Optional[Writer] = None,
     ) -> None:
         """A rank's own lines, on a node that tells its ranks apart; ``label``: its
         ``rank host``."""
-        self._add((node_rank, local_rank), label, width, shown)
+        self._add((node_rank, local_rank), label, width, shown, source)
 
-    def _add(self, key: Key, label: str, width: int, shown: bool) -> None:
+    def _add(self, key: Key, label: str, width: int, shown: bool, source: Optional[Writer]) -> None:
+        if source is not None and self._folds is not None:
+            self._folds.add(key, source)
         text = f"[{label}]".ljust(width).encode() + b" "
         if self._color:
             text = b"\x1b[" + _COLORS[key[0] % len(_COLORS)] + b"m" + text + _RESET
@@ -128,16 +147,35 @@ class Console:
             if not data:
                 return
         update = self._lines.setdefault(key, LineState(_MAX_PARTIAL)).feed(data)
-        lines = b"" if update.lines is None else self._prefixed(key, update.lines)
+        shown = self._folded(key, update.lines)
+        lines = b"" if shown is None else self._prefixed(key, shown)
         self._show(key, lines, update.bar)
 
+    def _folded(self, key: Key, lines: Optional[bytes]) -> Optional[bytes]:
+        """``lines`` as the console shows them: with later tracebacks folded."""
+        if lines is None or self._folds is None:
+            return lines
+        with self._lock:  # every node's thread: one first failure
+            return self._folds.lines(key, lines, self._clock())
+
     def flush_node(self, node_rank: int) -> None:
-        """Print a node's unterminated last lines (it printed no newline)."""
-        for key in [k for k in self._lines if k[0] == node_rank]:
-            state = self._lines.pop(key)
-            rest = state.finish()
+        """Print a node's unterminated last lines (it printed no newline), and a traceback
+        it ended inside of."""
+        keys = {k for k in self._lines if k[0] == node_rank}
+        for key in sorted(keys | {(node_rank, SOURCE_NODE)}):
+            state = self._lines.pop(key, None)
+            rest = self._folded(key, None if state is None else state.finish())
+            held = self._held(key)
             if not self._quiet and key not in self._hidden:
-                self._show(key, b"" if rest is None else self._prefixed(key, rest), None)
+                for text in (held, rest):
+                    if text is not None:
+                        self._show(key, self._prefixed(key, text), None)
+
+    def _held(self, key: Key) -> Optional[bytes]:
+        if self._folds is None:
+            return None
+        with self._lock:
+            return self._folds.flush(key)
 
     def _prefixed(self, key: Key, lines: bytes) -> bytes:
         """``lines`` (newline-separated, no final newline), each with the prefix."""
@@ -336,23 +374,29 @@ def open_sinks(
 ) -> tuple[NodeLogs, Console]:
     """A run's local log files (opened to append, resuming; ``fresh``: made new, for a
     launch) and its prefixed console, which shows the ranks ``ranks`` selects (``--ranks``;
-    every one when None), and torchrun's agent's lines with ``agent`` or ``screen.verbose``."""
+    every one when None), and torchrun's agent's lines with ``agent`` or ``screen.verbose``
+    (which also show every traceback whole: without them, the console shows the first
+    failure's whole and later ones one line each, ``model.victims``)."""
     if ranks is not None:
         check_ranks(ranks, layout.world_size, layout.run_id)
     logs = NodeLogs(log_dir, fresh, lambda text: screen.err(f"sshddp: note: {text}"))
     stream = screen.stdout_bytes
     shown = agent or screen.verbose
-    console = Console(stream, screen.color, live=_isatty(stream), agent=shown)
+    console = Console(stream, screen.color, live=_isatty(stream), agent=shown, fold=not shown)
     labels = {
         n.node_rank: f"{rank_label(n.first_rank, n.nproc)} {n.host.host}" for n in layout.nodes
     }
     width = max(len(f"[{label}]") for label in labels.values())
     for node in layout.nodes:
         logs.open(node.node_rank, node.host.host)
-        console.add_node(node.node_rank, labels[node.node_rank], width, shows(ranks, node.ranks))
+        log = log_name(node.node_rank, node.host.host)
+        whole = shows(ranks, node.ranks)
+        node_is = Writer(f"node {node.node_rank}", log)
+        console.add_node(node.node_rank, labels[node.node_rank], width, whole, node_is)
         for local, rank in enumerate(node.ranks):
             own = shows(ranks, source_ranks(node.first_rank, node.nproc, local))
-            console.add_rank(node.node_rank, local, f"{rank} {node.host.host}", width, own)
+            rank_is = Writer(f"rank {rank}", log)
+            console.add_rank(node.node_rank, local, f"{rank} {node.host.host}", width, own, rank_is)
     return logs, console
 
 

@@ -36,6 +36,11 @@ from sshddp.remote.node.node_inbox import Inbox
 #: seconds a client's last try to connect may run past its deadline (connect and handshake)
 CONNECT_SLACK = 2 + wire.HANDSHAKE_TIMEOUT
 MAX_PENDING = 64  # connections awaiting authentication at the server; a newer one evicts the oldest
+#: seconds a client whose node has ended goes on trying to reach node 0's supervisor to say
+#: so. Node 0's, if it is there and never hears, stops at its own deadline for every node
+#: (``PeerServer._deadline``); one that left already (both nodes failed at once) is not
+#: waited for the whole connect deadline.
+REPORT_GRACE = 10.0
 
 
 class Peers:
@@ -332,6 +337,7 @@ class PeerClient(Peers):
         super().__init__(spec, key, inbox, facts)
         self.conn: Optional[wire.Conn] = None
         self.connected = threading.Event()  # set once connected, or given up
+        self.ended_at: Optional[float] = None  # when this node's own run ended (``report``)
 
     def start(self) -> None:
         threading.Thread(target=self._client, daemon=True).start()
@@ -341,7 +347,7 @@ class PeerClient(Peers):
         there is none in time, or the port is held by something that is not it."""
         where = f"{self.addr}:{self.port}"
         deadline = time.time() + self.timeout * 2
-        while time.time() < deadline and self.abort is None:
+        while time.time() < self._give_up(deadline) and self.abort is None:
             try:
                 sock = socket.create_connection((self.addr, self.port), timeout=2)
             except OSError:
@@ -361,6 +367,15 @@ class PeerClient(Peers):
                 time.sleep(0.2)
         self._set_abort(f"cannot reach node 0's supervisor at {where}")
         return None
+
+    def _give_up(self, deadline: float) -> float:
+        """When to stop trying to connect: ``deadline``, or sooner once this node ended."""
+        ended = self.ended_at
+        return deadline if ended is None else min(deadline, ended + REPORT_GRACE)
+
+    def _ended(self) -> None:
+        if self.ended_at is None:
+            self.ended_at = time.time()
 
     def _client(self) -> None:
         conn = self._connect()
@@ -410,6 +425,7 @@ class PeerClient(Peers):
     def settle(self) -> str:
         """Wait for the connection to node 0's supervisor (a node that ended at once is
         still connecting); what this node's record must say when there is none."""
+        self._ended()
         self.connected.wait(self.timeout * 2 + CONNECT_SLACK)
         if self.conn is not None:
             return ""
@@ -420,6 +436,7 @@ class PeerClient(Peers):
         )
 
     def report(self, state: str, reason: str) -> None:
+        self._ended()
         self.connected.wait(self.timeout * 2)  # a node that ended at once: still connecting
         if self.conn is not None:
             self.conn.send(pm.encode(pm.done(self.rank, state, reason)))
