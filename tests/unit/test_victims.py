@@ -142,7 +142,7 @@ def test_the_console_folds_across_nodes_and_logs_see_it_whole() -> None:
         for local in (0, 1):
             rank = 2 * node + local
             src = Writer(f"rank {rank}", f"node{node}-h{node + 1}.log")
-            console.add_rank(node, local, f"{rank} h{node + 1}", 8, source=src)
+            console.add_rank(node, local, f"{rank} h{node + 1}", 8, writer=src)
     console.write(1, ROOT + b"\n", source=1)
     console.write(0, victim(0) + b"\n", source=0)
     console.write(0, b"Traceback (most recent call last):\n  File x\n", source=1)

@@ -103,11 +103,11 @@ class Console:
         label: str,
         width: int,
         shown: bool = True,
-        source: Optional[Writer] = None,
+        writer: Optional[Writer] = None,
     ) -> None:
         """``label``: the node's ``rank host`` (``ranksel.rank_label``); ``shown``: whether
-        --ranks lets its lines through; ``source``: who it is, for a folded traceback."""
-        self._add((node_rank, SOURCE_NODE), label, width, shown, source)
+        --ranks lets its lines through; ``writer``: who it is, for a folded traceback."""
+        self._add((node_rank, SOURCE_NODE), label, width, shown, writer)
 
     def add_rank(
         self,
@@ -116,15 +116,15 @@ class Console:
         label: str,
         width: int,
         shown: bool = True,
-        source: Optional[Writer] = None,
+        writer: Optional[Writer] = None,
     ) -> None:
         """A rank's own lines, on a node that tells its ranks apart; ``label``: its
         ``rank host``."""
-        self._add((node_rank, local_rank), label, width, shown, source)
+        self._add((node_rank, local_rank), label, width, shown, writer)
 
-    def _add(self, key: Key, label: str, width: int, shown: bool, source: Optional[Writer]) -> None:
-        if source is not None and self._folds is not None:
-            self._folds.add(key, source)
+    def _add(self, key: Key, label: str, width: int, shown: bool, writer: Optional[Writer]) -> None:
+        if writer is not None and self._folds is not None:
+            self._folds.add(key, writer)
         text = f"[{label}]".ljust(width).encode() + b" "
         if self._color:
             text = b"\x1b[" + _COLORS[key[0] % len(_COLORS)] + b"m" + text + _RESET
