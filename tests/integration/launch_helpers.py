@@ -42,6 +42,27 @@ class Run:
         return out
 
 
+TRACEBACK = "Traceback (most recent call last):"
+FOLDED = re.compile(r"\(after (rank \d+|node \d+)'s traceback; this one whole in (\S+)\)$")
+
+
+def assert_one_failure_one_traceback(run: Run, nodes: int, first: str) -> list[str]:
+    """A cascade's console (issue 45.4): the logs hold the failing rank's traceback and at
+    least two of its victims' (the cascade happened), the console at most two whole; every
+    other one is a line of its own naming ``first`` and the log that holds it whole, and
+    that log does. Returns the folded lines."""
+    paths = [run.local_log(n) for n in range(nodes)]
+    logs = {path.name: path.read_text("utf-8", "replace") for path in paths}
+    logged = sum(text.count(TRACEBACK) for text in logs.values())
+    assert logged >= 3, logs
+    assert run.stdout.count(TRACEBACK) <= 2, run.stdout
+    folded = [m for m in map(FOLDED.search, run.stdout.splitlines()) if m]
+    assert folded, run.stdout
+    for m in folded:
+        assert m.group(1) == first and TRACEBACK in logs[m.group(2)], (m.group(0), run.stdout)
+    return [m.string for m in folded]
+
+
 def write_inventory(
     cluster: SshdCluster,
     tmp: Path,

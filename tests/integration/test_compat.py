@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from launch_helpers import Run, launch_on, sshddp, write_inventory
+from launch_helpers import (
+    Run,
+    assert_one_failure_one_traceback,
+    launch_on,
+    sshddp,
+    write_inventory,
+)
 from test_watchdogs import wait_finished
 
 from sshddp_lab.sshd import SshdCluster
@@ -192,6 +198,33 @@ def test_accelerate_config_for_gpus_on_cpu_hosts_is_reported_not_distributed(
     for r in assert_reported_alone(run, "accelerate"):
         assert r["num_processes"] == 1 and r["distributed_type"].endswith(".NO"), r
     assert "ACCELERATE_USE_CPU=1" in run.stderr, run.stderr[-4000:]
+    run_no_leak(run.run_id)
+
+
+# ------------------------------------------------------------- Lightning, a failing rank
+
+
+@pytest.mark.slow
+def test_lightning_failing_rank_console_shows_one_traceback(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Under torchrun, Lightning's rank 3 raises in its third step while the others
+    all-reduce their gradients: they die of its death, each with Lightning's long traceback
+    (87 lines a victim, 620 console lines before). The console shows rank 3's whole and one
+    line per victim; the logs keep every byte."""
+    job = [str(PAYLOADS / "lightning_job.py"), "2", "--fail-in-step", "1:1"]
+    run = launch(ssh_env, tmp_path, free_port(), job, ["--name", "lfail"])
+    assert run.rc == 1, run.stderr[-4000:]
+    assert "root cause: node 1 on h2, global rank 3 " in run.stderr, run.stderr[-4000:]
+    failed = "[rank3]: RuntimeError: Lightning worker 1:1 failed in a step on purpose"
+    lines = run.stdout.splitlines()
+    assert_one_failure_one_traceback(run, len(HOSTS), "rank 3")
+    # Lightning's own traceback is long (about 90 lines); the rest of the console is short.
+    start = lines.index("[3 h2]   [rank3]: Traceback (most recent call last):")
+    end = next(i for i, line in enumerate(lines) if line.endswith(failed))
+    assert start < end and len(lines) - (end + 1 - start) <= 35, run.stdout
+    for node in range(len(HOSTS)):
+        assert run.local_log(node).read_bytes() == run.remote_log(node).read_bytes(), node
     run_no_leak(run.run_id)
 
 

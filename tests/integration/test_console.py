@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import Callable
 
-from launch_helpers import JOB, Run, launch
+from launch_helpers import JOB, Run, assert_one_failure_one_traceback, launch
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -62,6 +62,24 @@ def test_a_failing_rank_shows_its_own_traceback_and_no_torchrun_chatter(
     summary = agent_bytes(run, 1).decode().splitlines()
     assert f"{JOB.name} FAILED" in summary, summary
     run_no_leak("fail3")
+
+
+def test_a_collective_death_cascade_shows_one_traceback_and_a_line_per_victim(
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+) -> None:
+    """Rank 3 raises while the five others all-reduce: each of them dies of its death
+    ("Connection closed by peer") and writes a traceback of its own. The console shows rank
+    3's whole and each victim's as one line (55 lines before); the logs keep them all."""
+    run = launch(ssh_env, tmp_path, free_port(), ["raise", "3"], opts=["--name", "cascade"])
+    assert run.rc == 1, run.stderr
+    assert "root cause: node 1 on h2, global rank 3 " in run.stderr, run.stderr
+    assert "[3 h2]   [rank3]: RuntimeError: boom on rank 3" in run.stdout.splitlines()
+    folded = assert_one_failure_one_traceback(run, 3, "rank 3")
+    assert all("Connection closed by peer" in line for line in folded), folded
+    assert len(run.stdout.splitlines()) <= 35, run.stdout
+    for node in range(3):  # the console's folding never touches a log
+        assert run.local_log(node).read_bytes() == run.remote_log(node).read_bytes(), node
+    run_no_leak("cascade")
 
 
 def test_verbose_shows_torchruns_lines_live(

@@ -1,11 +1,14 @@
 """A Lightning Trainer on CPU, 2 devices a node, DDP: run under torchrun or as a node launcher.
 
-Usage: lightning_job.py NUM_NODES [--fail NODE:LOCAL]. With --fail, that worker raises as
-training starts, while the others wait 30 s outside any collective: the failure is the
-first thing that happens (a peer in a collective would fail at the same moment, with
-"Connection closed by peer"). Otherwise every rank prints one JSON line once training is done:
-its global rank, the world size, its node rank, the sum of (rank + 1) over every rank (an
-all-reduce), and whether its weights agree with rank 0's (DDP kept them in step).
+Usage: lightning_job.py NUM_NODES [--fail NODE:LOCAL | --fail-in-step NODE:LOCAL]. With
+--fail, that worker raises as training starts, while the others wait 30 s outside any
+collective: the failure is the first thing that happens (a peer in a collective would fail
+at the same moment, with "Connection closed by peer"). With --fail-in-step, that worker
+raises in its third training step while the others all-reduce their gradients (DDP's
+backward), so each of them dies of the peer's death: a cascade of tracebacks. Otherwise
+every rank prints one JSON line once training is done: its global rank, the world size,
+its node rank, the sum of (rank + 1) over every rank (an all-reduce), and whether its
+weights agree with rank 0's (DDP kept them in step).
 """
 
 import json
@@ -19,26 +22,32 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, fail: str = "") -> None:
+    def __init__(self, fail: str = "", fail_in_step: str = "") -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
         self.fail = fail
+        self.fail_in_step = fail_in_step
+
+    def worker(self) -> str:
+        return f"{self.trainer.node_rank}:{self.trainer.local_rank}"
 
     def on_train_start(self) -> None:
-        if self.fail == f"{self.trainer.node_rank}:{self.trainer.local_rank}":
+        if self.fail == self.worker():
             raise RuntimeError(f"Lightning worker {self.fail} failed on purpose")
         if self.fail:
             time.sleep(30)
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
+        if batch_idx == 2 and self.fail_in_step == self.worker():
+            raise RuntimeError(f"Lightning worker {self.fail_in_step} failed in a step on purpose")
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def main(num_nodes: int, fail: str) -> None:
+def main(num_nodes: int, fail: str, fail_in_step: str) -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(96, 8), torch.randn(96, 1))
     trainer = L.Trainer(
@@ -52,7 +61,7 @@ def main(num_nodes: int, fail: str) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    model = Tiny(fail)
+    model = Tiny(fail, fail_in_step)
     trainer.fit(model, DataLoader(data, batch_size=8))
     total = torch.tensor([float(trainer.global_rank + 1)])
     dist.all_reduce(total)
@@ -77,5 +86,8 @@ def main(num_nodes: int, fail: str) -> None:
 
 
 if __name__ == "__main__":
-    fail = sys.argv[sys.argv.index("--fail") + 1] if "--fail" in sys.argv else ""
-    main(int(sys.argv[1]), fail)
+
+    def option(name: str) -> str:
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else ""
+
+    main(int(sys.argv[1]), option("--fail"), option("--fail-in-step"))
