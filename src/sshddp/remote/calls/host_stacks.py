@@ -40,7 +40,7 @@ from sshddp.remote.node.stop import torchrun_group
 
 DUMP_TIMEOUT = 2.0  #: seconds the signalled processes have to write their dumps
 SETTLE = 0.05  #: a dump is whole once its file has not grown for this long
-POLL = 0.01
+POLL = 0.01  #: seconds between looks for the dumps, within DUMP_TIMEOUT, once a `stacks`
 MAX_DUMP = 4 << 20  #: bytes read of one dump
 MAX_CMDLINE = 300
 

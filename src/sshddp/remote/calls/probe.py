@@ -259,7 +259,7 @@ def _connect(addr: str, port: int, timeout: float) -> Facts:
             return {"ok": True, "addr": addr, "port": port}
         except OSError as exc:
             last = exc.strerror or str(exc)
-            time.sleep(0.05)
+            time.sleep(0.05)  # within the probe's timeout: a port that opens is seen soon
     return {"ok": False, "addr": addr, "port": port, "error": last}
 
 

@@ -60,7 +60,7 @@ def _reap(pid: Optional[int]) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:  # not ours after all: wait for it to vanish
         while pid_alive(pid):
-            time.sleep(0.05)
+            time.sleep(0.05)  # once, at the session's end: a supervisor not our child
 
 
 def session_gone(rundir: str, parent: Optional[int]) -> bool:

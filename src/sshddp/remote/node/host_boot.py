@@ -236,7 +236,7 @@ def _start_supervisor(
         )
         if state:
             return dict(state)
-        time.sleep(0.005)
+        time.sleep(0.005)  # once a launch, within START_TIMEOUT: the node's start, 5 ms sooner
     raise BootError(f"the supervisor did not start within {START_TIMEOUT:.0f} s; see {log_path}")
 
 

@@ -36,7 +36,7 @@ PIPE = "pipe_"  #: RUNDIR/nccl/pipe_<rank>.pipe: write to it and the rank dumps
 #: one whose GPU is busy with a kernel that never ends; a rank spinning in Python code,
 #: holding the GIL, had not dumped after 25 s).
 WAIT = contract.FLIGHT_WAIT
-POLL = 0.05
+POLL = 0.05  #: seconds between looks for the dumps, within WAIT, once a hang is being recorded
 MAX_DUMP = 16 << 20  #: bytes read of one dump
 LAST = 3  #: a rank's last collectives the summary keeps
 

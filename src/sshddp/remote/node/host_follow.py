@@ -37,7 +37,10 @@ from sshddp.remote.node.host_attempts import read_summary
 from sshddp.remote.node.joined import node_watch, progress, still
 
 CHUNK = 1 << 20
-POLL_MIN, POLL_MAX = 0.01, 0.1  # seconds between looks at an idle log: short after output
+#: seconds between looks at node.log while a laptop follows it: 10 ms right after output (a
+#: line reaches the console within 10 ms of the last one), doubling to 0.1 s while it is idle
+#: (ten looks a second, a stat each, for the hours a quiet run is attached)
+POLL_MIN, POLL_MAX = 0.01, 0.1
 GATHER_WAIT = 0.03  # seconds node.log grows, after a little of it was sent, before a look
 GATHER_BELOW = 64 * 1024  # a send of less than this much: the follower had caught up
 LIVENESS_EVERY = 0.5  # seconds between checks that the supervisor is still there

@@ -35,7 +35,9 @@ from sshddp.remote.rankside.rankout import (
 )
 
 PUMP_BYTES = 1 << 20
-GATHER_WAIT = 0.03  # seconds a trickle of output collects before it is read again
+#: seconds a trickle of output collects before it is read again: one read (and one log
+#: write, one index record) per 30 ms of a rank printing line by line, not one per line
+GATHER_WAIT = 0.03
 GATHER_BELOW = 64 * 1024  # a wakeup that read less than this much is a trickle
 RESERVE_BYTES = 64 * 1024
 ESCAPE_WAIT = 2.0  # seconds the output may stay open once every process of the node is gone

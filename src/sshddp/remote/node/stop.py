@@ -131,7 +131,7 @@ def _signal_supervisor(
             return dict(done)
         if frozen(pid):  # SIGSTOPped: it will not act on the signal, however long we wait
             return None
-        time.sleep(0.01)
+        time.sleep(0.01)  # within the grace, once a stop: `stop` returns 10 ms after the end
     return read_json(exit_path)
 
 
@@ -154,5 +154,5 @@ def _kill_supervisor(pid: int, started: int, grace: float) -> str:
     send_signal(pid, started, signal.SIGKILL)
     end = time.time() + SUPERVISOR_EXTRA
     while same_process(pid, started) and time.time() < end:
-        time.sleep(0.01)
+        time.sleep(0.01)  # bounded by SUPERVISOR_EXTRA, once a stuck supervisor
     return f"its supervisor (pid {pid}) was {why}, and was killed"
