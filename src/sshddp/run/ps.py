@@ -24,6 +24,7 @@ from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model.state import NodeState
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import registry
+from sshddp.run.quarantine import ends as quarantine
 from sshddp.run.registry import NodeRecord, RunRecord
 
 ANSWER_WINDOW = 10.0  #: seconds past the connect timeout that ps waits for every answer
@@ -133,10 +134,13 @@ def ps(
 
 def _record(record: RunRecord, states: list[ExitRecord]) -> list[str]:
     try:
-        registry.record_end(record.run_id, lambda r: r.ended_from(states))
+        ended = registry.record_end(record.run_id, lambda r: r.ended_from(states))
     except StateError as exc:
         return [f"run {record.run_id}: its end is not recorded: {exc.message}"]
-    return []
+    return [
+        f"run {record.run_id}: {line.removeprefix('sshddp: ')}"
+        for line in quarantine.after_record(ended)
+    ]
 
 
 def _end_json(end: registry.NodeEnd) -> ExitRecord:
