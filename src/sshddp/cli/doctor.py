@@ -34,7 +34,7 @@ from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_json, doctor_table
 from sshddp.run import preflight
 from sshddp.run.payload import code_spec
-from sshddp.run.quarantine import store as quarantined
+from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sync import load_project, project_path, sync_hosts
 
@@ -103,7 +103,7 @@ def _marked(terminal: Terminal, reports: Sequence[HostReport]) -> list[HostRepor
     """The reports with each quarantined host's warning; a quarantine file that cannot be
     read is named, and the checks stand."""
     try:
-        store = quarantined.load()
+        store = quarantine_store.load()
     except StateError as exc:
         terminal.err(f"sshddp: warning: {exc.message}")
         return list(reports)

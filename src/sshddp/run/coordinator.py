@@ -48,8 +48,8 @@ from sshddp.run.follow import Followers
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
 from sshddp.run.payload import Payload, build_payload, code_spec
-from sshddp.run.quarantine import ends as quarantine
-from sshddp.run.quarantine import store as quarantined
+from sshddp.run.quarantine import ends as quarantine_ends
+from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.registry import Launcher, RunRecord
 from sshddp.run.runstate import LaunchState, RunState
 from sshddp.run.scriptcheck import script_imports
@@ -102,7 +102,7 @@ def launch(
         screen.out(describe(plan))
         return None
     if not mode.ignore_quarantine:  # before any record or host
-        quarantined.refuse(inventory.hosts)
+        quarantine_store.refuse(inventory.hosts)
     if plan.rdzv_port == defaults.AUTO_PORT and not mode.check:
         raise UsageError(
             "--port auto (or `rendezvous: {port: auto}`) needs the preflight: node 0's probe "
@@ -192,7 +192,7 @@ class Launch:
         try:
             gathered = preflight.for_launch(pool, ctx, opener, self.screen.err)
         except preflight.PreflightFailed as failed:  # a host not there: quarantined
-            failed.quarantined = quarantine.after_preflight(
+            failed.quarantined = quarantine_ends.after_preflight(
                 failed.reports, self.options.quarantine_for, plan.run_id
             )
             raise
@@ -343,7 +343,7 @@ def _recorded(result: RunResult, screen: Screen) -> RunResult:
         registry.record_end(result.run_id, lambda r: r.ended_with(result))
     except StateError as exc:
         screen.err(f"sshddp: warning: the run's end is not recorded: {exc.message}")
-    return replace(result, quarantined=tuple(quarantine.after_run(result)))
+    return replace(result, quarantined=tuple(quarantine_ends.after_run(result)))
 
 
 def _all_gone(record: RunRecord, gone: dict[int, ExitRecord], screen: Screen) -> RunResult:
@@ -356,7 +356,7 @@ def _all_gone(record: RunRecord, gone: dict[int, ExitRecord], screen: Screen) ->
         return record.recorded_result()
     try:
         ended = registry.record_end(record.run_id, lambda r: r.ended_from(list(gone.values())))
-        for line in quarantine.after_record(ended):
+        for line in quarantine_ends.after_record(ended):
             screen.err(line)
     except StateError:
         pass  # what follows says it all

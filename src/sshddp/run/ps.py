@@ -24,7 +24,7 @@ from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model.state import NodeState
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import registry
-from sshddp.run.quarantine import ends as quarantine
+from sshddp.run.quarantine import ends as quarantine_ends
 from sshddp.run.registry import NodeRecord, RunRecord
 
 ANSWER_WINDOW = 10.0  #: seconds past the connect timeout that ps waits for every answer
@@ -139,7 +139,7 @@ def _record(record: RunRecord, states: list[ExitRecord]) -> list[str]:
         return [f"run {record.run_id}: its end is not recorded: {exc.message}"]
     return [
         f"run {record.run_id}: {line.removeprefix('sshddp: ')}"
-        for line in quarantine.after_record(ended)
+        for line in quarantine_ends.after_record(ended)
     ]
 
 

@@ -32,7 +32,7 @@ from sshddp.protocol.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed
-from sshddp.run.quarantine import ends as quarantine
+from sshddp.run.quarantine import ends as quarantine_ends
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
 from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks
@@ -111,7 +111,7 @@ def record_if_ended(record: RunRecord, states: list[Optional[ExitRecord]]) -> li
         ended = registry.record_end(record.run_id, lambda r: r.ended_from(known))
     except StateError as exc:
         return [f"sshddp: warning: the run's end is not recorded: {exc.message}"]
-    return quarantine.after_record(ended)
+    return quarantine_ends.after_record(ended)
 
 
 def show_logs(
