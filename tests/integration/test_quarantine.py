@@ -97,3 +97,48 @@ def test_a_rank_that_raises_quarantines_nobody(
     listed = sshddp(ssh_env, tmp_path, "quarantine", "--json")
     assert json.loads(listed.stdout) == {"hosts": []}, listed.stderr
     run_no_leak("qraise")
+
+
+def test_a_host_unreachable_at_launch_is_quarantined_doctor_marks_it_and_it_can_be_ignored(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak,
+) -> None:
+    cluster = make_cluster(2)
+    inv, _ = loopback_inv(tmp_path, free_port(), 2)
+    cluster.stop_host(2)
+    down = sshddp(
+        cluster, tmp_path, "launch", "--connect-timeout", "3", "--name", "qdown", inv, JOB, "ok"
+    )
+    assert down.returncode == 3 and "Traceback" not in down.stderr, down.stderr
+    said = [line for line in down.stderr.splitlines() if line.startswith("sshddp: quarantined")]
+    assert len(said) == 1 and "quarantined h2 until" in said[0], down.stderr
+    assert "unreachable at launch" in said[0] and "connection refused" in said[0], said
+
+    cluster.start_host(2)
+    doctor = sshddp(cluster, tmp_path, "doctor", "--json", inv)
+    hosts = {h["host"]: h["findings"] for h in json.loads(doctor.stdout)["hosts"]}
+    marks = [f for f in hosts["h2"] if f["check"] == "quarantine"]
+    assert [m["status"] for m in marks] == ["warn"], hosts["h2"]
+    assert marks[0]["fix"] == "sshddp quarantine --clear h2"
+    assert not [f for f in hosts["h1"] if f["check"] == "quarantine"]
+
+    ok = sshddp(
+        cluster,
+        tmp_path,
+        "launch",
+        "--no-check",
+        "--ignore-quarantine",
+        "--name",
+        "qign",
+        inv,
+        JOB,
+        "ok",
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert [
+        e["host"]
+        for e in json.loads(sshddp(cluster, tmp_path, "quarantine", "--json").stdout)["hosts"]
+    ] == ["h2"]
+    run_no_leak("qign")

@@ -338,3 +338,14 @@ def test_the_run_s_quarantine_for_is_used_and_zero_quarantines_nobody(state: Pat
     (only,) = store.active()
     assert only.host == "h0" and 59 < only.until - only.since <= 60
     assert registry.record_end("r2", lambda r: r.ended_from(states)) is None  # once
+
+
+def test_doctor_marks_a_quarantined_host_with_a_warning_and_its_fix() -> None:
+    ok = Finding("ssh", Status.OK, "ok")
+    reports = [HostReport(Host("h1", 0), (ok,)), HostReport(Host("h2", 1), (ok,))]
+    marked = model.marked(reports, model.Quarantine((entry("h2"),)), NOW)
+    assert marked[0] == reports[0]
+    (mark,) = [f for f in marked[1].findings if f.check == model.CHECK]
+    assert mark.status is Status.WARN and mark.fix == "sshddp quarantine --clear h2"
+    assert mark.message == model.line(entry("h2"))
+    assert model.marked(reports, model.Quarantine((entry("h2"),)), NOW + DAY) == reports
