@@ -95,7 +95,9 @@ class PsRow:
 @dataclass(frozen=True)
 class PsReport:
     rows: list[PsRow]
-    notes: list[str]  #: what ps could not do: malformed records, hosts that did not answer
+    #: what ps could not do (malformed records, hosts that did not answer), and the hosts
+    #: the ends it learned of quarantined
+    notes: list[str]
 
 
 def ps(
