@@ -32,6 +32,8 @@ MAX_FANOUT = 1024  #: --fanout
 
 # Local state
 RUN_RECORD_MAX = 8 * 1024 * 1024  #: the most of a run record (runs/ID.json) read; past it: bad
+QUARANTINE_FOR = 24 * 3600.0  #: seconds a host stays quarantined (--quarantine-for)
+QUARANTINE_MAX = 365 * 24 * 3600.0  #: the longest --quarantine-for
 
 # Reaching hosts
 FANOUT = 32  #: hosts contacted at once

@@ -71,6 +71,11 @@ class CheckFailed(SshddpError):
     exit_code = ExitCode.CHECK_FAILED
 
 
+class Quarantined(CheckFailed):
+    """A launch named a host in quarantine (``sshddp quarantine``): exit 3, as a failing
+    preflight check, since the inventory itself is valid."""
+
+
 class HostUnreachable(SshddpError):
     """A host could not be connected to or authenticated with."""
 

@@ -85,6 +85,12 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
     run_no_leak("dlost", timeout=3.0)
     ps = sshddp(ssh_env, tmp_path, "ps", "--all")
     assert "1:lost" in ps.stdout, ps.stdout
+    # ps learned of the end first: it quarantines the lost node's host, once
+    assert "sshddp: run dlost: quarantined h2 until " in ps.stderr, ps.stderr
+    assert ": lost (the node's supervisor died" in ps.stderr, ps.stderr
+    assert "quarantined" not in sshddp(ssh_env, tmp_path, "ps", "--all").stderr
+    listed = sshddp(ssh_env, tmp_path, "quarantine").stdout
+    assert "h2" in listed and "dlost" in listed, listed
 
 
 def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(

@@ -23,6 +23,7 @@ from sshddp.cli.exec import exec_
 from sshddp.cli.fetch import fetch
 from sshddp.cli.launch import launch
 from sshddp.cli.options import CONTEXT, Exit
+from sshddp.cli.quarantine import quarantine
 from sshddp.cli.runs import attach, logs, ps, stop
 from sshddp.cli.smoke import smoke
 from sshddp.cli.stacks import stacks
@@ -42,6 +43,7 @@ COMMANDS: dict[str, click.Command] = {
     "launch": launch,
     "logs": logs,
     "ps": ps,
+    "quarantine": quarantine,
     "smoke": smoke,
     "stacks": stacks,
     "stop": stop,

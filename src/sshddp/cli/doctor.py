@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -21,17 +23,18 @@ from sshddp.cli.options import (
     transport_option,
 )
 from sshddp.cli.terminal import Terminal
-from sshddp.errors import ExitCode, UsageError
+from sshddp.errors import ExitCode, StateError, UsageError
 from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.hosts.transport import SshOptions
-from sshddp.model import cudadriver, envvars
+from sshddp.model import cudadriver, envvars, quarantine
 from sshddp.model import sync as sync_model
-from sshddp.model.checks import Context, reports_ok
+from sshddp.model.checks import Context, HostReport, reports_ok
 from sshddp.model.inventory import Inventory
 from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_json, doctor_table
 from sshddp.run import preflight
 from sshddp.run.payload import code_spec
+from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.scriptcheck import script_imports
 from sshddp.run.sync import load_project, project_path, sync_hosts
 
@@ -88,11 +91,23 @@ def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
     checks = replace(checks, locked_cuda=locked_cuda)
     with HostPool(inv.hosts, ssh, kw["fanout"]) as pool:
         facts, reports = preflight.doctor(pool, checks)
+    reports = _marked(terminal, reports)
     if kw["as_json"]:
         terminal.out(doctor_json(facts, reports, checks.secret_names))
     else:
         terminal.show(doctor_table(reports))
     raise Exit(ExitCode.OK if reports_ok(reports) else ExitCode.CHECK_FAILED)
+
+
+def _marked(terminal: Terminal, reports: Sequence[HostReport]) -> list[HostReport]:
+    """The reports with each quarantined host's warning; a quarantine file that cannot be
+    read is named, and the checks stand."""
+    try:
+        store = quarantine_store.load()
+    except StateError as exc:
+        terminal.err(f"sshddp: warning: {exc.message}")
+        return list(reports)
+    return quarantine.marked(reports, store, time.time())
 
 
 def _in_environments(

@@ -14,6 +14,7 @@ from sshddp.cli.options import (
     CONTEXT,
     PORT_HELP,
     PORT_OR_AUTO,
+    Duration,
     Exit,
     Seconds,
     count,
@@ -157,6 +158,20 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="First give every host the environment of uv project PROJECT (as `sshddp sync`), "
     "then run the ranks with its Python (instead of `python:`). Inventory: `sync:` in defaults.",
 )
+@click.option(
+    "--quarantine-for",
+    type=Duration(),
+    default=defaults.QUARANTINE_FOR,
+    metavar="DURATION",
+    help="A host whose node ends the run (lost, unreachable, a GPU hardware error) is left "
+    "out of launches this long, e.g. 24h, 30m, 2d; 0: never. Default: 24h. See `sshddp "
+    "quarantine`.",
+)
+@click.option(
+    "--ignore-quarantine",
+    is_flag=True,
+    help="Launch on the inventory's hosts even where one is quarantined.",
+)
 @watchdog_options
 @click.pass_context
 def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
@@ -184,11 +199,14 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
         detach=kw["detach"],
         fanout=kw["fanout"],
         ranks=selected_ranks(kw["show_ranks"]),
+        ignore_quarantine=kw["ignore_quarantine"],
     )
     try:
         result = coordinator.launch(inv, options, ssh, mode, terminal, secrets)
     except PreflightFailed as failed:
         terminal.show(doctor_table(failed.reports), to_stderr=True)
+        for line in failed.quarantined:
+            terminal.err(line)
         raise
     if result is not None and result.hung:
         result = hang_report(terminal, result, ssh, kw["fanout"])
@@ -229,6 +247,7 @@ def launch_options(
         on_stall=kw["on_stall"],
         share=tuple(kw["share"]),
         include=tuple(kw["include"]),
+        quarantine_for=kw["quarantine_for"],
     )
     return options, secrets
 

@@ -16,6 +16,7 @@ from sshddp.cli.terminal import Terminal
 from sshddp.errors import UsageError
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.envvars import hide_url_credentials
+from sshddp.model.quarantine import parse_duration
 from sshddp.model.ranksel import parse_ranks
 from sshddp.run.registry import RunRecord
 
@@ -44,6 +45,20 @@ class Seconds(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
         return super().convert(number, param, ctx)
+
+
+class Duration(click.ParamType):
+    """A duration: ``24h``, ``30m``, ``90s``, ``2d``, ``1h30m``, a bare number of seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Any) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def count(min: int, max: int) -> click.IntRange:

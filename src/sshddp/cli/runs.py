@@ -165,7 +165,6 @@ def stop(ctx: click.Context, run: str, **kw: Any) -> None:
             continue
         note = done.answer.get("note")  # what stop left alone on the host, and why
         terminal.out(f"{name}: {done.outcome()}" + (f"; {visible(note)}" if note else ""))
-    warning = runs.record_if_ended(record, [d.answer for d in stops])
-    if warning:
-        terminal.err(f"sshddp: warning: {warning}")
+    for line in runs.record_if_ended(record, [d.answer for d in stops]):
+        terminal.err(visible(line))
     raise Exit(code)

@@ -50,6 +50,7 @@ CHECKS = (
     "script",
     "imports",
     "slurm",
+    "quarantine",
 )
 
 

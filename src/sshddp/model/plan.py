@@ -76,6 +76,8 @@ class LaunchOptions:
     on_stall: str = defaults.ON_STALL  #: "stop" or "report"
     share: tuple[str, ...] = ()  #: ``--share`` paths: node 0's copy goes to every node
     include: tuple[str, ...] = ()  #: ``--include`` patterns: ignored --workdir files that ship
+    #: ``--quarantine-for``: seconds a host that ends the run stays out (None: the default)
+    quarantine_for: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,15 @@ def run_report(
     shown, unless the ranks wrote none (then torchrun's own last lines are).
 
     Whatever came from the hosts (reasons, the ranks' lines) is shown with its control
-    characters escaped (``escape.visible``): it cannot move the cursor or forge a line."""
+    characters escaped (``escape.visible``): it cannot move the cursor or forge a line.
+    The hosts the run's end quarantined close it (``model/quarantine.py``)."""
+    said = "\n".join(visible(q) for q in result.quarantined)
+    return _report(result, full_tail, ranks_tail) + ("\n" + said if said else "")
+
+
+def _report(
+    result: RunResult, full_tail: Sequence[str], ranks_tail: Optional[Sequence[str]]
+) -> str:
     out = [f"sshddp: run {result.run_id} " + _verdict(result)]
     for n in result.nodes:
         detail = visible(n.reason or "")

@@ -225,6 +225,7 @@ class RunResult:
     cause: Optional[str] = None  #: what ended the run from outside its nodes (its Slurm job)
     hang_cause: Optional[str] = None  #: a hung run's culprits, as its stacks single them out
     left_out: tuple[LeftOut, ...] = ()  #: files the launch did not put on some host
+    quarantined: tuple[str, ...] = ()  #: the report's lines naming the hosts its end quarantined
 
     @property
     def ok(self) -> bool:

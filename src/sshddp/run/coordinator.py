@@ -48,6 +48,8 @@ from sshddp.run.follow import Followers
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
 from sshddp.run.payload import Payload, build_payload, code_spec
+from sshddp.run.quarantine import ends as quarantine_ends
+from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.registry import Launcher, RunRecord
 from sshddp.run.runstate import LaunchState, RunState
 from sshddp.run.scriptcheck import script_imports
@@ -65,6 +67,7 @@ class LaunchMode:
     detach: bool = False
     fanout: int = defaults.FANOUT
     ranks: Optional[frozenset[int]] = None  #: --ranks: the ranks the console shows (all: None)
+    ignore_quarantine: bool = False  #: --ignore-quarantine: launch on quarantined hosts too
 
 
 def build_plan(
@@ -98,6 +101,8 @@ def launch(
     if mode.dry_run:
         screen.out(describe(plan))
         return None
+    if not mode.ignore_quarantine:  # before any record or host
+        quarantine_store.refuse(inventory.hosts)
     if plan.rdzv_port == defaults.AUTO_PORT and not mode.check:
         raise UsageError(
             "--port auto (or `rendezvous: {port: auto}`) needs the preflight: node 0's probe "
@@ -145,7 +150,7 @@ class Launch:
         left = leftout.summary(payload.left, payload.more_left)
         if left:
             self.screen.err(left)
-        self.record = _reserve(plan, inventory.source, ssh)
+        self.record = _reserve(plan, inventory.source, ssh, self.options.quarantine_for)
         where = Path(plan.log_dir).absolute()
         logs, console = open_sinks(plan.layout, where, self.screen, self.mode.ranks, fresh=True)
         try:
@@ -184,7 +189,13 @@ class Launch:
             return unreachable
         ctx = _checks(plan, payload.disk_bytes, inventory, self.options)
         opener = _session_opener(pool, plan)
-        gathered = preflight.for_launch(pool, ctx, opener, self.screen.err)
+        try:
+            gathered = preflight.for_launch(pool, ctx, opener, self.screen.err)
+        except preflight.PreflightFailed as failed:  # a host not there: quarantined
+            failed.quarantined = quarantine_ends.after_preflight(
+                failed.reports, self.options.quarantine_for, plan.run_id
+            )
+            raise
         state.sessions = gathered.sessions
         if plan.rdzv_port == defaults.AUTO_PORT:
             port = _picked(gathered.rdzv_port)
@@ -300,10 +311,13 @@ def connect_strictly(pool: HostPool) -> None:
         raise HostUnreachable(bad[0].host, f"cannot reach every host of the run: {detail}")
 
 
-def _reserve(plan: LaunchPlan, inventory: str, ssh: SshOptions) -> RunRecord:
+def _reserve(
+    plan: LaunchPlan, inventory: str, ssh: SshOptions, quarantine_for: Optional[float]
+) -> RunRecord:
     """Create the run's record before any host is contacted; of two launches with the same
     name at the same moment, exactly one gets here."""
     record = RunRecord.of(plan, inventory, ssh.ssh_config, Launcher.me())
+    record = replace(record, quarantine_for=quarantine_for)
     registry.create(record)
     return record
 
@@ -329,7 +343,7 @@ def _recorded(result: RunResult, screen: Screen) -> RunResult:
         registry.record_end(result.run_id, lambda r: r.ended_with(result))
     except StateError as exc:
         screen.err(f"sshddp: warning: the run's end is not recorded: {exc.message}")
-    return result
+    return replace(result, quarantined=tuple(quarantine_ends.after_run(result)))
 
 
 def _all_gone(record: RunRecord, gone: dict[int, ExitRecord], screen: Screen) -> RunResult:
@@ -341,7 +355,9 @@ def _all_gone(record: RunRecord, gone: dict[int, ExitRecord], screen: Screen) ->
         )
         return record.recorded_result()
     try:
-        registry.record_end(record.run_id, lambda r: r.ended_from(list(gone.values())))
+        ended = registry.record_end(record.run_id, lambda r: r.ended_from(list(gone.values())))
+        for line in quarantine_ends.after_record(ended):
+            screen.err(line)
     except StateError:
         pass  # what follows says it all
     raise RunGone(

@@ -50,6 +50,7 @@ class PreflightFailed(CheckFailed):
             "--no-check to launch anyway"
         )
         self.reports = reports
+        self.quarantined: list[str] = []  #: the lines naming the hosts it quarantined
 
 
 class CodeDoesNotCompile(CheckFailed):

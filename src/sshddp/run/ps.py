@@ -24,6 +24,7 @@ from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model.state import NodeState
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import registry
+from sshddp.run.quarantine import ends as quarantine_ends
 from sshddp.run.registry import NodeRecord, RunRecord
 
 ANSWER_WINDOW = 10.0  #: seconds past the connect timeout that ps waits for every answer
@@ -94,7 +95,9 @@ class PsRow:
 @dataclass(frozen=True)
 class PsReport:
     rows: list[PsRow]
-    notes: list[str]  #: what ps could not do: malformed records, hosts that did not answer
+    #: what ps could not do (malformed records, hosts that did not answer), and the hosts
+    #: the ends it learned of quarantined
+    notes: list[str]
 
 
 def ps(
@@ -133,10 +136,13 @@ def ps(
 
 def _record(record: RunRecord, states: list[ExitRecord]) -> list[str]:
     try:
-        registry.record_end(record.run_id, lambda r: r.ended_from(states))
+        ended = registry.record_end(record.run_id, lambda r: r.ended_from(states))
     except StateError as exc:
         return [f"run {record.run_id}: its end is not recorded: {exc.message}"]
-    return []
+    return [
+        f"run {record.run_id}: {line.removeprefix('sshddp: ')}"
+        for line in quarantine_ends.after_record(ended)
+    ]
 
 
 def _end_json(end: registry.NodeEnd) -> ExitRecord:

@@ -109,6 +109,8 @@ class RunRecord:
     launcher: Optional[Launcher] = None  #: set while the launch has started nothing yet
     ended: Optional[float] = None  #: when the run ended (its last node), once seen
     cause: Optional[str] = None  #: what ended the run from outside (its Slurm job), once seen
+    quarantine_for: Optional[float] = None  #: --quarantine-for, seconds (None: the default)
+    judged: bool = False  #: its end's quarantine is decided (only the first to learn decides)
 
     @classmethod
     def of(
@@ -220,6 +222,8 @@ def record_json(record: RunRecord) -> dict[str, Any]:
         "result": None if record.result is None else _result_json(record),
         "launcher": None if launcher is None else [launcher.pid, launcher.start],
         "ended": record.ended,
+        "quarantine_for": record.quarantine_for,
+        "judged": record.judged,
     }
 
 
@@ -245,6 +249,8 @@ def record_of(data: Mapping[str, Any]) -> RunRecord:
         cause=None if result is None else result.get("cause"),
         launcher=None if not launcher else Launcher(int(launcher[0]), launcher[1]),
         ended=data.get("ended"),
+        quarantine_for=data.get("quarantine_for"),
+        judged=bool(data.get("judged", False)),
     )
 
 
@@ -333,12 +339,12 @@ def _path(run_id: str) -> Path:
     return runs_dir() / f"{run_id}.json"
 
 
-def _state_error(exc: OSError, path: Path, doing: str) -> StateError:
+def state_error(exc: OSError, path: Path, doing: str, what: str = "the run registry") -> StateError:
     """One paragraph: which path, what went wrong, what to do."""
     full = exc.errno in _FULL
     fix = "free space there" if full else "make it a writable directory"
     return StateError(
-        f"the run registry: cannot {doing} {path} ({exc.strerror or exc}); {fix}, or set "
+        f"{what}: cannot {doing} {path} ({exc.strerror or exc}); {fix}, or set "
         "SSHDDP_STATE_DIR to another directory",
         full=full,
     )
@@ -352,22 +358,42 @@ def _directory() -> Path:
         if not directory.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
     except OSError as exc:
-        raise _state_error(exc, directory, "create the directory") from exc
+        raise state_error(exc, directory, "create the directory") from exc
     return directory
+
+
+def made_state_dir() -> Path:
+    """The state directory, with the registry's owner-only directory made in it."""
+    return _directory().parent
 
 
 def _write_aside(record: RunRecord) -> Path:
     """The record in a new owner-only file next to its place; the caller moves it there."""
-    directory = _directory()
-    tmp = directory / f".{record.run_id}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    return write_aside(_directory() / f"{record.run_id}.json", record_json(record), "run record")
+
+
+def write_aside(path: Path, data: Any, what: str) -> Path:
+    """``data`` as JSON in a new owner-only file next to ``path`` (its directory exists);
+    the caller moves it there."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump(record_json(record), fh, indent=1)
+            json.dump(data, fh, indent=1)
     except OSError as exc:
         _unlink(tmp)
-        raise _state_error(exc, tmp, "write the run record") from exc
+        raise state_error(exc, tmp, f"write the {what}") from exc
     return tmp
+
+
+def replace_file(tmp: Path, path: Path, what: str) -> None:
+    """Move ``tmp`` (``write_aside``'s) over ``path`` at once: a crash leaves the old file or
+    the new one, never half of one."""
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unlink(tmp)
+        raise state_error(exc, path, f"write the {what}") from exc
 
 
 def _unlink(path: Path) -> None:
@@ -398,20 +424,14 @@ def create(record: RunRecord) -> None:
             "--all`); pick another"
         ) from None
     except OSError as exc:
-        raise _state_error(exc, path, "write the run record") from exc
+        raise state_error(exc, path, "write the run record") from exc
     finally:
         _unlink(tmp)
 
 
 def save(record: RunRecord) -> None:
     """Write atomically, owner-only."""
-    tmp = _write_aside(record)
-    path = _path(record.run_id)
-    try:
-        os.replace(tmp, path)
-    except OSError as exc:
-        _unlink(tmp)
-        raise _state_error(exc, path, "write the run record") from exc
+    replace_file(_write_aside(record), _path(record.run_id), "run record")
 
 
 def forget(run_id: str) -> None:
@@ -422,19 +442,20 @@ def forget(run_id: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise _state_error(exc, path, "remove the run record") from exc
+        raise state_error(exc, path, "remove the run record") from exc
 
 
 @contextmanager
-def _locked() -> Iterator[None]:
-    """Hold the registry's lock: read, change and write one record as one step."""
+def locked() -> Iterator[None]:
+    """Hold the registry's lock: read, change and write one record (or the quarantine
+    file) as one step."""
     import fcntl
 
     path = _directory() / _LOCK
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise _state_error(exc, path, "open the lock") from exc
+        raise state_error(exc, path, "open the lock") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -442,22 +463,26 @@ def _locked() -> Iterator[None]:
         os.close(fd)
 
 
-def update(run_id: str, change: Callable[[RunRecord], Optional[RunRecord]]) -> None:
+def update(run_id: str, change: Callable[[RunRecord], Optional[RunRecord]]) -> Optional[RunRecord]:
     """Replace the run's record by ``change(record)`` (nothing when it returns None), with
-    no other update in between."""
-    with _locked():
+    no other update in between; the new record, if any."""
+    with locked():
         try:
             record = load(run_id)
         except RunNotFound:
-            return
+            return None
         new = change(record)
         if new is not None:
             save(new)
+        return new
 
 
-def record_end(run_id: str, change: Callable[[RunRecord], RunRecord]) -> None:
-    """Keep a run's end, unless its record already holds one that is final."""
-    update(run_id, lambda r: None if r.finished else change(r))
+def record_end(run_id: str, change: Callable[[RunRecord], RunRecord]) -> Optional[RunRecord]:
+    """Keep a run's end, unless its record already holds one that is final; the record
+    with the end it now holds when this call made it final (else None: only the first to
+    learn of an end acts on it)."""
+    new = update(run_id, lambda r: None if r.finished else change(r))
+    return new if new is not None and new.finished else None
 
 
 def drop_if_abandoned(run_id: str) -> bool:
@@ -483,10 +508,10 @@ def load(run_id: str) -> RunRecord:
         return record
     except FileNotFoundError:
         raise RunNotFound(f"no run {run_id!r} in {runs_dir()}") from None
-    except _NotARecord as exc:
+    except NotAStateFile as exc:
         raise StateError(f"the run record {path} {exc}; move it away or delete it") from None
     except OSError as exc:
-        raise _state_error(exc, path, "read the run record") from exc
+        raise state_error(exc, path, "read the run record") from exc
     # RecursionError: JSON nested deeper than the parser goes
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
         raise StateError(
@@ -495,28 +520,36 @@ def load(run_id: str) -> RunRecord:
         ) from None
 
 
-class _NotARecord(Exception):
-    """What sits at a record's path cannot be one: said as the end of a sentence."""
+class NotAStateFile(Exception):
+    """What sits at a state file's path cannot be one: said as the end of a sentence."""
 
 
 def _read_record(path: Path) -> bytes:
-    """A record file's bytes: a regular file, never through a link, never more than
-    ``RUN_RECORD_MAX`` (a FIFO there would hang the read, a link to a device never end it)."""
+    return read_state_file(path, "a run record")
+
+
+def read_state_file(path: Path, what: str) -> bytes:
+    """A state file's bytes (``what``: "a run record"): a regular file of this user's, never
+    through a link, never more than ``RUN_RECORD_MAX`` (a FIFO there would hang the read, a
+    link to a device never end it)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _NotARecord("is a symbolic link, which sshddp does not follow") from None
+            raise NotAStateFile("is a symbolic link, which sshddp does not follow") from None
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _NotARecord("is not a regular file")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotAStateFile("is not a regular file")
+        if info.st_uid != os.getuid():
+            raise NotAStateFile(f"belongs to another user (uid {info.st_uid})")
         data = _read_up_to(fd, defaults.RUN_RECORD_MAX + 1)
     finally:
         os.close(fd)
     if len(data) > defaults.RUN_RECORD_MAX:
-        raise _NotARecord(f"is larger than a run record may be ({defaults.RUN_RECORD_MAX} bytes)")
+        raise NotAStateFile(f"is larger than {what} may be ({defaults.RUN_RECORD_MAX} bytes)")
     return data
 
 
@@ -546,7 +579,7 @@ def all_runs() -> tuple[list[RunRecord], list[str]]:
     try:
         ids = sorted(p.stem for p in runs_dir().glob("*.json"))
     except OSError as exc:
-        raise _state_error(exc, runs_dir(), "read the directory") from exc
+        raise state_error(exc, runs_dir(), "read the directory") from exc
     records, problems = [], []
     for run_id in ids:
         try:
@@ -564,7 +597,7 @@ def resolve(prefix: str) -> RunRecord:
     try:
         ids = [p.stem for p in directory.glob("*.json")] if directory.is_dir() else []
     except OSError as exc:
-        raise _state_error(exc, directory, "read the directory") from exc
+        raise state_error(exc, directory, "read the directory") from exc
     if prefix in ids:
         return load(prefix)
     matches = sorted(i for i in ids if i.startswith(prefix)) if prefix else []

@@ -32,6 +32,7 @@ from sshddp.protocol.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed
+from sshddp.run.quarantine import ends as quarantine_ends
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
 from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks
@@ -99,17 +100,18 @@ def stop(record: RunRecord, ssh: SshOptions, fanout: int, force: bool) -> list[N
     return done
 
 
-def record_if_ended(record: RunRecord, states: list[Optional[ExitRecord]]) -> Optional[str]:
+def record_if_ended(record: RunRecord, states: list[Optional[ExitRecord]]) -> list[str]:
     """Keep the run's end in the registry once every node's state is final (in node rank
-    order; None: unknown); a warning when the registry cannot take it."""
+    order; None: unknown); the lines to say: a warning when the registry cannot take it,
+    the hosts its end quarantined."""
     if any(s is None or not NodeState.of(s.get("state")).final for s in states):
-        return None
+        return []
     known = [s for s in states if s is not None]
     try:
-        registry.record_end(record.run_id, lambda r: r.ended_from(known))
+        ended = registry.record_end(record.run_id, lambda r: r.ended_from(known))
     except StateError as exc:
-        return f"the run's end is not recorded: {exc.message}"
-    return None
+        return [f"sshddp: warning: the run's end is not recorded: {exc.message}"]
+    return quarantine_ends.after_record(ended)
 
 
 def show_logs(
@@ -139,7 +141,8 @@ def show_logs(
                     raise outcome.error
             states = {n.node_rank: fetched[n.index].value for n in reachable}
             if node is None:
-                _note(screen, record_if_ended(record, [states.get(n.node_rank) for n in nodes]))
+                for line in record_if_ended(record, [states.get(n.node_rank) for n in nodes]):
+                    screen.err(line)
             gone = {r for r, s in states.items() if s and s.get("state") == NodeState.GONE.value}
             _say_missing(screen, nodes, errors, gone)
             marks = {
@@ -177,11 +180,6 @@ def _stopped_following(run_id: str) -> Interrupted:
     return Interrupted(
         f"stopped following run {run_id}; it goes on (`sshddp logs -f {run_id}` follows it again)"
     )
-
-
-def _note(screen: Screen, warning: Optional[str]) -> None:
-    if warning:
-        screen.err(f"sshddp: warning: {warning}")
 
 
 def _say_missing(

@@ -1,0 +1,47 @@
+"""Quarantine: hosts left out of launches for a while because a run ended through them.
+
+``verdicts``: which hosts a run's end (or a launch's preflight) quarantines, and why;
+``entries``: the quarantine's entries, their expiry, their file format and their words.
+"""
+
+from sshddp.model.quarantine.entries import (
+    CHECK,
+    Entry,
+    Quarantine,
+    entries,
+    finding,
+    line,
+    marked,
+    of_json,
+    parse_duration,
+    refusal,
+    to_json,
+    when,
+)
+from sshddp.model.quarantine.verdicts import (
+    HARDWARE,
+    Verdict,
+    hardware_error,
+    unreachable_at_launch,
+    verdicts,
+)
+
+__all__ = [
+    "CHECK",
+    "HARDWARE",
+    "Entry",
+    "Quarantine",
+    "Verdict",
+    "entries",
+    "finding",
+    "hardware_error",
+    "line",
+    "marked",
+    "of_json",
+    "parse_duration",
+    "refusal",
+    "to_json",
+    "unreachable_at_launch",
+    "verdicts",
+    "when",
+]

@@ -1,0 +1,139 @@
+"""What a run's end implies for its hosts: which one it puts in quarantine, and why.
+
+A host is quarantined when a run ends because of the node, never because of the user's
+code: its node was lost (the host went down or was cut off: the coordinator's follow or the
+supervisors' heartbeat say so), its host could not be reached at launch (a connection that
+failed, not a key or a login refused), it was the only node that never joined the world
+(the init watchdog), or one of its ranks died of a hardware error (``HARDWARE``). A rank's
+own Python exception, Ctrl-C, ``sshddp stop`` and a stall of the ranks' code quarantine
+nobody.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from sshddp.model.checks import HostReport, Status
+from sshddp.model.escape import visible
+from sshddp.model.state import PEER_PREFIX, NodeResult, NodeState, RunResult
+
+#: What in a failing node's log shows a hardware fault, not the user's code: (name, pattern).
+HARDWARE: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("uncorrectable ECC error", re.compile(r"uncorrectable ECC", re.IGNORECASE)),
+    ("GPU Xid error", re.compile(r"\bXid\b[\s:(]")),
+    (
+        "NCCL unhandled system error on a local device",
+        re.compile(
+            r"unhandled system error.*(?:\bdevice\b|\bGPU\b|/dev/|\bNVML\b|\bibv_|\bmlx\d)",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+#: What a launch's connection error says when the host itself was not there (a login or a
+#: host key refused is the user's to fix, not the host's).
+_NOT_THERE = (
+    "timed out connecting",
+    "connection refused",
+    "no SSH server answered",
+    "cannot connect:",
+)
+_PEER_LOST = re.compile(r"^node (\d+) \(.*?\) lost\b")
+_NEVER_JOINED = re.compile(
+    r"node (\d+) \([^)]*\): (?:never reported|[^;]*never called init_process_group)"
+)
+_WORLD_FORMED_NOT = "the world did not form"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a run's end puts one host in quarantine."""
+
+    host: str  #: the host as the inventory names it
+    reason: str  #: lost, unreachable at launch, never joined, or the hardware error's name
+    evidence: str  #: what said so (the node's reason, the matching log line)
+
+
+# --- what a run's end implies -----------------------------------------------------------------
+
+
+def verdicts(result: RunResult, tails: Mapping[int, Sequence[str]]) -> list[Verdict]:
+    """The hosts a run's end quarantines; ``tails``: the last lines of each failed node's
+    log by node rank. None when the user ended the run (Ctrl-C, ``stop``)."""
+    if result.interrupted or result.ok or result.detached:
+        return []
+    found: dict[str, Verdict] = {}
+    for node in result.nodes:
+        verdict = _node_verdict(node, tails.get(node.node_rank, ()))
+        if verdict is not None:
+            found.setdefault(verdict.host, verdict)
+    hosts = {n.node_rank: n for n in result.nodes}
+    for rank, evidence in _named_by_peers(result.nodes):
+        lost = hosts.get(rank)
+        if lost is not None and (lost.state.unanswered or lost.state is NodeState.LOST):
+            found.setdefault(lost.host, Verdict(lost.host, "lost", evidence))
+    never = _only_never_joined(result)
+    if never is not None:
+        found.setdefault(never.host, Verdict(never.host, "never joined", never.reason))
+    return list(found.values())
+
+
+def _node_verdict(node: NodeResult, tail: Sequence[str]) -> Optional[Verdict]:
+    if node.state is NodeState.LOST:
+        return Verdict(node.host, "lost", node.reason or "lost")
+    if node.state is NodeState.FAILED:
+        hit = hardware_error(tail)
+        if hit is not None:
+            return Verdict(node.host, hit[0], hit[1])
+    return None
+
+
+def hardware_error(lines: Sequence[str]) -> Optional[tuple[str, str]]:
+    """The first hardware fault a log's lines show (its name, the line), else None."""
+    for line in lines:
+        for name, pattern in HARDWARE:
+            if pattern.search(line):
+                return name, visible(line.strip())[:200]
+    return None
+
+
+def _named_by_peers(nodes: Sequence[NodeResult]) -> list[tuple[int, str]]:
+    """The nodes the supervisors lost, as their stopped nodes' reasons name them."""
+    out = []
+    for n in nodes:
+        if n.state is NodeState.STOPPED and n.reason.startswith(PEER_PREFIX):
+            said = n.reason[len(PEER_PREFIX) :]
+            match = _PEER_LOST.match(said)
+            if match:
+                out.append((int(match.group(1)), said))
+    return out
+
+
+def _only_never_joined(result: RunResult) -> Optional[NodeResult]:
+    """The one node the init watchdog says never joined, when every other one did."""
+    if not result.hung:
+        return None
+    for n in result.nodes:
+        if n.state is NodeState.STALLED and n.reason.startswith(_WORLD_FORMED_NOT):
+            ranks = {int(m.group(1)) for m in _NEVER_JOINED.finditer(n.reason)}
+            if len(ranks) == 1 and len(result.nodes) > 1:
+                node = next((x for x in result.nodes if x.node_rank in ranks), None)
+                return None if node is None else replace(node, reason=n.reason)
+    return None
+
+
+def unreachable_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
+    """The hosts a launch's preflight could not connect to (not a refused login or key)."""
+    out = []
+    for r in reports:
+        ssh = r.get("ssh")
+        if ssh is not None and ssh.status is Status.FAIL and _not_there(ssh.message):
+            out.append(Verdict(r.host.host, "unreachable at launch", ssh.message))
+    return out
+
+
+def _not_there(message: str) -> bool:
+    return any(marker in message for marker in _NOT_THERE)
