@@ -57,7 +57,7 @@ class TopRow:
     once: Stat  #: seconds, `sshddp top --once RUN`
     sampling: Stat  #: % of one core, a supervisor sampling (one value per node and window)
     plain: Stat  #: % of one core, a supervisor without the sampler
-    stackless: Stat  #: % of one core, a supervisor sampling without reading stacks
+    stackless: Stat = Stat(())  #: % of one core, sampling without reading stacks (n/a: older)
 
 
 def _start(b: Bench, n: int, kind: str) -> str:
@@ -69,7 +69,7 @@ def _start(b: Bench, n: int, kind: str) -> str:
     return name
 
 
-def _stop(b: Bench, name: str) -> None:
+def stop_run(b: Bench, name: str) -> None:
     poller = GonePoller("SSHDDP_RUN_ID", name)
     expect_rc(b.start([*b.sshddp, "stop", "--ssh-config", b.ssh_config, name]).finish(), 0, "stop")
     poller.start()
@@ -139,7 +139,7 @@ def bench_top(b: Bench, n: int, reps: int) -> TopRow:
         once = once_times(b, name, n, reps)
         sampling = supervisors_cpu(b, name, n, reps)
     finally:
-        _stop(b, name)
+        stop_run(b, name)
     plain = _variant_cpu(b, n, reps, NO_SAMPLER, "topoff")
     stackless = _variant_cpu(b, n, reps, NO_STACKS, "topnostacks")
     row = TopRow(n, stat(once), stat(sampling), stat(plain), stat(stackless))
@@ -157,7 +157,7 @@ def _variant_cpu(b: Bench, n: int, reps: int, variant: str, kind: str) -> list[f
         try:
             return supervisors_cpu(other, name, n, reps)
         finally:
-            _stop(other, name)
+            stop_run(other, name)
 
 
 def top_table(r: TopRow) -> list[str]:
