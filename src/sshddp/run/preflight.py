@@ -171,6 +171,20 @@ def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool
         if imports and imports.names and not imports.error
         else None,
         "gpu_uuids": bool(host.gpus),
+        "health": _health_args(host, ctx),
+    }
+
+
+def _health_args(host: Host, ctx: Context) -> Optional[dict[str, Any]]:
+    """What ``remote/calls/host_health.py`` looks at (doctor --health), or None."""
+    if ctx.health is None:
+        return None
+    return {
+        "command": host.health,
+        "timeout": defaults.HEALTH_TIMEOUT,
+        "deep": ctx.health == "deep",
+        "deep_timeout": defaults.HEALTH_DEEP_TIMEOUT,
+        "keep": defaults.HEALTH_OUTPUT,
     }
 
 
