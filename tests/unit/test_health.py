@@ -12,6 +12,7 @@ from sshddp.model import health
 from sshddp.model.checks import Context, HostFacts, Status, evaluate
 from sshddp.model.health import gpus
 from sshddp.model.inventory import Host
+from sshddp.run import preflight
 
 DATA = Path(__file__).parent / "data" / "health"
 
@@ -261,3 +262,19 @@ def test_no_health_findings_without_the_option() -> None:
     assert not {"health", "gpu_health", "xid", "ib", "dcgm"} & {
         f.check for f in reports[0].findings
     }
+
+
+def test_a_launch_asks_for_the_health_command_alone() -> None:
+    launch = Context("10.0.0.1", 29500, health="command")
+    with_check = Host(host="gpu-0", index=0, gpus=8, health="/opt/check")
+    assert preflight._health_args(Host(host="gpu-1", index=1, gpus=8), launch) is None
+    asked = preflight._health_args(with_check, launch)
+    assert asked is not None and asked["hardware"] is False
+    assert asked["command"] == "/opt/check"
+    doctor = preflight._health_args(Host(host="gpu-1", index=1), Context("a", 1, health="deep"))
+    assert doctor is not None and doctor["hardware"] and doctor["deep"]
+    assert doctor["command"] is None
+    looks = {"command": {"exit": 0, "timed_out": False, "output": ""}}
+    reports = evaluate([HostFacts(with_check, {"health": looks})], launch)
+    checks = {f.check for f in reports[0].findings}
+    assert checks & {"health", "gpu_health", "xid", "ib", "dcgm"} == {"health"}

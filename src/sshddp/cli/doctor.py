@@ -161,5 +161,5 @@ def _context(
         cli_env=env,
         secret_names=envvars.secret_names(secrets, [h.env for h in inv.hosts]),
         imports=script_imports(code, False) if code else None,
-        health=kw["health"],
+        health=kw["health"] or "command",  # a launch runs the health: command too
     )

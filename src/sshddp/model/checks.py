@@ -242,7 +242,8 @@ class Context:
     secret_names: frozenset[str] = frozenset()  #: env names whose values are never shown
     imports: Optional[ScriptImports] = None  #: what the script imports (None: no check)
     locked_cuda: Optional[str] = None  #: doctor --sync: the CUDA of the lock's torch build
-    health: Optional[Literal["basic", "deep"]] = None  #: doctor --health[=deep]
+    #: doctor --health[=deep]; "command": the ``health:`` command alone (a launch, doctor)
+    health: Optional[Literal["command", "basic", "deep"]] = None
 
     @classmethod
     def for_launch(
@@ -267,6 +268,7 @@ class Context:
             cli_env=cli_env,
             secret_names=plan.secret_names,
             imports=imports,
+            health="command",
         )
 
     @property
@@ -1292,7 +1294,7 @@ def _health(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Opti
 
 def _gpu_health(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
     looks = (hf.facts or {}).get("health")
-    if looks is None:
+    if looks is None or "smi" not in looks:  # the health: command alone was asked
         return None
     found = looks.get("gpu_dev_count") or 0
     problems = gpus.smi_problems(looks.get("smi"), hf.host.gpus, found)
@@ -1302,7 +1304,9 @@ def _gpu_health(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> 
 def _xid(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
     """The kernel log's Xids, looked at where the host has NVIDIA GPUs."""
     looks = (hf.facts or {}).get("health")
-    if looks is None or (looks.get("smi") is None and not looks.get("gpu_dev_count")):
+    if looks is None or "kernel" not in looks:
+        return None
+    if looks.get("smi") is None and not looks.get("gpu_dev_count"):
         return None
     return _as_finding("xid", gpus.xid_problems(looks.get("kernel") or {}))
 

@@ -7,7 +7,8 @@ rest; ``finish`` reads the kernel log's Xid lines and the InfiniBand ports, then
 the processes, each within its timeout (killed with its process group past it). Nothing
 needs root or an extra install: what cannot be read is said, never an error.
 
-args: {"command": str|None, "timeout": float, "deep": bool, "deep_timeout": float,
+args: {"hardware": bool (False: the command alone, as a launch asks), "command": str|None,
+       "timeout": float, "deep": bool, "deep_timeout": float,
        "keep": int (bytes of each output kept, the last ones)}
 """
 
@@ -28,6 +29,7 @@ IB = "/sys/class/infiniband"
 XID_MARK = b"NVRM: Xid"
 KMSG_RECORDS = 100000  #: the most kernel log records read (the ring holds far fewer)
 XID_KEPT = 50  #: the last Xid lines kept
+KILLED_WAIT = 1.0  #: seconds a killed command is waited for
 
 
 class Running:
@@ -56,7 +58,7 @@ class Running:
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(self.proc.pid)
-            self.proc.wait()
+            _reap(self.proc)
         self.reader.join(1.0)  # a process it left behind may hold the pipe: not waited for
         code = None if timed_out else self.proc.returncode
         output = self.tail.decode("utf-8", "replace")
@@ -67,6 +69,16 @@ def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
+        pass
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a killed process, briefly: one stuck in the driver (an nvidia-smi on a hung
+    GPU, in uninterruptible sleep) dies only when the kernel lets it, and must not hold the
+    probe meanwhile."""
+    try:
+        proc.wait(KILLED_WAIT)
+    except subprocess.TimeoutExpired:
         pass
 
 
@@ -103,14 +115,18 @@ class HealthLooks:
         timeout = float(args.get("timeout") or 8.0)
         command = args.get("command")
         self.user = _user_command(command, env, keep, timeout) if command else None
-        # the whole -q of 8 GPUs is about 100 KB; its sections are parsed by the coordinator
-        self.smi = _system("nvidia-smi", ["-q"], 1 << 20, timeout)
+        self.hardware = bool(args.get("hardware", True))
+        self.deep = self.hardware and bool(args.get("deep"))
+        self.smi: Optional[Running] = None
         self.dcgm: Optional[Running] = None
-        self.deep = bool(args.get("deep"))
+        self.links: list[Facts] = []
+        if self.hardware:
+            # the whole -q of 8 GPUs is about 100 KB; the coordinator parses its sections
+            self.smi = _system("nvidia-smi", ["-q"], 1 << 20, timeout)
+            self.links = ib_ports()
         if self.deep:
             deep_timeout = float(args.get("deep_timeout") or 60.0)
             self.dcgm = _system("dcgmi", ["diag", "-r", "1"], 1 << 16, deep_timeout)
-        self.links = ib_ports()
 
 
 def start(args: Optional[Mapping[str, Any]], env: Mapping[str, str]) -> Optional[HealthLooks]:
@@ -123,19 +139,23 @@ def stop(started: Optional[HealthLooks]) -> None:
     for running in (started.user, started.smi, started.dcgm) if started else ():
         if running is not None:
             _kill_group(running.proc.pid)
-            running.proc.wait()
+            _reap(running.proc)
 
 
 def finish(started: Optional[HealthLooks]) -> Optional[Facts]:
-    """The health facts: {"command": result|None, "smi": result|None, "dcgm": result|None
-    or "absent", "kernel": {"xids": [...]} or {"unreadable": why}, "ib": [port, ...]}."""
+    """The health facts: {"command": result|None, "smi": result|None, "kernel": {"xids":
+    [...]} or {"unreadable": why}, "ib": [port, ...], "gpu_dev_count": int, and with deep
+    "dcgm": result|None}; without hardware (a launch) {"command": result}."""
     if started is None:
         return None
+    command = started.user.result() if started.user else None
+    if not started.hardware:
+        return {"command": command}
     gpus = len(listdir("/proc/driver/nvidia/gpus"))
     facts: Facts = {"gpu_dev_count": gpus, "ib": _ib_again(started.links)}
     # Xids are NVIDIA's: a host without its driver has none to read
     facts["kernel"] = kernel_xids() if gpus or started.smi else {"xids": []}
-    facts["command"] = started.user.result() if started.user else None
+    facts["command"] = command
     facts["smi"] = started.smi.result() if started.smi else None
     if started.deep:
         facts["dcgm"] = started.dcgm.result() if started.dcgm else None
