@@ -41,15 +41,18 @@ def test_past_the_timeout_the_whole_group_is_killed(tmp_path: Path) -> None:
     result = run(f"sleep 60 & echo $! > {pidfile}; echo waiting; wait", timeout=0.5)
     assert result == {"exit": None, "timed_out": True, "output": "waiting\n"}
     assert time.monotonic() - started < 5
-    child = int(pidfile.read_text())
-    for _ in range(50):  # killed with its group; reaped by init meanwhile
+    _gone(int(pidfile.read_text()))
+
+
+def _gone(pid: int) -> None:
+    """``pid`` ends within 2.5 s (killed with its group; reaped by init meanwhile)."""
+    for _ in range(50):
         try:
-            os.kill(child, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            break
+            return
         time.sleep(0.05)
-    else:
-        pytest.fail(f"the command's child {child} outlived the timeout")
+    pytest.fail(f"the command's child {pid} outlived its health check")
 
 
 def test_no_command_and_nothing_asked() -> None:
@@ -57,3 +60,12 @@ def test_no_command_and_nothing_asked() -> None:
     assert host_health.finish(None) is None
     facts = host_health.finish(host_health.start({"timeout": 1}, dict(os.environ)))
     assert facts is not None and facts["command"] is None
+
+
+def test_what_a_passing_command_leaves_running_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    started = time.monotonic()
+    result = run(f"sleep 60 & echo $! > {pidfile}; echo done")
+    assert result == {"exit": 0, "timed_out": False, "output": "done\n"}
+    assert time.monotonic() - started < 5
+    _gone(int(pidfile.read_text()))

@@ -57,9 +57,11 @@ class Running:
             self.proc.wait(max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(self.proc.pid)
-            _reap(self.proc)
-        self.reader.join(1.0)  # a process it left behind may hold the pipe: not waited for
+        # past the timeout the command too; else what it left running in its group, which
+        # would outlive the probe (and hold the pipe open)
+        _kill_group(self.proc.pid)
+        _reap(self.proc)
+        self.reader.join(KILLED_WAIT)  # one stuck in the kernel may hold the pipe: not waited
         code = None if timed_out else self.proc.returncode
         output = self.tail.decode("utf-8", "replace")
         return {"exit": code, "timed_out": timed_out, "output": output}
