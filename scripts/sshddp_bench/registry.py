@@ -17,6 +17,7 @@ from sshddp_bench import (
     fetch,
     floor,
     hang,
+    health,
     launch,
     logs,
     nodeloss,
@@ -40,6 +41,7 @@ from sshddp_bench.harness import Bench
 
 CASES: tuple[Case[Any], ...] = (
     doctor.CASE,
+    health.CASE,
     launch.CASE,
     floor.CASE,
     teardown.CASE,

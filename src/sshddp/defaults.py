@@ -73,3 +73,8 @@ TTY_SIZE = (80, 24)  #: columns and rows of the ranks' pty (--tty) when sshddp h
 # --share
 SHARE_LIST_CAP = 200  #: top-level files of the ranks' cwd a node lists, for the unshared warning
 SHARE_TIMEOUT = 60.0  #: seconds a --share transfer may wait on node 0 (to connect, per read)
+
+# doctor --health
+HEALTH_TIMEOUT = 8.0  #: seconds the user's `health:` command and nvidia-smi may take on a host
+HEALTH_DEEP_TIMEOUT = 60.0  #: seconds `dcgmi diag -r 1` may take (--health=deep)
+HEALTH_OUTPUT = 4096  #: bytes of a health command's output kept (its last ones)

@@ -263,3 +263,15 @@ def test_ranks_are_checked_against_the_run_before_anything_starts(inv: Path, scr
     bad = sshddp(["launch", "--ranks", "0,,1", str(inv), str(script)])
     assert_clean_failure(bad, ExitCode.BAD_INPUT)
     assert "--ranks 0,,1: '' is not a rank or a range" in bad.err, bad.explain()
+
+
+def test_doctor_health_level(inv: Path, tmp_path: Path) -> None:
+    """``--health`` takes no value or ``=deep``; a bare one before INVENTORY leaves it the
+    inventory (click hands it the next word), so a missing file is named as the inventory."""
+    bogus = sshddp(["doctor", "--health=bogus", str(inv)])
+    assert_clean_failure(bogus, ExitCode.BAD_INPUT)
+    assert "--health=bogus: expected --health or --health=deep" in bogus.err
+    missing = tmp_path / "nope.yaml"
+    before = sshddp(["doctor", "--health", str(missing)])
+    assert_clean_failure(before, ExitCode.BAD_INPUT)
+    assert str(missing) in before.err and "--health" not in before.err

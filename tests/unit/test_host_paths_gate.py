@@ -62,6 +62,11 @@ ALLOWED = {
     ("network", "_rows"): SYSTEM,
     ("node_sampler", "smi_read"): SYSTEM,
     ("probe", "_nvidia_smi"): SYSTEM,
+    ("host_health", "_spawn"): USERS
+    + " (the inventory's `health:`, by `/bin/sh -c`), or "
+    + SYSTEM
+    + " (nvidia-smi, dcgmi)",
+    ("host_health", "_read"): SYSTEM + " (/sys/class/infiniband)",
     ("probe", "_cuda_from_version_py"): SYSTEM + " (torch's version.py, in site-packages)",
     ("pyspy", "dump"): SYSTEM + " (py-spy, beside the interpreter)",
     ("winsize", "_resize"): SYSTEM + " (a rank's pty under /dev/pts)",

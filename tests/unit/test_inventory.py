@@ -464,3 +464,42 @@ def test_any_yaml_structure_parses_or_is_an_inventory_error(
     data: object, flow: bool | None, fmt: str
 ) -> None:
     assert_parses_or_rejects(yaml.safe_dump(data, default_flow_style=flow), fmt)
+
+
+# --- health: the user's own check (doctor --health) ----------------------------------------
+
+
+def test_health_command_from_defaults_or_the_host() -> None:
+    text = (
+        "defaults:\n"
+        "  health: 'test -e /scratch/ok'\n"
+        "hosts:\n"
+        "  - gpu-a\n"
+        "  - host: gpu-b\n"
+        "    health: /opt/site/check-node --quick\n"
+    )
+    inventory = parse_inventory(text, "inv.yaml")
+    assert [h.health for h in inventory.hosts] == [
+        "test -e /scratch/ok",
+        "/opt/site/check-node --quick",
+    ]
+    assert parse_inventory("hosts: [gpu-a]\n").hosts[0].health is None
+
+
+@pytest.mark.parametrize(
+    ("value", "token"),
+    [("''", "''"), ("[check]", "["), ("|\n      check\n      more", "|")],
+)
+def test_a_bad_health_value_names_the_key_and_line(value: str, token: str) -> None:
+    text = f"hosts:\n  - host: gpu-a\n    health: {value}\n"
+    message = reject(text)
+    assert_points_at(message, text, 3, "hosts[0].health", token)
+    assert "a shell command on one line" in message
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(text, "inv.yaml")
+    assert caught.value.exit_code == 2
+
+
+def test_health_needs_a_yaml_inventory() -> None:
+    message = reject("gpu-a slots=8 health=true\n", fmt="hostfile")
+    assert "'health' needs a YAML inventory" in message

@@ -69,6 +69,17 @@ from sshddp.run.sync import load_project, project_path, sync_hosts
     help="Check the hosts in the environments `sshddp sync PROJECT` made (their Python, "
     "torch, imports), and show each host's environment hash. Inventory: `sync:` in defaults.",
 )
+@click.option(
+    "--health",
+    is_flag=False,
+    flag_value="basic",
+    default=None,
+    metavar="[=deep]",
+    help="Also check the hardware's health: the inventory's `health:` command on every "
+    "host, each GPU's ECC errors, pending remaps, recovery action, hardware slowdowns and "
+    "PCIe link, Xids in the kernel log, InfiniBand ports (docs/health.md). --health=deep "
+    "adds `dcgmi diag -r 1` where DCGM is installed.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as JSON.")
 @click.pass_context
 def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
@@ -76,10 +87,12 @@ def doctor(ctx: click.Context, inventory: Optional[str], **kw: Any) -> None:
     parity, GPUs, the environment the ranks will get, network interfaces, entries that are
     one machine, the rendezvous port and its reachability from every host, clocks and the
     script's imports; on a Slurm job's nodes (INVENTORY slurm or slurm:JOBID) also the GPUs
-    each step sees. Exit 0 when all pass, 3 when a check fails."""
+    each step sees; with --health, the hardware's health. Exit 0 when all pass, 3 when a
+    check fails."""
     terminal = terminal_of(ctx)
     ssh = make_ssh(kw)
     env, secrets = envvars.parse_env_pairs(tuple(kw["env_items"]), terminal.environ.get)
+    inventory = _health_level(inventory, kw)
     if inventory is not None and kw["hosts"] is not None:
         raise UsageError(f"{inventory}: give an INVENTORY or -H, not both")
     inv, _, _ = split_hosts(ctx, [inventory] if inventory else [], kw, "the options")
@@ -108,6 +121,18 @@ def _marked(terminal: Terminal, reports: Sequence[HostReport]) -> list[HostRepor
         terminal.err(f"sshddp: warning: {exc.message}")
         return list(reports)
     return quarantine.marked(reports, store, time.time())
+
+
+def _health_level(inventory: Optional[str], kw: dict[str, Any]) -> Optional[str]:
+    """``--health`` alone is basic, ``--health=deep`` deep. Its value being optional, click
+    gives a bare ``--health`` the word after it: before INVENTORY, that word is INVENTORY."""
+    level = kw["health"]
+    if level in (None, "basic", "deep"):
+        return inventory
+    if inventory is None and kw["hosts"] is None:
+        kw["health"] = "basic"
+        return str(level)
+    raise UsageError(f"--health={level}: expected --health or --health=deep")
 
 
 def _in_environments(
@@ -151,4 +176,5 @@ def _context(
         cli_env=env,
         secret_names=envvars.secret_names(secrets, [h.env for h in inv.hosts]),
         imports=script_imports(code, False) if code else None,
+        health=kw["health"] or "command",  # a launch runs the health: command too
     )

@@ -18,12 +18,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Optional, TypedDict
+from typing import Any, Callable, Literal, Optional, TypedDict
 
 from sshddp import defaults
-from sshddp.model import cudadriver, rankenv
+from sshddp.model import cudadriver, health, rankenv
 from sshddp.model.commands import endpoint, quote_path
 from sshddp.model.envvars import MASK, EnvPairs, hide_url_credentials
+from sshddp.model.health import gpus
 from sshddp.model.imports import ScriptImports
 from sshddp.model.inventory import Host
 from sshddp.model.plan import LaunchPlan
@@ -51,6 +52,11 @@ CHECKS = (
     "imports",
     "slurm",
     "quarantine",
+    "health",
+    "gpu_health",
+    "xid",
+    "ib",
+    "dcgm",
 )
 
 
@@ -150,6 +156,18 @@ class ClockFacts(TypedDict, total=False):
     rtt: float  #: round trip of the best sample; the offset is right within rtt / 2
 
 
+class HealthFacts(TypedDict, total=False):
+    """``remote/calls/host_health.py``'s looks (``doctor --health``); a command's result is
+    {"exit": int|None, "timed_out": bool, "output": its last bytes}."""
+
+    command: Optional[dict[str, Any]]  #: the inventory's ``health:`` command (None: none)
+    smi: Optional[dict[str, Any]]  #: ``nvidia-smi -q`` (None: not on PATH)
+    dcgm: Optional[dict[str, Any]]  #: ``dcgmi diag -r 1`` (--health=deep; None: not on PATH)
+    kernel: dict[str, Any]  #: {"xids": [kernel log lines]} or {"unreadable": why}
+    ib: list[dict[str, Any]]  #: InfiniBand/RoCE ports: state, link_downed (twice)
+    gpu_dev_count: int  #: GPUs under /proc/driver/nvidia/gpus
+
+
 class ProbeFacts(TypedDict, total=False):
     """What ``remote/calls/probe.py`` reports of a host (its JSON document)."""
 
@@ -176,6 +194,7 @@ class ProbeFacts(TypedDict, total=False):
     pip: dict[str, bool]  #: {"pip", "ensurepip"}: importable (reported when torch is not)
     ssh: SshFacts
     clock: ClockFacts
+    health: HealthFacts  #: doctor --health only
 
 
 Facts = ProbeFacts
@@ -224,6 +243,8 @@ class Context:
     secret_names: frozenset[str] = frozenset()  #: env names whose values are never shown
     imports: Optional[ScriptImports] = None  #: what the script imports (None: no check)
     locked_cuda: Optional[str] = None  #: doctor --sync: the CUDA of the lock's torch build
+    #: doctor --health[=deep]; "command": the ``health:`` command alone (a launch, doctor)
+    health: Optional[Literal["command", "basic", "deep"]] = None
 
     @classmethod
     def for_launch(
@@ -248,6 +269,7 @@ class Context:
             cli_env=cli_env,
             secret_names=plan.secret_names,
             imports=imports,
+            health="command",
         )
 
     @property
@@ -1250,6 +1272,61 @@ def _slurm_gpu_problems(host: Host, f: Facts) -> list[tuple[str, str]]:
     return problems
 
 
+# --- doctor --health (model/health.py judges the facts) -----------------------------------
+
+
+def _as_finding(check: str, problems: Sequence[health.Problem]) -> Optional[Finding]:
+    """One finding of ``check``: its warnings and failures, or its notes when all is well."""
+    bad = [(Status(level), msg, fix) for level, msg, fix in problems if level != "ok"]
+    if bad:
+        return _combine(check, bad)
+    notes = "; ".join(msg for _, msg, _ in problems)
+    return Finding(check, Status.OK, notes) if notes else None
+
+
+def _health(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    """The inventory's ``health:`` command."""
+    result = (hf.facts or {}).get("health", {}).get("command")
+    if result is None or not hf.host.health:
+        return None
+    problem = health.command_problem(hf.host.health, result, defaults.HEALTH_TIMEOUT)
+    return _as_finding("health", [problem])
+
+
+def _gpu_health(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    looks = (hf.facts or {}).get("health")
+    if looks is None or "smi" not in looks:  # the health: command alone was asked
+        return None
+    found = looks.get("gpu_dev_count") or 0
+    problems = gpus.smi_problems(looks.get("smi"), hf.host.gpus, found)
+    return _as_finding("gpu_health", problems)
+
+
+def _xid(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    """The kernel log's Xids, looked at where the host has NVIDIA GPUs."""
+    looks = (hf.facts or {}).get("health")
+    if looks is None or "kernel" not in looks:
+        return None
+    if looks.get("smi") is None and not looks.get("gpu_dev_count"):
+        return None
+    return _as_finding("xid", gpus.xid_problems(looks.get("kernel") or {}))
+
+
+def _ib(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    ports = (hf.facts or {}).get("health", {}).get("ib")
+    if not ports:
+        return None
+    problems = health.ib_problems(ports) or [("ok", f"{len(ports)} port(s) active", "")]
+    return _as_finding("ib", problems)
+
+
+def _dcgm(hf: HostFacts, refs: dict[str, Optional[str]], ctx: Context) -> Optional[Finding]:
+    looks = (hf.facts or {}).get("health")
+    if looks is None or "dcgm" not in looks:
+        return None
+    return _as_finding("dcgm", health.dcgm_problems(looks["dcgm"]))
+
+
 _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
     _ssh,
     _python,
@@ -1265,6 +1342,11 @@ _CHECKS: tuple[Callable[..., Optional[Finding]], ...] = (
     _disk,
     _script,
     _slurm,
+    _health,
+    _gpu_health,
+    _xid,
+    _ib,
+    _dcgm,
 )
 
 

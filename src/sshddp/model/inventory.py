@@ -78,6 +78,8 @@ class Host:
     #: defaults.env merged with the host's env (read-only); excluded from hash as a dict is
     env: Mapping[str, str] = field(default_factory=_frozen_env, hash=False)
     workdir: str = defaults.WORKDIR  #: remote base directory for sshddp's files
+    #: the user's own health check: a shell command run on the host (``doctor --health``)
+    health: Optional[str] = None
     line: int = 0  #: 1-based line of the host's entry in the file (0 if unknown)
     transport: Transport = "ssh"  #: how sshddp reaches it: SSH, or a Slurm job step (srun)
     slurm_job: Optional[str] = None  #: the Slurm job whose node this is (hosts: {slurm: ...})
@@ -279,6 +281,16 @@ def _is_workdir(value: object) -> bool:
     return _is_workdir_text(value) and ".." not in str(value).split("/")
 
 
+def _is_health_command(value: object) -> bool:
+    # One line: the finding quotes it, and the host runs it with `sh -c`.
+    return (
+        isinstance(value, str)
+        and bool(value.strip())
+        and len(value) <= 1000
+        and not any(c in value for c in "\0\n\r")
+    )
+
+
 # Host names reach ssh and shell command lines: no option-like or shell-active text.
 _HOST_RULE = _Rule(
     "a host name, ssh alias or IP address (letters, digits and . _ - : % [ ], not starting "
@@ -318,6 +330,12 @@ _RULES: dict[str, _Rule] = {
         lambda v: isinstance(v, str) and bool(v.strip()) and "\0" not in v,
         text=True,
     ),
+    "health": _Rule(
+        "a shell command on one line (at most 1000 characters), run on the host by "
+        "`doctor --health`; a non-zero exit makes the host unhealthy",
+        _is_health_command,
+        text=True,
+    ),
     "transport": _Rule(
         "ssh or srun (srun needs hosts: {slurm: ...})", lambda v: v in TRANSPORTS, text=True
     ),
@@ -346,12 +364,26 @@ _ENV_VALUE_RULE = _Rule(
     text=True,
 )
 
-_HOST_KEYS = ("host", "user", "port", "gpus", "nproc", "python", "addr", "env", "workdir")
+_HOST_KEYS = (
+    "host",
+    "user",
+    "port",
+    "gpus",
+    "nproc",
+    "python",
+    "addr",
+    "env",
+    "workdir",
+    "health",
+)
 _RUN_KEYS = ("transport", "share", "sync", "include")  #: under defaults, but the run's
 _DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), *_RUN_KEYS)
 _TOP_KEYS = ("defaults", "rendezvous", "hosts")
 _RDZV_KEYS = ("port", "host")
-_HOSTFILE_KEYS = ("slots", *(key for key in _RULES if key not in ("host", "transport", "sync")))
+_HOSTFILE_KEYS = (
+    "slots",
+    *(key for key in _RULES if key not in ("host", "transport", "sync", "health")),
+)
 
 _YAML_HINTS = MappingProxyType(
     {"<<": "YAML merge keys are not supported; put shared values under 'defaults'."}
@@ -366,6 +398,7 @@ _HOSTFILE_HINTS = MappingProxyType(
     {
         "host": "the host name is the first word of the line.",
         "env": "'env' needs a YAML inventory.",
+        "health": "'health' needs a YAML inventory.",
     }
 )
 _HOSTFILE_FORM = "`host [slots=N] [key=value ...]`"

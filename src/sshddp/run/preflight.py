@@ -172,6 +172,24 @@ def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool
         if imports and imports.names and not imports.error
         else None,
         "gpu_uuids": bool(host.gpus),
+        "health": _health_args(host, ctx),
+    }
+
+
+def _health_args(host: Host, ctx: Context) -> Optional[dict[str, Any]]:
+    """What ``remote/calls/host_health.py`` looks at, or None: with doctor --health
+    everything; otherwise (a launch's preflight, doctor) the inventory's ``health:`` command
+    alone, where it is set (a host without one pays nothing)."""
+    alone = ctx.health == "command"
+    if ctx.health is None or (alone and not host.health):
+        return None
+    return {
+        "hardware": not alone,
+        "command": host.health,
+        "timeout": defaults.HEALTH_TIMEOUT,
+        "deep": ctx.health == "deep",
+        "deep_timeout": defaults.HEALTH_DEEP_TIMEOUT,
+        "keep": defaults.HEALTH_OUTPUT,
     }
 
 

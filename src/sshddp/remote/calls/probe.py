@@ -17,7 +17,7 @@ args: {"workdir", "deep": bool, "listen_port": int|"auto"|None, "auto_from": int
        "connect": [addr, port]|None, "connect_timeout": float, "script": str|None,
        "env": {name: value}, "watch": {"names": [...], "prefixes": [...]},
        "route_to": addr|None, "imports": {"names": [...], "path0": str|None}|None,
-       "gpu_uuids": bool}
+       "gpu_uuids": bool, "health": host_health's args|None}
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from sshddp.remote.calls import host_imports, network
+from sshddp.remote.calls import host_health, host_imports, network
 from sshddp.remote.common import home_path, listdir, temp_dir, try_lock, which
 from sshddp.remote.workdir import inspect
 
@@ -366,6 +366,20 @@ def probe(args: dict[str, Any]) -> tuple[Facts, Holds]:
     """(facts, what is still held): the host's facts, the rendezvous port held if asked."""
     env = _ranks_env(args.get("env"))
     deep = _start_deep(env) if args.get("deep") else None
+    health = host_health.start(args.get("health"), env)
+    try:
+        facts, holds = _looks(args, env, deep)
+    except BaseException:
+        host_health.stop(health)  # its commands never outlive the probe
+        raise
+    if health is not None:
+        facts["health"] = host_health.finish(health)
+    return facts, holds
+
+
+def _looks(
+    args: Mapping[str, Any], env: Mapping[str, str], deep: Optional[subprocess.Popen[str]]
+) -> tuple[Facts, Holds]:
     facts = _basics(args)
     holds = Holds()
     listen = args.get("listen_port")
