@@ -76,6 +76,11 @@ def test_spares_must_be_a_list() -> None:
         parse_inventory("hosts: [a]\nspares: {host: b}\n")
 
 
+def test_a_slurm_inventory_takes_no_spares() -> None:
+    with pytest.raises(InventoryError, match=r"<string>:2: spares: spares are host names"):
+        parse_inventory("hosts: {slurm: current}\nspares: [b]\n")
+
+
 def test_spares_on_the_command_line() -> None:
     inv = with_spare_list(parse_host_list("a:2,b:1", python="/py"), "c:2,d")
     assert [(s.host, s.procs, s.python) for s in inv.spares] == [("c", 2, "/py"), ("d", 1, "/py")]

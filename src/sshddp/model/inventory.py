@@ -504,6 +504,11 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     hosts = top.get("hosts")
     if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
         slurm = _slurm_request(doc, hosts, defaults)
+        if "spares" in top:
+            doc.fail(
+                _at("spares", top["spares"][0]),
+                "spares are host names; a Slurm job's nodes (hosts: {slurm: ...}) take none.",
+            )
         return Inventory(doc.source, (), rendezvous, slurm, share, sync, include)
     if defaults.get("transport") == "srun":
         doc.fail(
