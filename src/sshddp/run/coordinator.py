@@ -49,7 +49,6 @@ from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
 from sshddp.run.payload import Payload, build_payload, code_spec
 from sshddp.run.quarantine import ends as quarantine_ends
-from sshddp.run.quarantine import spares
 from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.registry import Launcher, RunRecord
 from sshddp.run.runstate import LaunchState, RunState
@@ -94,10 +93,6 @@ def launch(
     """Run it. None for --dry-run and --detach, else the finished run's result."""
     if mode.detach:
         refuse_detach(inventory.hosts)
-    if not mode.dry_run:  # a dry run connects to nothing: its plan is the inventory's
-        inventory = spares.swap_bad_hosts(
-            inventory, ssh, mode.fanout, screen.err, mode.ignore_quarantine
-        )
     with trace.phase("plan"):
         plan = build_plan(inventory, options, ssh, secrets)
     _trace_plan(plan, mode)
