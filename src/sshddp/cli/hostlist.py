@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, TypeVar
 import click
 
 from sshddp.errors import UsageError
-from sshddp.model.inventory import HOST_LIST_FORM, Inventory
+from sshddp.model.inventory import HOST_LIST_FORM, Inventory, with_spare_list
 from sshddp.run.inputs import load_host_list, load_source
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,3 +80,25 @@ def split_hosts(
 def source_of(inventory: Inventory, kw: dict[str, Any]) -> Optional[str]:
     """The inventory file, or None for hosts given with -H."""
     return None if kw["hosts"] is not None else inventory.source
+
+
+def spares_option(fn: F) -> F:
+    """``--spares HOST[:N],...``: hosts that take a bad host's node at launch."""
+    return click.option(
+        "--spares",
+        metavar="HOST:N,...",
+        help="Spare hosts (like -H; an inventory file's `spares:`): at launch, one takes the "
+        "node rank of a host that is unreachable or quarantined, with the same process count.",
+    )(fn)
+
+
+def with_spares(inventory: Inventory, spares: Optional[str]) -> Inventory:
+    """``inventory`` with the ``--spares`` hosts, if given."""
+    if spares is None:
+        return inventory
+    if inventory.spares:
+        raise UsageError(
+            f"--spares and the `spares:` of {inventory.source} exclude each other; give the "
+            "spares in one place"
+        )
+    return with_spare_list(inventory, spares)

@@ -9,7 +9,13 @@ from typing import Any, Optional
 import click
 
 from sshddp import defaults
-from sshddp.cli.hostlist import DashDashCommand, host_list_options, split_hosts
+from sshddp.cli.hostlist import (
+    DashDashCommand,
+    host_list_options,
+    spares_option,
+    split_hosts,
+    with_spares,
+)
 from sshddp.cli.options import (
     CONTEXT,
     PORT_HELP,
@@ -41,6 +47,7 @@ from sshddp.model.sync import summary as sync_summary
 from sshddp.run import coordinator
 from sshddp.run.logread import rank_tail
 from sshddp.run.preflight import PreflightFailed
+from sshddp.run.quarantine.spares import swap_bad_hosts
 from sshddp.run.sinks import tail_lines
 from sshddp.run.sync import project_path, synced
 
@@ -54,6 +61,7 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
 @ranks_option
 @verbose_option
 @host_list_options
+@spares_option
 @transport_option
 @click.option("-m", "--module", metavar="MODULE", help="Run a Python module instead of SCRIPT.")
 @click.option(
@@ -188,7 +196,11 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     check_not_in_step(terminal.environ)
     select_verbose(terminal, kw["verbose"])
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
+    inv = with_spares(inv, kw["spares"])
     options, secrets = launch_options(rest, kw, terminal, dashdash)
+    if not kw["dry_run"]:  # a dry run connects to nothing: its plan is the inventory's
+        # before --sync: the hosts it gives an environment are those that will run
+        inv = swap_bad_hosts(inv, ssh, kw["fanout"], terminal.err, kw["ignore_quarantine"])
     project = project_path(kw["sync_project"], inv)
     if project is not None and not kw["dry_run"]:  # a dry run connects to nothing
         inv, synced_hosts = synced(inv, project, ssh, kw["fanout"])

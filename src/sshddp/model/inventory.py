@@ -49,6 +49,7 @@ __all__ = [
     "Transport",
     "format_of",
     "parse_inventory",
+    "with_spare_list",
 ]
 
 Format = Literal["auto", "yaml", "hostfile"]
@@ -133,6 +134,9 @@ class Inventory:
     #: ``defaults.sync``: the uv project every launch syncs first (--sync), as written
     sync: Optional[str] = None
     include: tuple[str, ...] = ()  #: ``defaults.include``: ignored --workdir files sent (--include)
+    #: ``spares:`` (or --spares): hosts that take a bad host's node rank at launch; a spare's
+    #: ``index`` is its place in that list, not a node rank
+    spares: tuple[Host, ...] = ()
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -378,7 +382,7 @@ _HOST_KEYS = (
 )
 _RUN_KEYS = ("transport", "share", "sync", "include")  #: under defaults, but the run's
 _DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), *_RUN_KEYS)
-_TOP_KEYS = ("defaults", "rendezvous", "hosts")
+_TOP_KEYS = ("defaults", "rendezvous", "hosts", "spares")
 _RDZV_KEYS = ("port", "host")
 _HOSTFILE_KEYS = (
     "slots",
@@ -533,6 +537,11 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     hosts = top.get("hosts")
     if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
         slurm = _slurm_request(doc, hosts, defaults)
+        if "spares" in top:
+            doc.fail(
+                _at("spares", top["spares"][0]),
+                "spares are host names; a Slurm job's nodes (hosts: {slurm: ...}) take none.",
+            )
         return Inventory(doc.source, (), rendezvous, slurm, share, sync, include)
     if defaults.get("transport") == "srun":
         doc.fail(
@@ -542,7 +551,23 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
         )
     entries = _hosts_list(doc, root, hosts)
     pairs = [_yaml_host(doc, node, index, defaults) for index, node in enumerate(entries)]
-    return replace(_inventory(doc, pairs, rendezvous), share=share, sync=sync, include=include)
+    inventory = _inventory(doc, pairs, rendezvous)
+    spares = _yaml_spares(doc, top.get("spares"), defaults)
+    spared = _with_spares(doc, inventory, spares, "spares")
+    return replace(spared, share=share, sync=sync, include=include)
+
+
+def _yaml_spares(
+    doc: _Doc, entry: Optional[tuple[yaml.Node, yaml.Node]], defaults: Mapping[str, Any]
+) -> list[tuple[Host, _Where]]:
+    """``spares:``: a list like ``hosts:`` (the same keys, the same ``defaults``)."""
+    if entry is None or _is_null(entry[1]):
+        return []
+    key_node, node = entry
+    if not isinstance(node, yaml.SequenceNode):
+        where = _value_where("spares", key_node, node)
+        doc.fail(where, f"expected a list of spare hosts (like hosts:), got {_kind(node)}.")
+    return [_yaml_host(doc, item, i, defaults, "spares") for i, item in enumerate(node.value)]
 
 
 def _slurm_request(
@@ -655,9 +680,9 @@ def _hosts_list(
 
 
 def _yaml_host(
-    doc: _Doc, node: yaml.Node, index: int, defaults: Mapping[str, Any]
+    doc: _Doc, node: yaml.Node, index: int, defaults: Mapping[str, Any], key: str = "hosts"
 ) -> tuple[Host, _Where]:
-    path = f"hosts[{index}]"
+    path = f"{key}[{index}]"
     if isinstance(node, yaml.ScalarNode):  # `- gpu-a` is short for `- host: gpu-a`
         where = _at(path, node)
         own = {"host": _read_scalar(doc, _HOST_RULE, node, where)}
@@ -702,6 +727,51 @@ def _inventory(doc: _Doc, pairs: list[tuple[Host, _Where]], rendezvous: Rendezvo
             )
         first[key] = host
     return Inventory(doc.source, tuple(host for host, _ in pairs), rendezvous)
+
+
+def _with_spares(
+    doc: _Doc, inventory: Inventory, spares: list[tuple[Host, _Where]], key: str
+) -> Inventory:
+    """``inventory`` with its spares, once none is a host of the run or listed twice, and
+    each could take some node's place (the same process count)."""
+    seen = {(h.host, h.port): _host_at(h) for h in inventory.hosts}
+    counts = sorted({h.procs for h in inventory.hosts})
+    for spare, where in spares:
+        name = (spare.host, spare.port)
+        at = f"line {spare.line}" if spare.line else f"entry {spare.index + 1}"
+        if name in seen:
+            also = seen[name] if seen[name].startswith("in ") else f"twice ({seen[name]})"
+            doc.fail(
+                where,
+                f"spare {_show(spare.host)} is also listed {also}; a spare is a host that is "
+                f"not in the run: list it once, under {key} or under hosts.",
+            )
+        seen[name] = at
+        if spare.procs not in counts:
+            doc.fail(
+                where,
+                f"spare {_show(spare.host)} runs {spare.procs} process(es), and no node of the "
+                f"run has that many ({', '.join(map(str, counts))}); a spare takes a node's "
+                "place with the same process count: set its gpus or nproc to match.",
+            )
+    return replace(inventory, spares=tuple(spare for spare, _ in spares))
+
+
+def _host_at(host: Host) -> str:
+    return f"in hosts (line {host.line})" if host.line else f"in -H (entry {host.index + 1})"
+
+
+def with_spare_list(inventory: Inventory, text: str, source: str = "--spares") -> Inventory:
+    """``--spares HOST[:N],...`` added to ``inventory`` (parsed like ``-H``)."""
+    doc = _Doc.of(text, source)
+    if not text.strip():
+        doc.fail(_Where(""), f"no hosts; expected {HOST_LIST_FORM}.")
+    first = inventory.hosts[0] if inventory.hosts else None
+    defaults = {} if first is None else {"python": first.python, "user": first.user}
+    pairs = [
+        _list_host(doc, entry, i, defaults, "spares") for i, entry in enumerate(text.split(","))
+    ]
+    return _with_spares(doc, inventory, pairs, "--spares")
 
 
 def _require_mapping(doc: _Doc, root: Optional[yaml.Node]) -> yaml.MappingNode:
@@ -837,9 +907,9 @@ _POSITIVE_RULE = _Rule(
 
 
 def _list_host(
-    doc: _Doc, entry: str, index: int, defaults: Mapping[str, Any]
+    doc: _Doc, entry: str, index: int, defaults: Mapping[str, Any], key: str = "hosts"
 ) -> tuple[Host, _Where]:
-    where = _Where(f"hosts[{index}] (entry {index + 1}, {_show(entry)})")
+    where = _Where(f"{key}[{index}] (entry {index + 1}, {_show(entry)})")
     if not entry:
         doc.fail(where, f"an empty entry; expected {HOST_LIST_FORM}.")
     name, colon, text = entry.rpartition(":")

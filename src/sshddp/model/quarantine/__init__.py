@@ -1,7 +1,8 @@
 """Quarantine: hosts left out of launches for a while because a run ended through them.
 
 ``verdicts``: which hosts a run's end (or a launch's preflight) quarantines, and why;
-``entries``: the quarantine's entries, their expiry, their file format and their words.
+``entries``: the quarantine's entries, their expiry, their file format and their words;
+``spares``: which spare takes the node rank of a host a launch cannot use.
 """
 
 from sshddp.model.quarantine.entries import (

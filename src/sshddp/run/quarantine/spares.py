@@ -1,0 +1,98 @@
+"""Spares at launch: before the plan, reach the run's hosts and its spares in one fan-out,
+and give a spare the node rank of each host that is unreachable or quarantined.
+
+Only an inventory with spares pays for this: its hosts are connected once here, before the
+preflight connects them again. Nothing has been recorded or started when it runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+from sshddp.hosts.pool import HostPool
+from sshddp.hosts.transport import SshOptions
+from sshddp.model.inventory import Host, Inventory
+from sshddp.model.quarantine import Quarantine, when
+from sshddp.model.quarantine.spares import Choice, choose
+from sshddp.run.quarantine import store
+
+
+def swap_bad_hosts(
+    inventory: Inventory,
+    ssh: SshOptions,
+    fanout: int,
+    say: Callable[[str], None],
+    ignore_quarantine: bool = False,
+) -> Inventory:
+    """``inventory`` with a spare in place of each bad host, each swap said in one line.
+    Where some bad node finds no usable spare, each such node is said (its host and every
+    spare, and why none fits) and the inventory is kept: the launch fails through that
+    host as it would without spares (unreachable, or the quarantine's refusal)."""
+    if not inventory.spares:
+        return inventory
+    quarantined = {} if ignore_quarantine else _quarantined(inventory)
+    unreachable = _unreachable(inventory, ssh, fanout)
+    hosts, spares = inventory.hosts, inventory.spares
+    bad = {h.index: _why(h, quarantined, unreachable) for h in hosts}
+    spare_bad = {s.host: _why(s, quarantined, unreachable) for s in spares}
+    choice = choose(
+        hosts,
+        {i: w for i, w in bad.items() if w},
+        spares,
+        {n: w for n, w in spare_bad.items() if w},
+    )
+    return _said(inventory, choice, say)
+
+
+def _said(inventory: Inventory, choice: Choice, say: Callable[[str], None]) -> Inventory:
+    if choice.unfilled:
+        for node in choice.unfilled:
+            say(node.line())
+        return inventory
+    for swap in choice.swaps:
+        say(swap.line())
+    return replace(inventory, hosts=choice.hosts)
+
+
+def _why(host: Host, quarantined: dict[str, str], unreachable: dict[str, str]) -> str:
+    """Why ``host`` cannot run a node ('' when it can): unreachable first, as the more
+    immediate reason."""
+    if host.host in unreachable:
+        return f"unreachable ({unreachable[host.host]})"
+    return quarantined.get(host.host, "")
+
+
+def _quarantined(inventory: Inventory) -> dict[str, str]:
+    """The quarantined hosts and spares, with why."""
+    now = time.time()
+    found: Quarantine = store.load()
+    out = {}
+    for host in (*inventory.hosts, *inventory.spares):
+        entry = found.of(host.host, now)
+        if entry is not None:
+            out[host.host] = f"quarantined until {when(entry.until)} ({entry.reason})"
+    return out
+
+
+def _unreachable(inventory: Inventory, ssh: SshOptions, fanout: int) -> dict[str, str]:
+    """The hosts and spares that cannot be connected to, with the connection's error. The
+    spares are numbered after the hosts: the pool keys its hosts by index."""
+    count = len(inventory.hosts)
+    spares = [replace(s, index=count + s.index) for s in inventory.spares]
+    everyone = [*inventory.hosts, *spares]
+    with HostPool(everyone, ssh, fanout) as pool:
+        errors = pool.connect_all()
+    out = {}
+    for host in everyone:
+        err = errors.get(host.index)
+        if err is not None:
+            out[host.host] = _short(host.host, err.message)
+    return out
+
+
+def _short(name: str, message: str) -> str:
+    """The connection error without the host name it starts with."""
+    prefix = f"{name}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message

@@ -1,0 +1,87 @@
+"""Spares at launch, for real: a host whose sshd is down, then a quarantined host, is
+replaced by the inventory's spare at the same node rank (its ranks run there, the banner
+names the swap, ps and the local logs name the spare); with the spare down too, the launch
+fails naming both. No process of a run survives."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from launch_helpers import JOB, sshddp
+
+from sshddp_lab.sshd import SshdCluster
+
+
+def _inventory(tmp: Path, port: int, name: str, spares: list[str]) -> Path:
+    doc: dict[str, Any] = {
+        "defaults": {
+            "python": sys.executable,
+            "workdir": str(tmp / "remote"),
+            "nproc": 1,
+            "env": {"GLOO_SOCKET_IFNAME": "lo"},
+        },
+        "rendezvous": {"port": port},
+        "hosts": ["h1", "h2", "h3"],
+    }
+    if spares:
+        doc["spares"] = spares
+    inv = tmp / name
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
+
+
+def _ran_on_h4(cluster: SshdCluster, tmp: Path, run: str) -> None:
+    """Node 2 ran on h4: its local log is named for h4 and holds rank 2's lines; ps says so."""
+    log = tmp / "sshddp-logs" / run / "node2-h4.log"
+    assert "rank 2 line 49" in log.read_text(), log.read_text()
+    listed = json.loads(sshddp(cluster, tmp, "ps", "--all", "--json", run).stdout)
+    (row,) = listed["runs"]
+    assert [n["host"] for n in row["nodes"]] == ["h1", "h2", "h4"], row
+
+
+def test_a_bad_host_is_replaced_by_the_spare(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    cluster = make_cluster(4)
+    port = free_port()
+    spared = _inventory(tmp_path, port, "spared.yaml", ["h4"])
+    plain = _inventory(tmp_path, port, "plain.yaml", [])
+    timeout = ["--connect-timeout", "3"]
+
+    cluster.stop_host(3)  # unreachable: the spare takes node 2
+    down = sshddp(cluster, tmp_path, "launch", *timeout, "--name", "sp1", spared, JOB, "ok")
+    assert down.returncode == 0 and "Traceback" not in down.stderr, down.stderr
+    (swap,) = [line for line in down.stderr.splitlines() if "takes its place" in line]
+    assert swap.startswith("sshddp: node 2: h3 unreachable (") and "connection refused" in swap
+    assert swap.endswith("; spare h4 takes its place"), swap
+    _ran_on_h4(cluster, tmp_path, "sp1")
+    run_no_leak("sp1")
+
+    # without spares, as before: h3 is quarantined and the launch refused
+    refused = sshddp(cluster, tmp_path, "launch", *timeout, "--name", "sp2", plain, JOB, "ok")
+    assert refused.returncode == 3 and "quarantined h3 until" in refused.stderr, refused.stderr
+
+    cluster.start_host(3)  # reachable, but quarantined: the spare takes node 2
+    quar = sshddp(cluster, tmp_path, "launch", "--no-check", "--name", "sp3", spared, JOB, "ok")
+    assert quar.returncode == 0, quar.stderr
+    (swap,) = [line for line in quar.stderr.splitlines() if "takes its place" in line]
+    assert swap.startswith("sshddp: node 2: h3 quarantined until ") and "h4" in swap, swap
+    _ran_on_h4(cluster, tmp_path, "sp3")
+    run_no_leak("sp3")
+
+    cluster.stop_host(4)  # no usable spare: the quarantine refuses, as without spares
+    both = sshddp(cluster, tmp_path, "launch", *timeout, "--name", "sp4", spared, JOB, "ok")
+    assert both.returncode == 3 and "Traceback" not in both.stderr, both.stderr
+    lines = both.stderr.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("sshddp: node 2: h3 quarantined until "), lines
+    assert "no spare can take its place (spare h4 unreachable (" in lines[0], lines
+    assert "h3 is quarantined until" in lines[1] and "--ignore-quarantine" in lines[1], lines
+    run_no_leak("sp4")
