@@ -106,7 +106,8 @@ def test_a_launch_runs_the_health_command_in_its_preflight(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Port, run_no_leak: Any
 ) -> None:
     """A failing ``health:`` stops the launch before anything starts (exit 3, naming the
-    host); once it passes, the run goes ahead."""
+    host) and quarantines the host; the next launch is refused until the quarantine is
+    cleared, and once the check passes, the run goes ahead."""
     run = _launch(ssh_env, tmp_path / "broken", free_port(), broken=True)
     assert run.rc == ExitCode.CHECK_FAILED, run.stderr
     flat = " ".join(run.stderr.split())
@@ -115,6 +116,18 @@ def test_a_launch_runs_the_health_command_in_its_preflight(
     assert run.run_id == ""
     runs = run.workdir / "runs"
     assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+    assert "sshddp: quarantined h2 until " in run.stderr, run.stderr
+    assert ": failed its health check (" in run.stderr, run.stderr
+    run = _launch(ssh_env, tmp_path / "refused", free_port(), broken=False)
+    assert run.rc == ExitCode.CHECK_FAILED and "h2 is quarantined" in run.stderr, run.stderr
+    clear = subprocess.run(
+        [*SSHDDP, "quarantine", "--clear", "h2"],
+        env=cli_env(ssh_env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert clear.returncode == 0, clear.stderr
     run = _launch(ssh_env, tmp_path / "fixed", free_port(), broken=False)
     assert run.rc == ExitCode.OK, run.stderr
     run_no_leak(run.run_id)

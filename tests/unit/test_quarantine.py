@@ -157,6 +157,21 @@ def test_unreachable_at_launch_is_a_connection_that_failed_not_a_login_refused()
     }
 
 
+def test_a_host_that_fails_a_health_check_at_launch_is_quarantined_a_warning_is_not() -> None:
+    def report(i: int, *found: Finding) -> HostReport:
+        return HostReport(Host(f"h{i + 1}", i), (Finding("ssh", Status.OK, "ok"), *found))
+
+    reports = [
+        report(0, Finding("health", Status.FAIL, "`check-gpu.sh` exited with code 4: ECC")),
+        report(1, Finding("xid", Status.FAIL, "Xid 79: GPU has fallen off the bus")),
+        report(2, Finding("ib", Status.WARN, "mlx5_0 port 1: link_downed 3")),
+        report(3, Finding("python", Status.FAIL, "python3 not found")),  # set-up, not health
+    ]
+    found = model.unreachable_at_launch(reports)
+    assert hosts(found) == {"h1": "failed its health check", "h2": "failed its health check"}
+    assert [v.evidence for v in found][0] == "`check-gpu.sh` exited with code 4: ECC"
+
+
 # --- entries ---------------------------------------------------------------------------------
 
 

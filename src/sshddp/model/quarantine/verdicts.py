@@ -41,6 +41,8 @@ _NOT_THERE = (
     "no SSH server answered",
     "cannot connect:",
 )
+#: doctor's checks whose failure is the host's health, not its set-up (docs/health.md)
+HEALTH_CHECKS = ("health", "gpu_health", "xid", "ib", "dcgm")
 _PEER_LOST = re.compile(r"^node (\d+) \(.*?\) lost\b")
 _NEVER_JOINED = re.compile(
     r"node (\d+) \([^)]*\): (?:never reported|[^;]*never called init_process_group)"
@@ -126,12 +128,18 @@ def _only_never_joined(result: RunResult) -> Optional[NodeResult]:
 
 
 def unreachable_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
-    """The hosts a launch's preflight could not connect to (not a refused login or key)."""
+    """The hosts a launch's preflight could not connect to (not a refused login or key),
+    and those that failed a health check (the inventory's ``health:`` command, a GPU's or
+    a port's: docs/health.md)."""
     out = []
     for r in reports:
         ssh = r.get("ssh")
         if ssh is not None and ssh.status is Status.FAIL and _not_there(ssh.message):
             out.append(Verdict(r.host.host, "unreachable at launch", ssh.message))
+            continue
+        sick = [f for f in (r.get(name) for name in HEALTH_CHECKS) if f and f.status is Status.FAIL]
+        if sick:
+            out.append(Verdict(r.host.host, "failed its health check", sick[0].message))
     return out
 
 
