@@ -166,6 +166,7 @@ def test_a_host_that_fails_a_health_check_at_launch_is_quarantined_a_warning_is_
         report(1, Finding("xid", Status.FAIL, "Xid 79: GPU has fallen off the bus")),
         report(2, Finding("ib", Status.WARN, "mlx5_0 port 1: link_downed 3")),
         report(3, Finding("python", Status.FAIL, "python3 not found")),  # set-up, not health
+        report(4, Finding("health", Status.FAIL, "`chek-gpu` exited 127: chek-gpu: not found")),
     ]
     found = model.unreachable_at_launch(reports)
     assert hosts(found) == {"h1": "failed its health check", "h2": "failed its health check"}

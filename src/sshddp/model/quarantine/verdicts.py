@@ -43,6 +43,8 @@ _NOT_THERE = (
 )
 #: doctor's checks whose failure is the host's health, not its set-up (docs/health.md)
 HEALTH_CHECKS = ("health", "gpu_health", "xid", "ib", "dcgm")
+#: a health: command the shell could not find or run: the inventory's to fix, not the host
+_UNRUNNABLE = re.compile(r"` exited 12[67]:")
 _PEER_LOST = re.compile(r"^node (\d+) \(.*?\) lost\b")
 _NEVER_JOINED = re.compile(
     r"node (\d+) \([^)]*\): (?:never reported|[^;]*never called init_process_group)"
@@ -138,7 +140,7 @@ def unreachable_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
             out.append(Verdict(r.host.host, "unreachable at launch", ssh.message))
             continue
         sick = [f for f in (r.get(name) for name in HEALTH_CHECKS) if f and f.status is Status.FAIL]
-        if sick:
+        if sick and not _UNRUNNABLE.search(sick[0].message):
             out.append(Verdict(r.host.host, "failed its health check", sick[0].message))
     return out
 
