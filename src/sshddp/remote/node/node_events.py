@@ -306,6 +306,7 @@ def decide(state: LoopState, *events: Event) -> Decision:
 
 
 def _apply(state: LoopState, event: Event) -> Decision:
+    """One event: what the node now knows, and what it does at once."""
     if isinstance(event, Message):
         return _message(state, event.rank, event.msg)
     if isinstance(event, Hang):

@@ -8,7 +8,8 @@ SIGUSR1 (immediate) stops exactly this node's processes: torchrun's process grou
 every process carrying this node's run marker. Its last act is exit.json. Ranks start
 through rank.py, which line-buffers them: one write per line. The supervisors of a run
 watch each other (``peers``), authenticated by the run's key, so a run stops everywhere
-without any laptop.
+without any laptop. Everything the node reacts to is an event of one inbox, and one loop
+(``Supervisor.run``) hands them to ``node_events.decide``, which moves the node's phase.
 
 torchrun's exit is noticed without reaping it (``waitid`` with ``WNOWAIT``): its zombie keeps
 its pid, and so its process group's number, from being reused until the node's processes
