@@ -181,7 +181,7 @@ class Supervisor:
         elif phase == WATCHING and self.output is not None:
             wait = IDLE_WAIT if self.inbox.fd is not None else POLL_WAIT
             if not self.output.pump(wait, self.inbox.fd):
-                time.sleep(0.02)
+                self.inbox.sleep(POLL_WAIT)
         elif phase == STOPPING and self.stop is not None:
             rc = self.stop.step()
             if rc is not None:
