@@ -31,6 +31,7 @@ from sshddp.remote.node.node_events import (
     Signal,
     StacksTaken,
     TakeStacks,
+    TearDown,
     Tell,
     decide,
     going,
@@ -101,7 +102,9 @@ def test_every_event_in_every_state(event: Event, after: dict[str, str]) -> None
         if name in after:
             assert outcome(new) == after[name], (name, new)
         assert decide(state, event) == (new, actions)  # pure: the same answer every time
-        if not isinstance(event, Hang):
+        if isinstance(event, Begun) and outcome(new) == STOP:
+            assert actions == [TearDown(graceful=True)], name  # it must stop: it does at once
+        elif not isinstance(event, Hang):
             assert actions == [], name  # a node other than 0 acts only on a hang
 
 

@@ -334,64 +334,114 @@ def signal_all(procs: Procs, sig: int) -> None:
         send_signal(pid, start, sig)
 
 
-def kill_run(
-    group: Optional[Group],
-    mark: str,
-    grace: float,
-    reap: Optional[Callable[[], None]] = None,
-    hurry: Optional[Callable[[], bool]] = None,
-    agent: bool = True,
-) -> float:
-    """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s.
+def kill_run(group: Optional[Group], mark: str, grace: float, agent: bool = True) -> float:
+    """SIGTERM every process of the node's run, SIGKILL what is left after ``grace`` s
+    (``RunStop``, driven to its end here); the seconds it took."""
+    stop = RunStop(group, mark, grace, agent)
+    while not stop.step():
+        time.sleep(stop.wait())
+    return stop.elapsed()
+
+
+TERM_TICK = 0.02  # seconds between looks at the run's processes while they have their grace
+KILL_TICK = 0.01  # seconds between SIGKILLs and the look that follows each
+KILL_TRIES = 500  # SIGKILLs sent at most (a process that forks as fast as it is killed)
+
+
+class RunStop:
+    """The stop of one node's run, a step at a time, so that its caller (the supervisor's
+    loop) goes on with its own work between steps: SIGTERM every process of the run, wait
+    up to ``grace`` s for them to go, then SIGKILL what is left until nothing is.
 
     ``group`` is torchrun's process group and torchrun's start time (see ``run_pids``).
-    ``reap`` (optional) is called while waiting so a parent can collect its own child;
-    ``hurry`` (optional) ends the grace early when it returns True. ``agent``: the group is
-    torchrun's alone, its workers run in sessions of their own, so once they are gone the
-    rest is cut short; a node launcher's workers share its group, and it gets the whole
-    grace. Returns the seconds it took.
+    ``agent``: the group is torchrun's alone, its workers run in sessions of their own, so
+    once they are gone the rest is cut short; a node launcher's workers share its group,
+    and it gets the whole grace. ``clock``, ``find`` (the run's live processes, given those
+    known), ``send`` and ``group_of`` are the process table's, replaceable in tests.
     """
-    start = time.time()
-    procs = run_pids(group, mark)
-    known = dict(procs)
-    if grace > 0 and procs:
-        signal_all(procs, signal.SIGTERM)
-        procs = _wait_gone(procs, group, mark, known, start + grace, reap, hurry, agent)
-    for _ in range(500):
-        if not procs:
-            break
-        signal_all(procs, signal.SIGKILL)
-        time.sleep(0.01)
-        if reap:
-            reap()
-        procs = run_pids(group, mark, known)
-        known.update(procs)
-    return time.time() - start
 
+    def __init__(
+        self,
+        group: Optional[Group],
+        mark: str,
+        grace: float,
+        agent: bool = True,
+        clock: Callable[[], float] = time.time,
+        find: Optional[Callable[[Procs], Procs]] = None,
+        send: Optional[Callable[[Procs, int], None]] = None,
+        group_of: Optional[Callable[[int], Optional[int]]] = None,
+    ) -> None:
+        self.clock = clock
+        self.find = find or (lambda known: run_pids(group, mark, known))
+        self.send = send or signal_all
+        self.group_of = group_of or pgid_of
+        self.pgid = group[0] if group else None
+        self.agent = agent
+        self.start = clock()
+        self.procs = self.find({})
+        self.known = dict(self.procs)
+        self.deadline = self.start + grace  #: the end of the grace
+        self.graced = grace > 0 and bool(self.procs)  #: the processes have their grace
+        if self.graced:
+            self.send(self.procs, signal.SIGTERM)
+        self.due = self.start + (TERM_TICK if self.graced else 0.0)  #: the next step's time
+        self.workers_gone: Optional[float] = None
+        self.kills = 0
+        self.killed = False  #: a SIGKILL went out since the last look
+        self.done = False
 
-def _wait_gone(
-    procs: Procs,
-    group: Optional[Group],
-    mark: str,
-    known: Procs,
-    deadline: float,
-    reap: Optional[Callable[[], None]],
-    hurry: Optional[Callable[[], bool]],
-    agent: bool = True,
-) -> Procs:
-    """Wait for the node's processes to exit after SIGTERM; those still there."""
-    workers_gone = None
-    pgid = group[0] if group else None
-    while procs and time.time() < deadline and not (hurry and hurry()):
-        time.sleep(0.02)
-        if reap:
-            reap()
-        procs = run_pids(group, mark, known)
-        known.update(procs)
-        # Once the ranks are gone, torchrun's own cleanup (seconds of Python teardown)
-        # protects nothing: give it AGENT_GRACE, then kill it.
-        if agent and workers_gone is None and not [p for p in procs if pgid_of(p) != pgid]:
-            workers_gone = time.time()
-        if workers_gone is not None and time.time() - workers_gone > AGENT_GRACE:
-            break
-    return procs
+    def hurry(self) -> None:
+        """Skip the rest of the grace: SIGKILL at the next step."""
+        if self.graced:
+            self.graced = False
+            self.due = min(self.due, self.clock())
+
+    def wait(self) -> float:
+        """Seconds until the next step has something to do."""
+        return 0.0 if self.done else max(0.0, self.due - self.clock())
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def step(self) -> bool:
+        """One step, if one is due; True once no process of the run is left (or the
+        SIGKILLs ran out)."""
+        if not self.done and self.clock() >= self.due:
+            if self.graced:
+                self._look_graced()
+            if not self.graced:
+                self.done = self._kill()
+        return self.done
+
+    def _look(self) -> None:
+        self.procs = self.find(self.known)
+        self.known.update(self.procs)
+
+    def _look_graced(self) -> None:
+        """The processes after SIGTERM: once the ranks are gone, torchrun's own cleanup
+        (seconds of Python teardown) protects nothing: it gets AGENT_GRACE, then SIGKILL."""
+        self._look()
+        now = self.clock()
+        if self.agent and self.workers_gone is None and not self._workers():
+            self.workers_gone = now
+        over = self.workers_gone is not None and now - self.workers_gone > AGENT_GRACE
+        if not self.procs or now >= self.deadline or over:
+            self.graced = False
+        else:
+            self.due = now + TERM_TICK
+
+    def _workers(self) -> list[int]:
+        """The run's processes outside torchrun's group: its ranks (and theirs)."""
+        return [p for p in self.procs if self.group_of(p) != self.pgid]
+
+    def _kill(self) -> bool:
+        if self.killed:
+            self._look()
+            self.killed = False
+        if not self.procs or self.kills >= KILL_TRIES:
+            return True
+        self.send(self.procs, signal.SIGKILL)
+        self.kills += 1
+        self.killed = True
+        self.due = self.clock() + KILL_TICK
+        return False

@@ -1,12 +1,13 @@
-"""What a node's supervisor reacts to, and what it decides: pure functions of (state, event).
+"""What a node's supervisor reacts to, and what it decides: pure functions of (state, events).
 
-The supervisor's loop (``supervisor``) takes events from its inbox (``node_inbox``) and
-looks at torchrun and the output itself; ``decide`` turns each event into the node's next
-``LoopState`` and the actions the loop then carries out (tell the other nodes, end the run,
-take the stacks). What the loop does next (keep watching, torchrun exited, stop the node,
-start the next attempt) is read off the state by ``outcome``, ``stopping``, ``halting``
-and ``word_to_node_0``. Nothing here does I/O: every decision is unit-tested without a
-process.
+The supervisor's one loop (``supervisor``) takes the events posted to its inbox
+(``node_inbox``: by the peers' threads, the watchdog's, the signal handlers and the loop's own
+looks at torchrun, the output and the peers) and hands each batch to ``decide``, which
+returns the node's next ``LoopState`` and the actions the loop carries out (start an attempt,
+stop the node's processes, tell node 0 or the other nodes, take the stacks, end the node).
+The state's ``phase`` says where the node is in its life (``PHASES``); ``decide`` alone
+moves it, and names how the node ended (``node_ends``). Nothing here does I/O: every
+decision is unit-tested without a process.
 
 Node 0 also decides the run's restarts (``RestartDecider``): a node whose attempt failed
 says so; with attempts left and every node there, node 0 halts the attempt everywhere,
@@ -21,7 +22,29 @@ from typing import Any, List, Optional, Tuple, Union
 
 from sshddp.protocol import contract
 from sshddp.protocol import peer_messages as pm
+from sshddp.remote.node import node_ends
+from sshddp.remote.node.node_ends import Ending
 from sshddp.remote.node.restarts import refusal
+
+# ------------------------------------------------------------------- phases
+
+#: torchrun of the node's next attempt is being started (the loop waits for ``Begun``)
+STARTING = "starting"
+#: torchrun runs; the loop copies its output and looks for its exit
+WATCHING = "watching"
+#: the node's processes are being stopped (torchrun exited, or the node must stop): the
+#: loop advances the teardown a step at a time until ``TornDown``
+STOPPING = "stopping"
+#: the attempt's processes are gone: the node tells node 0 how it ended, or ends (a
+#: phase ``decide`` passes through; the loop never waits in it)
+ENDED = "ended"
+#: the node told node 0 its attempt ended and waits for its word (the next attempt, or stop)
+AWAITING = "awaiting"
+#: the node's end is recorded and told: it stays while node 0's server needs it
+LINGERING = "lingering"
+#: the loop ends
+DONE = "done"
+PHASES = (STARTING, WATCHING, STOPPING, ENDED, AWAITING, LINGERING, DONE)
 
 # ------------------------------------------------------------------- events
 
@@ -93,9 +116,30 @@ class Message:
 
 @dataclass(frozen=True)
 class Begun:
-    """The supervisor started attempt ``attempt``'s torchrun."""
+    """The supervisor started attempt ``attempt``'s torchrun, or (``failed``: why) could not."""
 
     attempt: int
+    failed: str = ""
+
+
+@dataclass(frozen=True)
+class TornDown:
+    """The node's processes are gone; torchrun exited with ``rc``."""
+
+    rc: int
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """Node 0's view of the others changed: the nodes it hears from, those that ended."""
+
+    heard: frozenset[int]
+    ended: frozenset[int]
+
+
+@dataclass(frozen=True)
+class LetGo:
+    """The other nodes no longer need this one (node 0's server relayed every end)."""
 
 
 Event = Union[
@@ -109,6 +153,9 @@ Event = Union[
     StacksTaken,
     Message,
     Begun,
+    TornDown,
+    PeerView,
+    LetGo,
 ]
 
 # ------------------------------------------------------------------- actions
@@ -137,7 +184,48 @@ class TakeStacks:
     action: str
 
 
-Action = Union[Tell, EndRun, TakeStacks]
+@dataclass(frozen=True)
+class StartNext:
+    """Start the next attempt's torchrun (node 0 said go), then post ``Begun``."""
+
+
+@dataclass(frozen=True)
+class TearDown:
+    """Stop the node's processes, a step at a time, then post ``TornDown``; ``graceful``:
+    SIGTERM and the spec's grace first (else SIGKILL at once)."""
+
+    graceful: bool
+
+
+@dataclass(frozen=True)
+class Hurry:
+    """The teardown under way skips the rest of its grace (a SIGUSR1 came)."""
+
+
+@dataclass(frozen=True)
+class Say:
+    """Tell node 0 (a post to this inbox, on node 0) that attempt ``attempt`` ended:
+    ``word`` is "halted" or "fail" (``reason``: what failed, which the loop reads the
+    attempt's output for)."""
+
+    word: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Record the node's end (exit.json) and tell the other nodes."""
+
+    end: Ending
+
+
+@dataclass(frozen=True)
+class Farewell:
+    """Say goodbye to the other nodes; the loop ends."""
+
+
+Action = Union[Tell, EndRun, TakeStacks, StartNext, TearDown, Hurry, Say, Finish, Farewell]
 
 # ------------------------------------------------------------------- state
 
@@ -160,7 +248,12 @@ class LoopState:
     nnodes: int = 1
     max_attempts: int = 1  #: 1 + the run's restarts
     names: tuple[str, ...] = ()  #: the nodes' hosts, by rank
+    launcher: str = "torchrun"  #: what the node runs, as its reasons name it
+    phase: str = STARTING  #: where the node is in its life (``PHASES``)
     attempt: int = 1  #: the attempt this node runs
+    teardown: Optional[str] = None  #: why the processes are stopped: EXITED or STOP
+    rc: Optional[int] = None  #: the last attempt's torchrun exit code
+    end: Optional[Ending] = None  #: how the last attempt ended; then how the node did
     exited: bool = False  #: this attempt's torchrun exited
     stop_signal: Optional[int] = None  #: the node was asked to stop (a signal)
     abort: Optional[str] = None  #: why the run stops everywhere (the first reason)
@@ -170,7 +263,7 @@ class LoopState:
     halt: Optional[tuple[int, str]] = None  #: (attempt, why): node 0 said stop it
     go: Optional[tuple[int, str]] = None  #: (attempt, why): node 0 said start it
     decider: RestartDecider = field(default_factory=RestartDecider)  #: node 0's
-    heard: frozenset[int] = frozenset()  #: node 0's: the nodes it hears from (itself too)
+    heard: frozenset[int] = frozenset()  #: node 0's: the nodes it hears from (``PeerView``)
     ended: frozenset[int] = frozenset()  #: node 0's: the nodes that reported their end
 
     @property
@@ -188,19 +281,32 @@ Decision = Tuple[LoopState, List[Action]]
 def initial(spec: contract.SpecRecord) -> LoopState:
     """A node's state before its first attempt."""
     peers: dict[str, Any] = dict(spec.get("peers") or {})
+    runs_torchrun = spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
     return LoopState(
         rank=int(spec["node_rank"]),
         nnodes=int(peers.get("nnodes", 1)),
         max_attempts=1 + max(0, int(spec.get("restarts") or 0)),
         names=tuple(str(h) for h in peers.get("hosts") or ()),
+        launcher="torchrun" if runs_torchrun else "the launcher",
     )
 
 
 # ------------------------------------------------------------------- decisions
 
 
-def decide(state: LoopState, event: Event) -> Decision:
-    """The node's next state, and what to do, after ``event``."""
+def decide(state: LoopState, *events: Event) -> Decision:
+    """The node's next state, and what to do, after ``events`` (one batch, as the loop took
+    them): each is applied in turn, then the phase moves on from what the node now knows."""
+    actions: list[Action] = []
+    for event in events:
+        state, done = _apply(state, event)
+        actions += done
+    state, done = _advance(state)
+    return state, actions + done
+
+
+def _apply(state: LoopState, event: Event) -> Decision:
+    """One event: what the node now knows, and what it does at once."""
     if isinstance(event, Message):
         return _message(state, event.rank, event.msg)
     if isinstance(event, Hang):
@@ -209,7 +315,51 @@ def decide(state: LoopState, event: Event) -> Decision:
             *told,
             TakeStacks(event.kind, event.reason, event.action),
         ]
-    return _note(state, event), []
+    if isinstance(event, Begun) and event.failed:
+        state = replace(state, attempt=event.attempt)
+        return _finish(state, node_ends.not_started(event.failed, state.rc, event.attempt))
+    if isinstance(event, TornDown) and state.phase == STOPPING:
+        return replace(state, phase=ENDED, rc=event.rc, end=_attempt_end(state, event.rc)), []
+    if isinstance(event, LetGo) and state.phase == LINGERING:
+        return replace(state, phase=DONE), [Farewell()]
+    hurry = isinstance(event, Signal) and event.signum == signal.SIGUSR1
+    return _note(state, event), [Hurry()] if hurry and state.phase == STOPPING else []
+
+
+def _advance(state: LoopState) -> Decision:
+    """The phase that follows from what the node knows after a batch of events."""
+    if state.phase == WATCHING and outcome(state) != WATCH:
+        why = outcome(state)
+        graceful = why == STOP and state.stop_signal != signal.SIGUSR1
+        return replace(state, phase=STOPPING, teardown=why), [TearDown(graceful)]
+    if state.phase == ENDED and state.end is not None:
+        word = word_to_node_0(state, state.end.state)
+        if word is None:
+            return _finish(state, _final(state, state.end))
+        return replace(state, phase=AWAITING), [Say(word, state.attempt, state.end.reason)]
+    if state.phase == AWAITING and state.end is not None:
+        if stopping(state):
+            return _finish(state, _final(state, state.end))
+        if going(state):
+            return replace(state, phase=STARTING), [StartNext()]
+    return state, []
+
+
+def _attempt_end(state: LoopState, rc: int) -> Ending:
+    """How the attempt whose processes are gone ended: by itself, or stopped."""
+    if state.teardown == EXITED:
+        return node_ends.exited(rc, state.full, state.launcher)
+    signalled = state.stop_signal is not None
+    return node_ends.stopped(rc, state.abort, state.verdict, state.full, signalled)
+
+
+def _final(state: LoopState, end: Ending) -> Ending:
+    return node_ends.final(end, halting(state), state.abort, state.full)
+
+
+def _finish(state: LoopState, end: Ending) -> Decision:
+    """The node ends (``end``): recorded and told, it lingers while the others need it."""
+    return replace(state, phase=LINGERING, end=end), [Finish(end)]
 
 
 def _note(state: LoopState, event: Event) -> LoopState:
@@ -231,7 +381,9 @@ def _note(state: LoopState, event: Event) -> LoopState:
         verdict = (event.kind, event.reason) if hung else state.verdict
         return replace(state, stacks=False, verdict=verdict)
     if isinstance(event, Begun):
-        return replace(state, attempt=event.attempt, exited=False)
+        return replace(state, phase=WATCHING, attempt=event.attempt, exited=False, teardown=None)
+    if isinstance(event, PeerView):
+        return replace(state, heard=event.heard, ended=event.ended)
     if not state.restarts:  # without restarts, node 0's word of them means nothing
         return state
     if isinstance(event, Node0Said):
@@ -296,13 +448,13 @@ def stopped(state: LoopState, rank: int, attempt: int) -> Decision:
     return state, [Tell(pm.again(attempt + 1, d.why))]
 
 
-# ------------------------------------------------------------------- what the loop does next
+# ------------------------------------------------------------------- what the node does next
 
 WATCH, EXITED, STOP = "watch", "exited", "stop"
 
 
 def outcome(state: LoopState) -> str:
-    """What the loop does with the running attempt: keep watching it, handle torchrun's
+    """What becomes of the running attempt: keep watching it, clean up after torchrun's
     exit, or stop the node's processes."""
     if state.exited:
         return EXITED

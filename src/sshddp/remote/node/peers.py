@@ -7,8 +7,8 @@ that drops before its node said it was done (its supervisor was killed: the kern
 the socket), or silence longer than the timeout (host powered off, network cut): the server
 broadcasts an abort and every supervisor stops its node. The messages are
 ``peer_messages``'; what a supervisor must act on (an abort, a hang, node 0's word on a
-restart, another node's end or failure) is posted to its loop's inbox as an event
-(``node_events``), never acted on here.
+restart, another node's end or failure, and on node 0 who is connected and who ended) is
+posted to its loop's inbox as an event (``node_events``), never acted on here.
 
 Every connection is authenticated with the run's key and every message with a MAC
 (``wire``): a stranger's connection, or another run's supervisor that reached this port,
@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 from sshddp.protocol import peer_messages as pm
 from sshddp.protocol.contract import SUCCEEDED, NodeWatch, SpecRecord
 from sshddp.remote.node import wire
-from sshddp.remote.node.node_events import Event, Hang, Message, Node0Said, PeerAbort
+from sshddp.remote.node.node_events import Event, Hang, Message, Node0Said, PeerAbort, PeerView
 from sshddp.remote.node.node_inbox import Inbox
 
 #: seconds a client's last try to connect may run past its deadline (connect and handshake)
@@ -139,6 +139,10 @@ class Peers:
     def _post(self, event: Event) -> None:
         self.inbox.post(event)
 
+    def _view(self) -> None:
+        """Tell the loop who is connected and who ended (node 0 decides restarts by it)."""
+        self._post(PeerView(frozenset(self.heard()), frozenset(self.ended())))
+
     def _set_abort(self, reason: str) -> None:
         with self.lock:
             first = self.abort is None
@@ -233,6 +237,7 @@ class PeerServer(Peers):
             wire.noise(peer, f"node {rank} is not a node of this run, or is connected already")
             sock.close()  # claimed: no eviction can reach it
             return None
+        self._view()
         if late:
             conn.send(pm.encode(pm.abort(late)))
         return conn, rank
@@ -254,6 +259,7 @@ class PeerServer(Peers):
         with self.lock:
             if self.conns.get(rank) is conn:
                 del self.conns[rank]
+        self._view()
         sock.close()
         if rank not in self.done:
             self.node_done(rank, "lost", f"{self.name(rank)} went silent or lost its supervisor")
@@ -283,7 +289,8 @@ class PeerServer(Peers):
             if rank in self.done:
                 return False
             self.done[rank] = (state, reason)
-            return True
+        self._view()
+        return True
 
     def node_done(self, rank: int, state: Optional[str], reason: str) -> None:
         """Node ``rank`` ended (this node, or a lost one): unless it succeeded, the run stops."""

@@ -8,7 +8,8 @@ SIGUSR1 (immediate) stops exactly this node's processes: torchrun's process grou
 every process carrying this node's run marker. Its last act is exit.json. Ranks start
 through rank.py, which line-buffers them: one write per line. The supervisors of a run
 watch each other (``peers``), authenticated by the run's key, so a run stops everywhere
-without any laptop.
+without any laptop. Everything the node reacts to is an event of one inbox, and one loop
+(``Supervisor.run``) hands them to ``node_events.decide``, which moves the node's phase.
 
 torchrun's exit is noticed without reaping it (``waitid`` with ``WNOWAIT``): its zombie keeps
 its pid, and so its process group's number, from being reused until the node's processes
@@ -25,19 +26,18 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from types import FrameType
 from typing import Any, Optional
 
 from sshddp.protocol import compose, contract
 from sshddp.protocol.contract import Escaped, ExitRecord, Secrets, SpecRecord
-from sshddp.protocol.peer_messages import fail, halted
+from sshddp.protocol.peer_messages import PeerMessage, fail, halted
 from sshddp.remote.calls.node_sampler import Sampler, usage
 from sshddp.remote.common import (
     Group,
+    RunStop,
     atomic_write_json,
     boot_id,
-    kill_run,
     publish_json,
     python_first,
     read_json,
@@ -46,25 +46,34 @@ from sshddp.remote.common import (
 from sshddp.remote.node.bound import session_gone
 from sshddp.remote.node.host_watchdog import Watchdog, nccl_env
 from sshddp.remote.node.joined import node_world
+from sshddp.remote.node.node_ends import Ending, signame
 from sshddp.remote.node.node_events import (
-    EXITED,
-    WATCH,
+    AWAITING,
+    DONE,
+    LINGERING,
+    STOPPING,
+    WATCHING,
+    Action,
     Begun,
     EndRun,
     Event,
     Exited,
+    Farewell,
+    Finish,
+    Hurry,
+    LetGo,
     Message,
     OutputFull,
+    Say,
     SessionGone,
     Signal,
+    StartNext,
+    TakeStacks,
+    TearDown,
     Tell,
+    TornDown,
     decide,
-    going,
-    halting,
     initial,
-    outcome,
-    stopping,
-    word_to_node_0,
 )
 from sshddp.remote.node.node_inbox import Inbox
 from sshddp.remote.node.output import NodeOutput, node_output
@@ -78,10 +87,11 @@ LINGER_TICK = 0.05  # the loop's sleep while node 0's server waits for the other
 
 
 class Supervisor:
-    """One node's supervisor: one loop over one inbox of events (``node_events``), its
-    decisions pure; the peers' threads, the watchdog's and the signal handlers only post.
-    The loop runs the node's attempts (``_attempts``: watch, stop or handle the exit, wait
-    for node 0's word), then stays while node 0's server relays the others' ends."""
+    """One node's supervisor: one loop (``run``) over one inbox of events. ``decide``
+    (``node_events``) alone applies them and moves the node's phase; the loop carries out
+    what it returns and does the phase's I/O: copy the output while watching, advance the
+    teardown (``RunStop``) while stopping, wait on the inbox while awaiting node 0's word
+    or lingering. The peers' threads, the watchdog's and the signal handlers only post."""
 
     def __init__(
         self,
@@ -102,211 +112,177 @@ class Supervisor:
         self.watchdog = Watchdog(rundir, self.spec, self.started, self.inbox)
         self.peers: Peers = peers_for(self.spec, peer_key(secrets), self.inbox, self.watchdog.mine)
         self.group: Optional[Group] = None  #: torchrun's process group, once it runs
+        self.stop: Optional[Stopping] = None  #: the teardown under way, while stopping
         self.escaped: list[Escaped] = []
         self.restarts = Restarts(rundir, self.spec)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
         self.spare = spare_for(rundir, self.spec, standby)
 
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        self.inbox.post(Signal(signum))
-
     def start(self) -> bool:
-        """Start torchrun; False (and exit.json written) when it could not be started."""
+        """Set up the node's output and start torchrun; False when it could not be started
+        (the loop hears why: ``Begun``)."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
+            signal.signal(sig, functools.partial(on_signal, self.inbox))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.inbox.open()
         try:
             self.output = node_output(self.rundir, self.spec)
         except OSError as exc:  # a file planted in the run directory, say
-            self.finish(contract.FAILED, None, f"cannot create the node's log: {exc}")
+            self.inbox.post(Begun(1, f"cannot create the node's log: {exc}"))
             return False
         self.env = node_env(self.rundir, self.spec, self.env)
         self.sampler = Sampler(self.rundir, self.spec)
         self.sampler.start()
-        failed = self.spawn()
-        if failed:
-            self.finish(contract.FAILED, None, failed)
-        return not failed
+        return self.spawn()
 
-    def spawn(self) -> str:
-        """Start the attempt's torchrun (``Spare``: the standby's, if one waits); why not.
-        The world forms anew, so the watchdog watches from now."""
+    def spawn(self) -> bool:
+        """Start the attempt's torchrun (``Spare``: the standby's, if one waits); False when
+        it could not start. The world forms anew, so the watchdog watches from now."""
         assert self.output is not None
         self.restarts.begin(self.output, self.spec, self.state.go)
-        self._apply(Begun(self.restarts.attempt))
         self.watchdog.restart(self.peers.known)
         env = {**self.env, **self.output.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
         fresh = functools.partial(start_torchrun, self.rundir, self.spec, env, self.output)
         proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
         if proc is not None:
             self.proc = proc
-            self._record_state(proc.pid)
-        return failed
+            started = record_state(self.rundir, proc.pid, self.started, self.spare.was_standby)
+            self.group = (proc.pid, started) if started is not None else self.group
+        self.inbox.post(Begun(self.restarts.attempt, failed))
+        return not failed
 
-    def _record_state(self, pid: int) -> None:
-        started = start_time(pid)  # not reaped before teardown: it names torchrun
-        self.group = (pid, started) if started is not None else self.group
-        record = state_record(pid, started, self.started, self.spare.was_standby)
-        atomic_write_json(os.path.join(self.rundir, contract.STATE), record)
+    def run(self) -> None:
+        """The node's life: one loop that decides on what happened, then does its phase's
+        I/O, until the node has ended and the others no longer need it."""
+        self.start()
+        self.peers.start()
+        while self.state.phase != DONE:
+            self.state, actions = decide(self.state, *self._seen(), *self.inbox.take())
+            for action in actions:
+                self._act(action)
+            self._step()
 
-    def reap(self) -> None:
-        """Called while teardown waits: keep the output flowing (torchrun is reaped after)."""
-        self._pump(0)
-
-    def _pump(self, timeout: float) -> bool:
-        assert self.output is not None
-        return self.output.pump(timeout, self.inbox.fd)
-
-    def _drain(self) -> None:
-        """Everything that happened since the last look: what the loop sees itself
-        (torchrun's exit, a full disk), then the inbox's events, in order."""
+    def _seen(self) -> list[Event]:
+        """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full
+        disk."""
         seen: list[Event] = []
-        if self.proc is not None and not self.state.exited and exited(self.proc):
+        if self.state.phase == WATCHING and self.proc is not None and exited(self.proc):
             seen.append(Exited())
         if self.output is not None and self.output.full and self.state.full is None:
             seen.append(OutputFull(self.output.full))
-        for event in seen + self.inbox.take():
-            self._apply(event)
+        return seen
 
-    def _apply(self, event: Event) -> None:
-        if isinstance(event, Message):  # node 0 decides with its view of the others
-            self.state = replace(
-                self.state, heard=frozenset(self.peers.heard()), ended=frozenset(self.peers.ended())
-            )
-        self.state, actions = decide(self.state, event)
-        for action in actions:
-            if isinstance(action, Tell):
-                self.peers.tell_all(action.msg)
-            elif isinstance(action, EndRun):
-                self.peers.broadcast_abort(action.reason)
-            else:
-                args = (action.kind, action.reason, action.action)
-                threading.Thread(target=self.watchdog.hang, args=args, daemon=True).start()
-
-    def _watch(self) -> bool:
-        """Copy output until torchrun exits (True) or the node must stop (False)."""
-        assert self.proc is not None and self.output is not None
-        wait = IDLE_WAIT if self.inbox.fd is not None else POLL_WAIT
-        while True:
-            self._drain()
-            next_step = outcome(self.state)
-            if next_step != WATCH:
-                return next_step == EXITED
-            if session_gone(self.rundir, self.parent):
-                self._apply(SessionGone())
-                continue
-            if not self._pump(wait):
-                time.sleep(0.02)
-
-    def run(self) -> None:
-        if not self.start():
-            self.peers.start()
-            self.peers.report(contract.FAILED, "torchrun did not start")
-            self._linger()
-            return
-        self.peers.start()
-        ended, reason = self._attempts()  # one without restarts
-        assert self.proc is not None
-        self.finish(ended, self.proc.returncode, noted(reason, unwatched(self.peers, ended)))
-        self.peers.report(ended, reason)
-        self._linger()
-
-    def _attempts(self) -> tuple[str, str]:
-        """Run the node's attempts (the first one runs) until the node ends; its final
-        state and why."""
-        while True:
-            ended, reason = self._exited() if self._watch() else self._stopped()
-            if not self._again(ended, reason):
-                break
-            failed = self.spawn()
-            if failed:
-                return contract.FAILED, failed
-        self._drain()
-        full = self.output is not None and self.output.full
-        if halting(self.state) and ended in (contract.STOPPED, contract.FAILED) and not full:
-            abort = self.state.abort  # stopped for a restart that never came
-            default = "stopped: " + abort if abort else "stopped on request"
-            return contract.STOPPED, stop_reason(self.rundir, default)
-        return ended, reason
-
-    def _again(self, ended: str, reason: str) -> bool:
-        """The attempt ended in state ``ended``: True once every node is to start the next
-        one; False when the node ends here (no restarts, none left, or the run is stopping)."""
-        self._drain()
-        word = word_to_node_0(self.state, ended)
-        if word is None:
-            return False
-        k = self.state.attempt
-        said = halted(k) if word == "halted" else fail(k, self.restarts.failure(reason))
-        if self.state.rank == 0:
-            self._apply(Message(0, said))
-        else:
-            self.peers.tell_node_0(said)
-        while not stopping(self.state):
-            if going(self.state):
-                return True
+    def _step(self) -> None:
+        """The phase's I/O, until there may be something new to decide on (the launch
+        session gone, the peers letting go of this node: posted)."""
+        phase = self.state.phase
+        if phase == WATCHING and session_gone(self.rundir, self.parent):
+            self.inbox.post(SessionGone())
+        elif phase == WATCHING and self.output is not None:
+            wait = IDLE_WAIT if self.inbox.fd is not None else POLL_WAIT
+            if not self.output.pump(wait, self.inbox.fd):
+                self.inbox.sleep(POLL_WAIT)
+        elif phase == STOPPING and self.stop is not None:
+            rc = self.stop.step()
+            if rc is not None:
+                self.escaped, self.stop = self.stop.escaped, None
+                self.inbox.post(TornDown(rc))
+        elif phase == AWAITING:
             self.inbox.sleep(WAIT_TICK)
-            self._drain()
-        return False
-
-    def _linger(self) -> None:
-        """Stay up as long as the others need this node (node 0's server relays their
-        ends), still deciding on what they say; then say goodbye."""
-        while not self.peers.released():
+        elif phase == LINGERING and self.peers.released():
+            self.inbox.post(LetGo())
+        elif phase == LINGERING:
             self.inbox.sleep(LINGER_TICK)
-            self._drain()
-        self.peers.farewell()
 
-    def _hurried(self) -> bool:
-        """A SIGUSR1 came since the stop began: the rest of the grace is skipped."""
-        self._drain()
-        return self.state.stop_signal == signal.SIGUSR1
+    def _act(self, action: Action) -> None:
+        if isinstance(action, Tell):
+            self.peers.tell_all(action.msg)
+        elif isinstance(action, EndRun):
+            self.peers.broadcast_abort(action.reason)
+        elif isinstance(action, TakeStacks):
+            args = (action.kind, action.reason, action.action)
+            threading.Thread(target=self.watchdog.hang, args=args, daemon=True).start()
+        elif isinstance(action, TearDown):
+            assert self.proc is not None and self.output is not None
+            self.stop = Stopping(self, action.graceful, self.proc, self.output)
+        elif isinstance(action, Hurry) and self.stop is not None:
+            self.stop.run.hurry()
+        elif isinstance(action, Say) and self.state.rank == 0:
+            self.inbox.post(Message(0, word_for(action, self.restarts)))  # node 0's own word
+        elif isinstance(action, Say):
+            self.peers.tell_node_0(word_for(action, self.restarts))
+        elif isinstance(action, StartNext):
+            self.spawn()
+        elif isinstance(action, Finish):
+            self._finish(action.end)
+        elif isinstance(action, Farewell):
+            self.peers.farewell()
 
-    def _stopped(self) -> tuple[str, str]:
-        """Stop the node's processes (asked to, or aborted by a peer); its final state."""
-        assert self.proc is not None and self.output is not None
-        grace = 0.0 if self.state.stop_signal == signal.SIGUSR1 else float(self.spec["grace"])
-        agent = runs_torchrun(self.spec)
-        kill_run(self.group, self.spec["mark"], grace, self.reap, self._hurried, agent=agent)
-        self.proc.wait()
-        self.escaped = self.output.drain()
-        self._drain()
-        now = self.state
-        abort = now.abort
-        ended, reason = (
-            contract.STOPPED,
-            stop_reason(self.rundir, "stopped: " + abort if abort else "stopped on request"),
-        )
-        if now.verdict is not None:
-            ended, reason = contract.STALLED, now.verdict[1]
-        if self.output.full and not abort and now.stop_signal is None:
-            ended, reason = contract.FAILED, self.output.full
-        return ended, reason
-
-    def _exited(self) -> tuple[str, str]:
-        """torchrun is gone: children that escaped into their own session must not outlive
-        it. Its final state."""
-        assert self.proc is not None and self.output is not None
-        kill_run(self.group, self.spec["mark"], 0, self.reap)
-        rc = self.proc.wait()
-        self.escaped = self.output.drain()
-        if self.output.full:  # a node whose output was cut short never passes as complete
-            return contract.FAILED, self.output.full
-        if rc == 0:
-            return contract.SUCCEEDED, ""
-        what = "torchrun" if runs_torchrun(self.spec) else "the launcher"
-        return contract.FAILED, _describe(rc, what)
-
-    def finish(self, state: str, rc: Optional[int], reason: str) -> None:
+    def _finish(self, end: Ending) -> None:
+        """Record the node's end (``asked``: in the asker's words, if any) and tell the others."""
+        reason = stop_reason(self.rundir, end.reason) if end.asked else end.reason
+        recorded = with_escaped(noted(reason, unwatched(self.peers, end.state)), self.escaped)
         if self.sampler is not None:
             self.sampler.stop()
         self.spare.end()  # (a standby whose supervisor died leaves as its socket closes)
         if self.output is not None:
             self.output.unreserve()
-        reason = with_escaped(reason, self.escaped)
         node, facts = self.spec["node_rank"], exit_facts(self.rundir, self.spec, self.restarts)
-        write_exit(self.rundir, node, self.started, state, rc, reason, self.escaped, facts)
+        write_exit(
+            self.rundir, node, self.started, end.state, end.rc, recorded, self.escaped, facts
+        )
+        self.peers.report(end.state, end.told or reason)
+
+
+class Stopping:
+    """A teardown of the node's processes (``RunStop``: ``graceful``, SIGTERM and the spec's
+    grace first), a step per turn of ``supervisor``'s loop, the node's output flowing
+    meanwhile; at its end torchrun is reaped and the output read to its end (``escaped``:
+    who kept it open)."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        graceful: bool,
+        proc: subprocess.Popen[bytes],
+        output: NodeOutput,
+    ) -> None:
+        spec = supervisor.spec
+        grace = float(spec["grace"]) if graceful else 0.0
+        self.run = RunStop(supervisor.group, spec["mark"], grace, runs_torchrun(spec))
+        self.proc, self.output, self.wake = proc, output, supervisor.inbox
+        self.escaped: list[Escaped] = []
+
+    def step(self) -> Optional[int]:
+        """One turn: torchrun's exit code once no process of the node is left."""
+        if self.run.step():
+            rc = self.proc.wait()
+            self.escaped = self.output.drain()
+            return rc
+        if not self.output.pump(self.run.wait(), self.wake.fd):
+            self.wake.sleep(self.run.wait())
+        return None
+
+
+def on_signal(inbox: Inbox, signum: int, frame: Optional[FrameType]) -> None:
+    """A signal handler: the loop hears of ``signum``."""
+    inbox.post(Signal(signum))
+
+
+def record_state(rundir: str, pid: int, since: float, standby: bool) -> Optional[int]:
+    """state.json for torchrun ``pid``; its start time (None: it is gone already)."""
+    started = start_time(pid)  # not reaped before teardown: it names torchrun
+    record = state_record(pid, started, since, standby)
+    atomic_write_json(os.path.join(rundir, contract.STATE), record)
+    return started
+
+
+def word_for(say: Say, restarts: Restarts) -> PeerMessage:
+    """What node 0 hears of an attempt that ended: halted, or failed (and what failed,
+    from the attempt's output)."""
+    if say.word == "halted":
+        return halted(say.attempt)
+    return fail(say.attempt, restarts.failure(say.reason))
 
 
 def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
@@ -479,26 +455,13 @@ def write_exit(
         result["escaped"] = escaped
     result.update(facts or {})
     if rc is not None and rc < 0:
-        result["signal"] = _signame(-rc)
+        result["signal"] = signame(-rc)
     try:
         final = publish_json(os.path.join(rundir, contract.EXIT), result)
     except OSError:
         return  # a full disk even after the reserve went: the peers still hear the reason
     if not final:  # `sshddp stop` ended the node while this supervisor was frozen
         print(f"sshddp supervisor: exit.json is final already; not {state}", file=sys.stderr)
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def _describe(rc: int, what: str = "torchrun") -> str:
-    if rc < 0:
-        return f"{what} was killed by {_signame(-rc)}"
-    return f"{what} exited with code {rc}"
 
 
 def run_supervisor(
