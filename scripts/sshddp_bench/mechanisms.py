@@ -62,7 +62,9 @@ class Patch:
 VARIANTS: dict[str, tuple[Patch, ...]] = {
     "baseline": (),
     "baseline2": (),
-    "prewarm": (Patch("remote/node/host_session.py", 'if args.get("warm"):', "if False:"),),
+    "first-standby": (
+        Patch("remote/node/host_session.py", 'if args.get("standby"):', "if False:"),
+    ),
     "standby": (
         Patch(
             "remote/node/standby.py",
@@ -94,8 +96,8 @@ ABOUT: dict[str, tuple[str, str, str]] = {
         "~50",
         "**keep**",
     ),
-    "prewarm": (
-        "the first attempt's prewarm, CPU-slot lock files (`remote/node/first_standby.py`)",
+    "first-standby": (
+        "the first attempt's standby, CPU-slot lock files (`remote/node/first_standby.py`)",
         "~250",
         "keep: its own target",
     ),
