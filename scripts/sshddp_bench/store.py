@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ class Stored:
 def encode(value: Any) -> Any:
     """``value`` as JSON data that ``decode`` turns back into an equal value."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = f"{type(value).__module__}:{type(value).__qualname__}"
+        name = f"{_module(type(value))}:{type(value).__qualname__}"
         fields = {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {TYPE: name, **fields}
     if isinstance(value, list):
@@ -55,6 +56,16 @@ def encode(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     raise BenchError(f"cannot store a {type(value).__name__}: {value!r}")
+
+
+def _module(cls: type) -> str:
+    """``cls``'s module by its importable name (``python -m sshddp_bench.mechanisms`` runs
+    that module as ``__main__``)."""
+    if cls.__module__ == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is not None:
+            return str(spec.name)
+    return cls.__module__
 
 
 def decode(data: Any) -> Any:
