@@ -61,12 +61,15 @@ def test_a_bad_host_is_replaced_by_the_spare(
     (swap,) = [line for line in down.stderr.splitlines() if "takes its place" in line]
     assert swap.startswith("sshddp: node 2: h3 unreachable (") and "connection refused" in swap
     assert swap.endswith("; spare h4 takes its place"), swap
+    # h3 is quarantined as the preflight would have: the next launch does not wait on it
+    assert "sshddp: quarantined h3 until " in down.stderr, down.stderr
+    assert ": unreachable at launch (h3: " in down.stderr, down.stderr
     _ran_on_h4(cluster, tmp_path, "sp1")
     run_no_leak("sp1")
 
-    # without spares, as before: h3 is quarantined and the launch refused
+    # without spares: the quarantine refuses the launch at once
     refused = sshddp(cluster, tmp_path, "launch", *timeout, "--name", "sp2", plain, JOB, "ok")
-    assert refused.returncode == 3 and "quarantined h3 until" in refused.stderr, refused.stderr
+    assert refused.returncode == 3 and "h3 is quarantined until" in refused.stderr, refused.stderr
 
     cluster.start_host(3)  # reachable, but quarantined: the spare takes node 2
     quar = sshddp(cluster, tmp_path, "launch", "--no-check", "--name", "sp3", spared, JOB, "ok")

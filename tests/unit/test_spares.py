@@ -186,7 +186,18 @@ def _quarantine(name: str) -> None:
 def test_an_unreachable_host_is_swapped(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hosts, said = _swap(monkeypatch, {"h2": "connection refused"})
     assert hosts == ["h1", "h4", "h3"]
-    assert said == ["sshddp: node 1: h2 unreachable (connection refused); spare h4 takes its place"]
+    swap = "sshddp: node 1: h2 unreachable (connection refused); spare h4 takes its place"
+    assert said[0] == swap
+    # and quarantined, as the preflight quarantines a host it cannot reach
+    assert said[1].startswith("sshddp: quarantined h2 until ") and len(said) == 2, said
+    assert said[1].endswith(": unreachable at launch (h2: connection refused)"), said
+
+
+def test_a_host_swapped_for_a_refused_login_is_not_quarantined(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts, said = _swap(monkeypatch, {"h2": "authentication failed (Permission denied)"})
+    assert hosts == ["h1", "h4", "h3"] and len(said) == 1, said  # the swap; yours to fix
 
 
 def test_a_quarantined_host_is_swapped_unless_ignored(

@@ -200,7 +200,9 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     options, secrets = launch_options(rest, kw, terminal, dashdash)
     if not kw["dry_run"]:  # a dry run connects to nothing: its plan is the inventory's
         # before --sync: the hosts it gives an environment are those that will run
-        inv = swap_bad_hosts(inv, ssh, kw["fanout"], terminal.err, kw["ignore_quarantine"])
+        inv = swap_bad_hosts(
+            inv, ssh, kw["fanout"], terminal.err, kw["ignore_quarantine"], kw["quarantine_for"]
+        )
     project = project_path(kw["sync_project"], inv)
     if project is not None and not kw["dry_run"]:  # a dry run connects to nothing
         inv, synced_hosts = synced(inv, project, ssh, kw["fanout"])

@@ -23,6 +23,7 @@ from sshddp.model.quarantine.verdicts import (
     HARDWARE,
     Verdict,
     hardware_error,
+    not_there,
     unreachable_at_launch,
     verdicts,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "hardware_error",
     "line",
     "marked",
+    "not_there",
     "of_json",
     "parse_duration",
     "refusal",

@@ -136,7 +136,7 @@ def unreachable_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
     out = []
     for r in reports:
         ssh = r.get("ssh")
-        if ssh is not None and ssh.status is Status.FAIL and _not_there(ssh.message):
+        if ssh is not None and ssh.status is Status.FAIL and not_there(ssh.message):
             out.append(Verdict(r.host.host, "unreachable at launch", ssh.message))
             continue
         sick = [f for f in (r.get(name) for name in HEALTH_CHECKS) if f and f.status is Status.FAIL]
@@ -145,5 +145,6 @@ def unreachable_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
     return out
 
 
-def _not_there(message: str) -> bool:
+def not_there(message: str) -> bool:
+    """A connection's error says the host was not there (not a login or a key refused)."""
     return any(marker in message for marker in _NOT_THERE)

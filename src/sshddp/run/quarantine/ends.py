@@ -71,6 +71,12 @@ def after_preflight(
     return _keep(model.unreachable_at_launch(reports), cooldown, run_id)
 
 
+def after_swap(found: Sequence[model.Verdict], cooldown: Optional[float]) -> list[str]:
+    """Quarantine the hosts a launch swapped out for spares because it could not reach
+    them (before the run has a name: the entries name none)."""
+    return _keep(found, cooldown, "")
+
+
 def _keep(found: Sequence[model.Verdict], cooldown: Optional[float], run_id: str) -> list[str]:
     now = time.time()
     wait = defaults.QUARANTINE_FOR if cooldown is None else cooldown

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Optional
 
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.inventory import Host, Inventory
-from sshddp.model.quarantine import Quarantine, when
+from sshddp.model.quarantine import Quarantine, Verdict, not_there, when
 from sshddp.model.quarantine.spares import Choice, choose
-from sshddp.run.quarantine import store
+from sshddp.run.quarantine import ends, store
 
 
 def swap_bad_hosts(
@@ -25,11 +25,14 @@ def swap_bad_hosts(
     fanout: int,
     say: Callable[[str], None],
     ignore_quarantine: bool = False,
+    quarantine_for: Optional[float] = None,
 ) -> Inventory:
     """``inventory`` with a spare in place of each bad host, each swap said in one line.
     Where some bad node finds no usable spare, each such node is said (its host and every
     spare, and why none fits) and the inventory is kept: the launch fails through that
-    host as it would without spares (unreachable, or the quarantine's refusal)."""
+    host as it would without spares (unreachable, or the quarantine's refusal). A host
+    swapped out because no connection reached it is quarantined (``quarantine_for``), as
+    the preflight quarantines one without spares."""
     if not inventory.spares:
         return inventory
     quarantined = {} if ignore_quarantine else _quarantined(inventory)
@@ -43,7 +46,21 @@ def swap_bad_hosts(
         spares,
         {n: w for n, w in spare_bad.items() if w},
     )
-    return _said(inventory, choice, say)
+    swapped = _said(inventory, choice, say)
+    if swapped is not inventory:
+        for line in ends.after_swap(_gone(choice, unreachable), quarantine_for):
+            say(line)
+    return swapped
+
+
+def _gone(choice: Choice, unreachable: dict[str, str]) -> list[Verdict]:
+    """The swapped-out hosts that no connection reached (not a login or a key refused)."""
+    out = []
+    for swap in choice.swaps:
+        said = f"{swap.old.host}: {unreachable.get(swap.old.host, '')}"
+        if swap.old.host in unreachable and not_there(said):
+            out.append(Verdict(swap.old.host, "unreachable at launch", said))
+    return out
 
 
 def _said(inventory: Inventory, choice: Choice, say: Callable[[str], None]) -> Inventory:
