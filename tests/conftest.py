@@ -242,10 +242,14 @@ def free_port() -> Callable[[], int]:
 
 
 def assert_no_run_processes(run_id: str, timeout: float = 5.0) -> None:
-    """Wait until no process carries ``SSHDDP_RUN_ID=<run_id>``, else fail naming them."""
+    """Wait until no process of this worker's lab carries ``SSHDDP_RUN_ID=<run_id>``, else
+    fail naming them (another xdist worker's run of the same name is not this one's: its
+    hosts give their sessions another ``TMPDIR``, ``worker_tmp``)."""
     deadline = time.monotonic() + timeout
+    mine = os.environ.get("TMPDIR")
+    scope = ("TMPDIR", mine) if mine else None
     while True:
-        survivors = processes_with_env("SSHDDP_RUN_ID", run_id)
+        survivors = processes_with_env("SSHDDP_RUN_ID", run_id, scope)
         if not survivors:
             return
         if time.monotonic() >= deadline:

@@ -576,8 +576,13 @@ def _zombie(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] == "Z"
 
 
-def processes_with_env(name: str, value: str) -> list[tuple[int, str]]:
-    """(pid, cmdline) of every process whose environment has ``name=value``.
+def processes_with_env(
+    name: str, value: str, scope: tuple[str, str] | None = None
+) -> list[tuple[int, str]]:
+    """(pid, cmdline) of every process whose environment has ``name=value`` (and, with
+    ``scope`` (NAME, VALUE), has NAME unset or set to VALUE: a process of another worker's
+    lab, whose hosts set another ``TMPDIR``, is not this worker's even with the same run
+    name).
 
     Reads ``/proc/*/environ`` (the environment at exec); the calling process is
     skipped, and zombies have an empty environ so they never match.
@@ -590,9 +595,19 @@ def processes_with_env(name: str, value: str) -> list[tuple[int, str]]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if entry in environ.split(b"\0"):
+        variables = environ.split(b"\0")
+        if scope is not None and _set_elsewhere(variables, *scope):
+            continue
+        if entry in variables:
             found.append((pid, cmdline.replace(b"\0", b" ").decode(errors="replace").strip()))
     return found
+
+
+def _set_elsewhere(variables: list[bytes], name: str, value: str) -> bool:
+    """``name`` is among ``variables`` with another value than ``value``."""
+    prefix = f"{name}=".encode()
+    given = [v[len(prefix) :] for v in variables if v.startswith(prefix)]
+    return bool(given) and given[-1] != value.encode()
 
 
 @atexit.register

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -198,3 +199,11 @@ def test_no_folder_is_a_crowd() -> None:
         if (n := len(list(folder.glob("*.py")))) > MAX_FOLDER_MODULES
     }
     assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: {crowded}"
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """The test folders are not packages: pytest imports each test file by its base name,
+    and a second file of the same name fails the run's collection ("import file mismatch")."""
+    tests = SRC.parent / "tests"
+    names = Counter(path.name for path in tests.rglob("test_*.py"))
+    assert not [name for name, n in names.items() if n > 1], names.most_common(3)

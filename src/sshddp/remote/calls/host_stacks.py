@@ -78,10 +78,16 @@ def main(args: dict[str, Any]) -> None:
     emit(collect(args["rundir"], native, float(args.get("timeout", DUMP_TIMEOUT))))
 
 
-def collect(rundir: str, native: bool = False, timeout: float = DUMP_TIMEOUT) -> NodeStacks:
+def collect(
+    rundir: str,
+    native: bool = False,
+    timeout: float = DUMP_TIMEOUT,
+    only: Optional[set[int]] = None,
+) -> NodeStacks:
     """Every process of the node's run with every thread's stack, or why it has none;
-    ``native``: through py-spy where it is installed. Takes as long as the slowest process
-    takes to dump (milliseconds), at most ``timeout`` (plus py-spy's own time)."""
+    ``native``: through py-spy where it is installed; ``only``: signal these pids alone
+    (the others keep no stacks). Takes as long as the slowest process takes to dump
+    (milliseconds), at most ``timeout`` (plus py-spy's own time)."""
     began = time.time()
     rundir = os.path.expanduser(rundir)
     spec = read_json(os.path.join(rundir, contract.SPEC))
@@ -99,7 +105,8 @@ def collect(rundir: str, native: bool = False, timeout: float = DUMP_TIMEOUT) ->
         found = processes(spec["mark"], state, joined_ranks(rundir, spec), launcher_of(spec))
         if native:
             _native(answer, found)
-        by_signal(rundir, [(p, r) for p, r in found if not r["threads"]], timeout)
+        asked = [(p, r) for p, r in found if not r["threads"] and (only is None or p.pid in only)]
+        by_signal(rundir, asked, timeout)
         prune(os.path.join(rundir, contract.STACKS))
         answer["processes"] = [record for _, record in found]
     answer["elapsed"] = round(time.time() - began, 3)

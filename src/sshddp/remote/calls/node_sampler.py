@@ -36,6 +36,7 @@ from sshddp.protocol.contract import (
 from sshddp.remote.calls.host_stacks import Proc, blank, by_signal, describe, role
 from sshddp.remote.calls.waits import classify
 from sshddp.remote.common import read_json, read_json_lines, run_pids, which
+from sshddp.remote.node.joined import entered
 from sshddp.remote.node.stop import torchrun_group
 
 EVERY = 1.0  #: seconds between samples
@@ -256,8 +257,10 @@ def rank_samples(
 def rank_stacks(
     rundir: str, procs: dict[int, Proc], roles: dict[int, str]
 ) -> dict[int, StackSample]:
-    """Where each rank process of the node is now (its stacks by faulthandler), by pid."""
-    now = [describe(pid) for pid in procs if roles.get(pid) == contract.RANK]
+    """Where each rank process of the node is now (its stacks by faulthandler), by pid; only
+    ranks that called init_process_group are asked (``joined.entered``: imports done)."""
+    ready = entered(rundir)
+    now = [describe(pid) for pid in procs if roles.get(pid) == contract.RANK and pid in ready]
     # read again now, not at the last scan: a rank whose handler is gone is not signalled
     todo = [(proc, _empty(proc)) for proc in now if proc is not None]
     by_signal(rundir, todo, STACK_TIMEOUT)

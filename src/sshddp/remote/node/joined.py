@@ -84,6 +84,15 @@ def ranks_by_pid(rundir: str, world: Optional[int]) -> dict[int, int]:
     return found
 
 
+def entered(rundir: str) -> set[int]:
+    """The pids of the node's processes that have called ``init_process_group``: their
+    imports are done. Only these are signalled for their stacks by the samplers that run
+    unasked (``node_sampler``, ``node_progress``): CPython 3.11's faulthandler can crash a
+    process it dumps while that process imports (seen: ``dump_traceback`` SIGSEGV in ranks
+    importing Lightning, sampled once a second)."""
+    return {r["pid"] for r in records(rundir).values() if isinstance(r.get("pid"), int)}
+
+
 def node_world(rundir: str, spec: SpecRecord) -> Optional[WorldRecord]:
     """Whether this node's processes formed the planned world: how many returned from
     init_process_group and the world sizes they saw; None without a planned shape."""

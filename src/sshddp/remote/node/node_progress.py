@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from sshddp.protocol import contract
 from sshddp.protocol.contract import ProgressRecord, ThreadRecord
 from sshddp.remote.common import atomic_write_json
-from sshddp.remote.node.joined import still
+from sshddp.remote.node.joined import entered, still
 
 CPU_SHARE = 0.1  #: of one core, between two samples: a rank that used this much worked
 FEWEST = 1.0  #: seconds between samples, at least
@@ -72,12 +72,13 @@ def moved(before: Sample, after: Sample, seconds: float, cpu_counts: bool) -> st
 
 
 def take(rundir: str) -> Sample:
-    """The node's ranks (and their workers) now: CPU time and stacks; every process but
-    torchrun's agent where no rank is known."""
+    """The node's ranks (and their workers) now: CPU time and stacks (only of those that
+    called init_process_group: ``joined.entered``); every process but torchrun's agent
+    where no rank is known."""
     from sshddp.remote.calls.host_stacks import collect
     from sshddp.remote.calls.node_sampler import cpu_ticks
 
-    found = collect(rundir)["processes"]
+    found = collect(rundir, only=entered(rundir))["processes"]  # imports done: safe to dump
     ranks = [p for p in found if p["role"] in (contract.RANK, contract.WORKER)]
     chosen = ranks or [p for p in found if p["role"] != contract.AGENT]
     sample: Sample = {}
