@@ -66,6 +66,22 @@ def test_torch_distributed_calls_wait_and_the_training_thread_is_the_scripts() -
     assert waits.classify([]) is None
 
 
+def test_ddps_constructor_waits_for_the_other_ranks() -> None:
+    """DDP's constructor checks the parameters' shapes and broadcasts rank 0's across ranks:
+    a rank there waits for the others (a straggler is not named for being slow to build)."""
+    ddp = "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
+    utils = "/v/lib/python3.11/site-packages/torch/distributed/utils.py"
+    build = _frame("train.py", "<module>", 21, "model = DistributedDataParallel(net)")
+    for inner in ("_verify_param_shape_across_processes", "_sync_params_and_buffers"):
+        frames = [build, _frame(ddp, "__init__"), _frame(utils, inner)]
+        thread = {"id": "1", "name": "", "status": "", "current": True, "frames": frames}
+        assert waits.classify([thread]) == {"wait": True, "where": build_where(build)}, inner
+
+
+def build_where(frame: dict[str, Any]) -> str:
+    return f"{frame['file']}:{frame['line']} ({frame['code']})"
+
+
 def _samples(points: list[tuple[float, bool | None]]) -> list[SampleRecord]:
     out: list[Any] = []
     for at, wait in points:

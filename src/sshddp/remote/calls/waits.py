@@ -38,6 +38,8 @@ COLLECTIVE_CALLS = (
     ("torch/nn/parallel/distributed.py", "_check_global_requires_backward_grad_sync"),
     ("torch/nn/parallel/distributed.py", "_match_all_reduce_for_bwd_pass"),
     ("torch/distributed/utils.py", "_sync_params_and_buffers"),
+    ("torch/distributed/utils.py", "_verify_param_shape_across_processes"),
+    ("torch/nn/parallel/distributed.py", "_distributed_broadcast_coalesced"),
 )
 #: words of a native frame's function that make it a collective's
 NATIVE_WORDS = ("gloo::", "nccl", "c10d::", "ProcessGroup", "Reducer::", "Work::wait")

@@ -28,11 +28,12 @@ def path() -> Path:
 
 
 def load() -> model.Quarantine:
-    """The store (empty when there is no file yet)."""
+    """The store (empty when there is no file yet, nor can be: a state directory that is
+    a file holds none, and the registry names that problem where it writes)."""
     where = path()
     try:
         data = registry.read_state_file(where, WHAT)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return model.Quarantine()
     except registry.NotAStateFile as exc:
         raise StateError(f"{WHAT} {where} {exc}; move it away or delete it") from None
