@@ -151,7 +151,7 @@ def test_unreachable_at_launch_is_a_connection_that_failed_not_a_login_refused()
         report(2, "h3: authentication failed (Authentication failed.)"),
         report(3, "h4: the host key CHANGED: ..."),
     ]
-    assert hosts(model.unreachable_at_launch(reports)) == {
+    assert hosts(model.bad_at_launch(reports)) == {
         "h1": "unreachable at launch",
         "h2": "unreachable at launch",
     }
@@ -168,7 +168,7 @@ def test_a_host_that_fails_a_health_check_at_launch_is_quarantined_a_warning_is_
         report(3, Finding("python", Status.FAIL, "python3 not found")),  # set-up, not health
         report(4, Finding("health", Status.FAIL, "`chek-gpu` exited 127: chek-gpu: not found")),
     ]
-    found = model.unreachable_at_launch(reports)
+    found = model.bad_at_launch(reports)
     assert hosts(found) == {"h1": "failed its health check", "h2": "failed its health check"}
     assert [v.evidence for v in found][0] == "`check-gpu.sh` exited with code 4: ECC"
 

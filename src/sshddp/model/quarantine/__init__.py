@@ -22,9 +22,9 @@ from sshddp.model.quarantine.entries import (
 from sshddp.model.quarantine.verdicts import (
     HARDWARE,
     Verdict,
+    bad_at_launch,
     hardware_error,
     not_there,
-    unreachable_at_launch,
     verdicts,
 )
 
@@ -44,7 +44,7 @@ __all__ = [
     "parse_duration",
     "refusal",
     "to_json",
-    "unreachable_at_launch",
+    "bad_at_launch",
     "verdicts",
     "when",
 ]

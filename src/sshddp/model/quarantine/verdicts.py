@@ -129,7 +129,7 @@ def _only_never_joined(result: RunResult) -> Optional[NodeResult]:
     return None
 
 
-def unreachable_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
+def bad_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
     """The hosts a launch's preflight could not connect to (not a refused login or key),
     and those that failed a health check (the inventory's ``health:`` command, a GPU's or
     a port's: docs/health.md)."""

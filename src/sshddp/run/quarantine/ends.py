@@ -67,8 +67,9 @@ def _judged(run_id: str, found: Sequence[model.Verdict]) -> list[str]:
 def after_preflight(
     reports: Sequence[HostReport], cooldown: Optional[float], run_id: str
 ) -> list[str]:
-    """Quarantine the hosts a launch's preflight could not connect to."""
-    return _keep(model.unreachable_at_launch(reports), cooldown, run_id)
+    """Quarantine the hosts a launch's preflight could not connect to, or that failed a
+    health check."""
+    return _keep(model.bad_at_launch(reports), cooldown, run_id)
 
 
 def after_swap(found: Sequence[model.Verdict], cooldown: Optional[float]) -> list[str]:
