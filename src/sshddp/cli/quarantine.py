@@ -28,8 +28,8 @@ from sshddp.run.quarantine import store
 def quarantine(ctx: click.Context, **kw: Any) -> None:
     """List the quarantined hosts: each was left out of launches when a run ended because
     of it (its node lost, its host unreachable at launch, the only node that never joined,
-    a GPU hardware error), until its cooldown ends (launch --quarantine-for, default 24h).
-    `--clear HOST` or `--all` takes hosts out now."""
+    a GPU hardware error, a health check failed at launch), until its cooldown ends (launch
+    --quarantine-for, default 24h). `--clear HOST` or `--all` takes hosts out now."""
     terminal = terminal_of(ctx)
     hosts, every = list(kw["clear_hosts"]), kw["clear_all"]
     if hosts and every:
