@@ -6,7 +6,8 @@
 # traceback without sshddp's frames) torn down with its GPU freed, a
 # collective that never completes found by the stall watchdog with the NCCL flight
 # recorder's dump, `sshddp stacks --native` of a detached NCCL rank (py-spy, if there), and
-# `sshddp top` of that run: its GPUs sampled through NVML, compared with nvidia-smi.
+# `sshddp top` of that run: its GPUs sampled through NVML, compared with nvidia-smi;
+# `doctor --health` on healthy GPUs and what a launch's GPU health subset (nvidia-smi -q) costs.
 # Usage: bash scripts/gpu_smoke.sh [OUT_DIR]   (needs torch with CUDA and sshddp importable)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,6 +29,10 @@ step "nvidia-smi"; nvidia-smi --query-gpu=name,memory.total,driver_version --for
 step "doctor ($ngpu GPU)"; sshddp doctor "$out/gpu.yaml"; echo "exit $?"
 sshddp doctor --json "$out/gpu.yaml" >"$out/doctor.json"; echo "json exit $?"
 step "doctor, inventory claims $((ngpu + 1)) GPUs"; sshddp doctor "$out/too-many.yaml"; echo "exit $?"
+step "doctor --health on healthy GPUs (expect gpu_health ok, xid ok or a note; exit 0), and its time"
+time sshddp doctor --health "$out/gpu.yaml"; echo "exit $?"
+step "what a launch's GPU health subset costs: nvidia-smi -q, 3 times (it runs beside the probe's import of torch)"
+for _ in 1 2 3; do /usr/bin/time -f "nvidia-smi -q: %e s" nvidia-smi -q >/dev/null; done
 
 step "doctor while another process holds GPU memory"
 "$py" -c 'import torch,time; x=torch.empty(2**30, device="cuda"); print("holding", flush=True); time.sleep(120)' &

@@ -61,8 +61,8 @@ def _in_slurm_group(item: pytest.Item) -> bool:
 @pytest.fixture(scope="session", autouse=True)
 def worker_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """This test process's own ``TMPDIR``, given to every host of its clusters too: a
-    machine's early-import slots and port claims live there (remote/node/first_standby.py,
-    remote/calls/probe.py), and an xdist worker's run must not hold the other worker's."""
+    machine's port claims live there (remote/calls/probe.py), and an xdist worker's run must
+    not hold the other worker's."""
     path = tmp_path_factory.mktemp("tmp")
     before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(path)

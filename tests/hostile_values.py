@@ -52,6 +52,8 @@ NASTY = (
     "-m",
     "--lr",
     "--lr=0.1",
+    "--log",  # a prefix of several of torchrun's options: "ambiguous option" before "--"
+    "--l",
     "--nnodes=9",
     "--no-python",
     "-c",

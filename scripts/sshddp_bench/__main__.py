@@ -26,14 +26,19 @@ from sshddp_bench.store import RESULTS, Stored, load, save
 DESCRIPTION = (
     "Benchmarks of sshddp against pdsh and plain OpenSSH, on real sshd servers on loopback."
 )
-MAX_HOSTS = 64  # sshddp_lab's limit on one cluster
+MAX_HOSTS = 64  # sshddp_lab's limit on one cluster on 127.0.0.x
+MANY_HOSTS = 256  # and on 127.1.x.y, where the scale256 case's cluster goes
 
 
-def host_list(text: str) -> list[int]:
+def host_list(text: str, most: int = MAX_HOSTS) -> list[int]:
     sizes = sorted({int(x) for x in text.split(",") if x.strip()})
-    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_HOSTS:
-        raise argparse.ArgumentTypeError(f"host counts between 1 and 64, got {text!r}")
+    if not sizes or sizes[0] < 1 or sizes[-1] > most:
+        raise argparse.ArgumentTypeError(f"host counts between 1 and {most}, got {text!r}")
     return sizes
+
+
+def many_list(text: str) -> list[int]:
+    return host_list(text, MANY_HOSTS)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -81,6 +86,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--scale-hosts", type=int, metavar="N", help="Hosts of the scale32 case (default 32)."
+    )
+    p.add_argument(
+        "--many-sizes",
+        type=many_list,
+        metavar="N,N,..",
+        help="Host counts of the scale256 case (default 16,64,256).",
     )
     p.add_argument(
         "--slurm-nodes",
@@ -133,6 +144,7 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
         stacks=args.stacks_hosts or 8,
         workdir_mb=args.workdir_mb or (100 if args.quick else 200),
         workdir_hosts=args.workdir_hosts or 4,
+        many=tuple(args.many_sizes or [16, 64, 256]),
     )
 
 
@@ -158,7 +170,7 @@ def report_main(argv: Sequence[str]) -> int:
     p.add_argument("--results", metavar="DIR", default=str(RESULTS), help="The stored results.")
     p.add_argument("--write", metavar="FILE", help="Write the file there (else: stdout).")
     args = p.parse_args(argv)
-    text = render_stored(load(Path(args.results), (*NAMES, mechanisms.NAME)))
+    text = render_stored(load(Path(args.results), (*NAMES, mechanisms.NAME, mechanisms.SLURM_NAME)))
     if args.write:
         Path(args.write).write_text(text)
     else:

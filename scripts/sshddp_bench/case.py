@@ -31,6 +31,7 @@ class Sizes:
     stacks: int = 8  #: stacks: hosts (2 ranks each)
     workdir_mb: int = 200  #: workdir: MB of the shipped directory
     workdir_hosts: int = 4  #: workdir: hosts it ships to
+    many: tuple[int, ...] = (16, 64, 256)  #: scale256: host counts
 
 
 @dataclass(frozen=True)

@@ -31,15 +31,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO, Any, Callable, Optional
 
 from sshddp_bench.rank import RANK_SCRIPT
-from sshddp_lab.sshd import SshdCluster
+from sshddp_lab.sshd import MAX_HOSTS, SshdCluster
 
 # Hosts on 127.0.0.201.., clear of the test suite's .41.. and .101..; another run of this
 # suite going on at the same time moves this one to the next free range.
 FIRST_OCTETS = (200, 160, 60)
 SSHD_PORT = 2222
+WIDE_SUBNET = "127.1"  # a cluster of more than MAX_HOSTS hosts: 127.1.x.y
 # Rendezvous ports: below the ephemeral range (32768+), clear of the tests' 10000-21000,
 # the lab's sshd ports (22000-28000) and its slurmctld ports (29000-31000).
 PORTS = range(31000, 32760)
@@ -492,8 +493,10 @@ def running_bench(hosts: int) -> Iterator[Bench]:
         tmp = Path(tmpdir)
         rank = tmp / "rank.py"
         rank.write_text(RANK_SCRIPT)
-        first = free_octet(hosts)
-        with SshdCluster(tmp / "sshd", hosts, port=SSHD_PORT, first_octet=first) as cluster:
+        where: dict[str, Any] = {"subnet": WIDE_SUBNET} if hosts > MAX_HOSTS else {}
+        if not where:
+            where["first_octet"] = free_octet(hosts)
+        with SshdCluster(tmp / "sshd", hosts, port=SSHD_PORT, **where) as cluster:
             yield Bench(tmp, cluster, clean_env(tmp), sshddp_argv(), rank)
 
 

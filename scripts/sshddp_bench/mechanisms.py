@@ -10,10 +10,16 @@ each (their bytecode compiled).
 
     cd scripts && python -m sshddp_bench.mechanisms --hosts 8 --reps 5
 
-The result is stored as ``benchmarks/results/mechanisms.json`` (``--results``,
-``--no-store``) and BENCHMARKS.md renders it (``section``): each variant's medians, its Δ
-against ``baseline``, whether that Δ is above the noise floor, and the project's verdict
-(``ABOUT``: a decision, not a measurement).
+With ``--cases slurm`` the launch runs over srun instead (``--hosts`` nodes x 1 rank), into
+one allocation of the test lab's Slurm cluster (``sshddp_bench.slurm``; needs root), as the
+slurm case's ``sshddp launch --transport srun slurm`` does, every variant into the same job.
+
+    cd scripts && python -m sshddp_bench.mechanisms --cases slurm --hosts 3 --reps 11
+
+The result is stored as ``benchmarks/results/mechanisms.json`` (``mechanisms-slurm.json``
+over srun; ``--results``, ``--no-store``) and BENCHMARKS.md renders it (``section``): each
+variant's medians, its Δ against ``baseline``, whether that Δ is above the noise floor, and
+the project's verdict (``ABOUT``: a decision, not a measurement).
 A mechanism removed from the product leaves ``VARIANTS`` with it (its anchors no longer
 occur: asking for it fails before anything runs).
 """
@@ -21,6 +27,7 @@ occur: asking for it fails before anything runs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -32,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sshddp_bench import slurm
 from sshddp_bench.harness import (
     Bench,
     BenchError,
@@ -62,9 +70,6 @@ class Patch:
 VARIANTS: dict[str, tuple[Patch, ...]] = {
     "baseline": (),
     "baseline2": (),
-    "first-standby": (
-        Patch("remote/node/host_session.py", 'if args.get("standby"):', "if False:"),
-    ),
     "standby": (
         Patch(
             "remote/node/standby.py",
@@ -96,11 +101,6 @@ ABOUT: dict[str, tuple[str, str, str]] = {
         "~50",
         "**keep**",
     ),
-    "first-standby": (
-        "the first attempt's standby, CPU-slot lock files (`remote/node/first_standby.py`)",
-        "~250",
-        "below the bar: its srun target to measure again (docs/design.md)",
-    ),
     "store-poll": (
         "polling node 0's store (`remote/rankside/agent.py`, `await_store`)",
         "~80",
@@ -108,6 +108,8 @@ ABOUT: dict[str, tuple[str, str, str]] = {
     ),
 }
 NAME = "mechanisms"  #: its stored result's name
+SLURM_NAME = "mechanisms-slurm"  #: its stored result's name over srun (``--cases slurm``)
+SRUN = "srun"  #: ``MechanismsRow.transport`` of a result measured over srun
 FLOOR_MIN = 0.005  #: a noise floor smaller than this shows as 0.00 s: no ratio to it
 
 
@@ -137,6 +139,7 @@ class MechanismsRow:
     hosts: int
     variants: tuple[Variant, ...]  #: ``baseline`` and ``baseline2`` among them
     source: str  #: where the numbers come from, when not from this tool's own run
+    transport: str = "ssh"  #: how the launches reached the hosts: ``ssh``, or ``SRUN``
 
 
 def make_tree(root: Path, variant: str) -> Path:
@@ -181,14 +184,16 @@ def spread(values: Sequence[float]) -> Spread | None:
     return Spread(statistics.median(values), min(values), max(values)) if values else None
 
 
-def row_of(hosts: int, results: dict[str, list[dict[str, float]]]) -> MechanismsRow:
+def row_of(
+    hosts: int, results: dict[str, list[dict[str, float]]], transport: str = "ssh"
+) -> MechanismsRow:
     variants = []
     for name, samples in results.items():
         what, lines, verdict = ABOUT.get(name, (name, "?", "?"))
         launch = spread([s["launch"] for s in samples if "launch" in s])
         restart = spread([s["restart"] for s in samples if "restart" in s])
         variants.append(Variant(name, what, lines, launch, restart, verdict))
-    return MechanismsRow(hosts, tuple(variants), "")
+    return MechanismsRow(hosts, tuple(variants), "", transport)
 
 
 def delta(got: Spread | None, base: Spread | None) -> float | None:
@@ -245,20 +250,27 @@ def table(row: MechanismsRow) -> list[str]:
     return [*out, "", f"Noise floor (`baseline2` − `baseline`, the same tree twice): {floor}."]
 
 
+def title(row: MechanismsRow) -> str:
+    if row.transport == SRUN:
+        return f"## What each mechanism buys over srun: launch, {row.hosts} nodes x 1 rank"
+    return f"## What each mechanism buys: launch and restart, {row.hosts} hosts"
+
+
 def section(stored: Stored) -> list[str]:
     """BENCHMARKS.md's section of the stored result: when and where, the table, the command."""
     row: MechanismsRow = stored.row
     facts = "; ".join(f"{k}: {v}" for k, v in stored.machine)
     lines = [
-        f"## What each mechanism buys: launch and restart, {row.hosts} hosts",
+        title(row),
         "",
         f"*Measured* ({stored.reps} repetition(s)): {facts}.",
     ]
     if row.source:
         lines += ["", f"*Source:* {row.source}"]
     lines += ["", *table(row), "", f"Reproduce: `{stored.command}`", "", "Method:", ""]
-    method = (__doc__ or "").split("\n\n")[1].replace("\n", " ").replace("``", "`")
-    return [*lines, method]
+    paragraphs = (__doc__ or "").split("\n\n")
+    said = [paragraphs[1], paragraphs[3]] if row.transport == SRUN else [paragraphs[1]]
+    return [*lines, *(" ".join(said).replace("\n", " ").replace("``", "`"),)]
 
 
 def measure(
@@ -282,12 +294,51 @@ def measure(
     return results
 
 
+def measure_slurm(
+    variants: Sequence[str], nodes: int, reps: int, log: Path
+) -> dict[str, list[dict[str, float]]]:
+    """Every variant's launches over srun into one ``nodes``-node allocation, by variant:
+    ``reps`` interleaved repetitions each, start to every rank's READY line (``launch``)."""
+    # running_bench: its rank script, ports and names; its one sshd is not used
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sshddp-mech-")))
+        b = stack.enter_context(running_bench(1))
+        alloc = stack.enter_context(slurm.allocation(b, nodes))
+        runs = {v: on_tree(b, alloc, make_tree(tmp, v)) for v in variants}
+        return interleaved(runs, reps, log)
+
+
+def interleaved(
+    runs: dict[str, tuple[Bench, slurm.Allocation]], reps: int, log: Path
+) -> dict[str, list[dict[str, float]]]:
+    variants = list(runs)
+    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for v in variants:  # untimed: their bytecode compiled
+        slurm.launch_once(*runs[v], "sshddp")
+    for rep in range(reps):
+        for v in variants[rep % len(variants) :] + variants[: rep % len(variants)]:
+            got = {"launch": slurm.launch_once(*runs[v], "sshddp").ready}
+            results[v].append(got)
+            with log.open("a") as fh:
+                fh.write(json.dumps({"variant": v, "rep": rep, "srun": True, **got}) + "\n")
+            progress(f"rep {rep} {v}: {got}")
+    return results
+
+
+def on_tree(b: Bench, alloc: slurm.Allocation, tree: Path) -> tuple[Bench, slurm.Allocation]:
+    """``b`` and a shell inside ``alloc`` running the copy at ``tree``."""
+    env = {**alloc.env, "PYTHONPATH": str(tree)}
+    return bench_for(b, tree), dataclasses.replace(alloc, env=env)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", default=",".join(VARIANTS), help="variants, comma-separated")
-    parser.add_argument("--cases", default="launch,restart")
+    parser.add_argument(
+        "--cases", default="launch,restart", help="launch,restart over SSH; or slurm (launch)"
+    )
     parser.add_argument("--log", default="mechanisms.jsonl", help="every sample, appended")
     parser.add_argument("--results", default=str(RESULTS), help="where the result is stored")
     parser.add_argument("--no-store", action="store_true", help="store no result")
@@ -297,15 +348,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     cases = [c for c in args.cases.split(",") if c]
+    over_srun = cases == ["slurm"]
     info = machine()
-    results = measure(variants, args.hosts, args.reps, cases, Path(args.log))
-    info += [("hosts", f"{args.hosts} sshd on loopback"), ("load average at end", load_average())]
-    row = row_of(args.hosts, results)
+    if over_srun:
+        results = measure_slurm(variants, args.hosts, args.reps, Path(args.log))
+        hosts = f"{args.hosts} Slurm nodes (the lab's cluster), over srun"
+    else:
+        results = measure(variants, args.hosts, args.reps, cases, Path(args.log))
+        hosts = f"{args.hosts} sshd on loopback"
+    info += [("hosts", hosts), ("load average at end", load_average())]
+    row = row_of(args.hosts, results, SRUN if over_srun else "ssh")
     print("\n".join(table(row)))
     if not args.no_store:
         given = list(sys.argv[1:] if argv is None else argv)
         cmd = shlex.join(["python", "-m", "sshddp_bench.mechanisms", *given])
-        stored = Stored(NAME, row, tuple(info), f"cd scripts && {cmd}", args.reps, None)
+        name = SLURM_NAME if over_srun else NAME
+        stored = Stored(name, row, tuple(info), f"cd scripts && {cmd}", args.reps, None)
         progress(f"stored {save(Path(args.results), stored)}")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sshddp_bench import (
+    api,
     doctor,
     exec_true,
     fetch,
@@ -20,6 +21,7 @@ from sshddp_bench import (
     health,
     launch,
     logs,
+    many,
     nodeloss,
     ps,
     restart,
@@ -50,6 +52,7 @@ CASES: tuple[Case[Any], ...] = (
     logs.LOGS8,
     scale.CASE,
     exec_true.CASE,
+    many.CASE,
     smoke_bw.CASE,
     slurm.CASE,
     fetch.CASE,
@@ -67,6 +70,7 @@ CASES: tuple[Case[Any], ...] = (
     sync.CASE,
     sync.COLD_CASE,
     sync.OFFLINE_CASE,
+    api.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -151,8 +151,9 @@ def render_stored(stored: dict[str, Stored]) -> str:
             lines += stored_section(number, case, stored[case.name])
         else:
             missing.append(f"`{case.name}`")
-    if mechanisms.NAME in stored:
-        lines += ["", *mechanisms.section(stored[mechanisms.NAME])]
+    for name in (mechanisms.NAME, mechanisms.SLURM_NAME):
+        if name in stored:
+            lines += ["", *mechanisms.section(stored[name])]
     if missing:
         lines += [
             "",

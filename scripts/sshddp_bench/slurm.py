@@ -243,9 +243,8 @@ def bench_slurm(b: Bench, sizes: Sequence[int], reps: int) -> list[SlurmRow]:
 def slurm_table(rows: Sequence[SlurmRow]) -> list[str]:
     out = [
         "Start → every rank's READY line (the target), and start → a torchrun process on "
-        "every node. sshddp's is its first attempt's standby, started by the launch "
-        "session before the preflight and importing torch while it runs; it runs "
-        "torchrun at the start (docs/design.md, *How a launch works*, step 4):",
+        "every node. sshddp's starts with its node's supervisor, after the preflight "
+        "and the code copy (docs/design.md, *How a launch works*, step 4):",
         "",
         "| nodes | sshddp launch slurm, srun (s) | srun torchrun (s) | sshddp − srun (s) "
         "| target ≤ +0.5 s | paired: median [interval, ≥ 95%] | torchruns started: sshddp / "

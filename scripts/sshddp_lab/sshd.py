@@ -3,7 +3,9 @@
 ``SshdCluster`` owns a base directory holding host keys, client keys, one
 ``sshd_config`` per host, an ``ssh_config`` with one ``Host hN`` alias per server and
 a matching ``known_hosts``. Host ``i`` (1-based) listens on ``127.0.0.{first_octet+i}``
-so every "machine" has its own address, as in a real cluster. There are no SSH mocks.
+so every "machine" has its own address, as in a real cluster; a cluster given a ``subnet``
+(``"127.1"``: up to 256 hosts, past what one /24 holds beside the test workers' slices)
+listens on ``127.1.{(i-1)//250}.{(i-1)%250+1}`` instead. There are no SSH mocks.
 
 This module imports only the standard library (plus PyYAML, a project dependency, for
 ``inventory_yaml``) and never pytest, so benchmark scripts can use it too.
@@ -42,7 +44,9 @@ import yaml
 
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd refuses to start without it
-MAX_HOSTS = 64
+MAX_HOSTS = 64  #: on 127.0.0.x
+MAX_SUBNET_HOSTS = 256  #: with a ``subnet``
+_PER_SUBNET_OCTET = 250
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -77,7 +81,8 @@ class _Proc:
 
 
 class SshdCluster:
-    """N real ``sshd -D`` processes on 127.0.0.{first_octet+1..first_octet+N}."""
+    """N real ``sshd -D`` processes on 127.0.0.{first_octet+1..first_octet+N} (or in
+    ``subnet``)."""
 
     def __init__(
         self,
@@ -89,20 +94,16 @@ class SshdCluster:
         *,
         isolate_home: bool = True,
         env: dict[str, str] | None = None,
+        subnet: str | None = None,
     ) -> None:
-        if not 1 <= n <= MAX_HOSTS:
-            raise ValueError(f"n must be between 1 and {MAX_HOSTS}, got {n}")
-        if first_octet < 0 or first_octet + n > 254:
-            raise ValueError(f"addresses 127.0.0.{first_octet + 1}..{first_octet + n} invalid")
+        addrs = host_addresses(n, first_octet, subnet)
         unknown = set(extra_config or {}) - set(range(1, n + 1))
         if unknown:
             raise ValueError(f"extra_config names hosts outside 1..{n}: {sorted(unknown)}")
         self.base = Path(base).resolve()
-        port = port or free_common_port([f"127.0.0.{first_octet + i}" for i in range(1, n + 1)])
+        port = port or free_common_port(addrs)
         self.port = port
-        self.hosts = [
-            SshHost(i, f"h{i}", f"127.0.0.{first_octet + i}", port) for i in range(1, n + 1)
-        ]
+        self.hosts = [SshHost(i, f"h{i}", addr, port) for i, addr in enumerate(addrs, start=1)]
         self.extra_config = {i: list(lines) for i, lines in (extra_config or {}).items()}
         self.isolate_home = isolate_home
         self.env = dict(env or {})  #: variables every host's sessions get (``SetEnv``)
@@ -393,6 +394,23 @@ class SshdCluster:
         indices = hosts if hosts is not None else [h.index for h in self.hosts]
         doc["hosts"] = [{"host": self.host(i).alias, "nproc": nproc} for i in indices]
         return str(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+
+
+def host_addresses(n: int, first_octet: int = 40, subnet: str | None = None) -> list[str]:
+    """The loopback addresses of a cluster's ``n`` hosts: ``127.0.0.{first_octet+i}``, or
+    ``{subnet}.{(i-1)//250}.{(i-1)%250+1}`` (``subnet`` two octets: ``"127.1"``)."""
+    if subnet is not None:
+        if not 1 <= n <= MAX_SUBNET_HOSTS:
+            raise ValueError(f"n must be between 1 and {MAX_SUBNET_HOSTS}, got {n}")
+        if len(subnet.split(".")) != 2 or not subnet.startswith("127."):
+            raise ValueError(f"subnet must be two octets of 127/8 (127.1), got {subnet!r}")
+        per = _PER_SUBNET_OCTET
+        return [f"{subnet}.{i // per}.{i % per + 1}" for i in range(n)]
+    if not 1 <= n <= MAX_HOSTS:
+        raise ValueError(f"n must be between 1 and {MAX_HOSTS}, got {n}")
+    if first_octet < 0 or first_octet + n > 254:
+        raise ValueError(f"addresses 127.0.0.{first_octet + 1}..{first_octet + n} invalid")
+    return [f"127.0.0.{first_octet + i}" for i in range(1, n + 1)]
 
 
 def render_sshd_config(defaults: list[str], extra: list[str], setenv: dict[str, str]) -> str:

@@ -2,8 +2,8 @@
 
 Every worker starts its own session cluster and its own private clusters, so two workers
 must never pick the same loopback addresses (an sshd's listen address, the stop of one
-host), the same rendezvous ports, or the same temporary directory (a machine's early-import
-slots and port claims live there: one worker's run would take the other's). Worker ``w``
+host), the same rendezvous ports, or the same temporary directory (a machine's port claims
+live there: one worker's run would take the other's). Worker ``w``
 (``PYTEST_XDIST_WORKER=gw<w>``; 0 without xdist) gets:
 
 * the session cluster on ``127.0.0.{41 + 10w}..``, the address after its last host free for

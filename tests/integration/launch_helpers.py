@@ -172,14 +172,6 @@ def has_node_mark(pid: int, mark: str) -> bool:
     return any(entry.startswith(prefix) for entry in env)
 
 
-def standby_slots(nodes: int) -> int:
-    """How many of ``nodes`` nodes of one run on this machine start a first standby: the
-    machine's slots for an early torch import (remote/node/first_standby.py), one per two cores."""
-    from sshddp.remote.node.first_standby import slot_count
-
-    return min(nodes, slot_count())
-
-
 def start(cluster: SshdCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
     """``sshddp ARGS`` started in ``cwd`` against ``cluster``, its stderr piped."""
     return subprocess.Popen(

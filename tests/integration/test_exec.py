@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -81,6 +84,38 @@ def test_a_host_down_is_named_with_exit_4(make_cluster: Callable[..., SshdCluste
     assert_clean_failure(result, ExitCode.UNREACHABLE)
     assert "h1 (exit 0)\n----------------\nup\n" in result.raw.decode()
     assert "h2 (unreachable)" in result.raw.decode() and "h2 (unreachable)" in result.err
+
+
+def test_three_of_twelve_hosts_down_are_named_within_the_connect_timeout(
+    make_cluster: Callable[..., SshdCluster],
+) -> None:
+    lab = make_cluster(12)
+    aliases = [h.alias for h in lab.hosts]
+    for refusing in (4, 9):
+        lab.stop_host(refusing)
+    silent = lab.sshd_pid(7)  # accepts TCP (the kernel's backlog), never says a word
+    assert silent is not None
+    os.kill(silent, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        result = sshddp(
+            ["exec", "--ssh-config", str(lab.ssh_config), "--connect-timeout", "3"]
+            + ["-H", ",".join(aliases), "--", "echo", "up"]
+        )
+        took = time.monotonic() - started
+    finally:
+        os.kill(silent, signal.SIGCONT)
+    assert_clean_failure(result, ExitCode.UNREACHABLE)
+    shown = result.raw.decode()
+    up = [a for a in aliases if a not in ("h4", "h7", "h9")]
+    assert f"{','.join(up)} (exit 0)\n----------------\nup\n" in shown, shown
+    for refused in ("h4", "h9"):  # each under its own header: the message names its address
+        assert f"{refused} (unreachable)" in shown, shown
+    assert shown.count("connection refused") == 2, shown
+    assert "h7 (unreachable)" in shown and "no SSH server answered" in shown, shown
+    for down in ("h4", "h7", "h9"):
+        assert down in result.err, result.explain()
+    assert took < 3 + 10, f"{took:.1f} s"  # the timeout, and the command's own start
 
 
 def test_bad_command_line_is_refused_before_connecting(ssh_env: SshdCluster) -> None:

@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 from launch_helpers import SSHDDP, Run, cli_env, run_id_of, write_inventory
 
+from sshddp.model import spans
 from sshddp_lab.sshd import SshdCluster
 
 STDIO = Path(__file__).parent / "payloads" / "stdio.py"
@@ -48,20 +49,30 @@ def test_unflushed_lines_of_concurrent_ranks_never_mix(
     opts: list[str],
     tty: bool,
 ) -> None:
+    """Each rank's bytes, as node.idx attributes them, are exactly its lines, in order. In
+    node.log itself no line is a mix of two ranks' bytes with pipes; with ptys a line may
+    be (contract.py: a pty takes a long write in pieces, and a rank that stalls between
+    them for PARTIAL_WAIT has its part so far written, as a progress bar's is), so there
+    the index is what tells them apart, as the console and `sshddp logs` do."""
     count, size = 5000, 1000  # 5 MB per rank, each line one write below PIPE_BUF (4 KB)
     run = _launch(ssh_env, tmp_path, free_port(), opts, ["lines", str(count), str(size)])
     assert run.rc == 0, run.stderr
     data = run.local_log(0).read_bytes()
     assert data == run.remote_log(0).read_bytes()
+    index = run.local_log(0).with_suffix(".idx").read_bytes()
+    streams: dict[int, bytes] = {}
+    for offset, length, source in spans.parse(index):
+        streams[source] = streams.get(source, b"") + data[offset : offset + length]
     lines = data.decode().splitlines()
     for rank in range(NPROC):
-        assert f"tty {tty} rank {rank}" in lines
         fill = chr(ord("a") + rank) * (size - len(f"r{rank} 000000 ") - 1)
-        mine = [ln for ln in lines if ln.startswith(f"r{rank} ")]
-        assert mine == [f"r{rank} {i:06d} {fill}" for i in range(count)]
-    # Nothing else: no line is a mix of two ranks' bytes (torchrun's own lines aside).
-    rank_lines = [ln for ln in lines if re.match(r"r\d ", ln)]
-    assert len(rank_lines) == NPROC * count
+        expected = [f"r{rank} {i:06d} {fill}" for i in range(count)]
+        assert streams[rank].decode().splitlines() == [f"tty {tty} rank {rank}", *expected]
+        if not tty:
+            assert [ln for ln in lines if ln.startswith(f"r{rank} ")] == expected
+    # Nothing else: every line of a rank is its own (torchrun's own lines aside).
+    if not tty:
+        assert len([ln for ln in lines if re.match(r"r\d ", ln)]) == NPROC * count
     run_no_leak(run.run_id)
 
 

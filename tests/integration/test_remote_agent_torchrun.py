@@ -81,9 +81,8 @@ def _read_all(fd: int) -> str:
 def test_a_standby_runs_torchrun_with_the_gos_argv_cwd_and_environment(
     shim: Path, tmp_path: Path
 ) -> None:
-    """A launch's first standby starts before its port and working directory are final
-    (remote/node/first_standby.py): the go's command line, directory and environment are what
-    torchrun runs with, and its module runs as with -m (no runpy warning)."""
+    """The go's command line, directory and environment, not those the standby started
+    with, are what torchrun runs with, and its module runs as with -m (no runpy warning)."""
     early = [sys.executable, str(shim), "--standalone", "--nproc-per-node", "1", "worker.py"]
     standby = Standby.start([*early, "early"], dict(os.environ), str(Path.home()), 1)
     assert standby is not None
@@ -113,10 +112,6 @@ def test_a_standby_started_with_another_environment_is_ended_not_used(
     assert standby is not None
     assert standby.fits({**base, "LD_LIBRARY_PATH": "/elsewhere", "SSHDDP_ATTEMPT": "1"})
     assert not standby.fits(base)
-    marked = Standby.start(argv, base, str(tmp_path), 1, marked=True)  # a launch's first
-    assert marked is not None
-    assert marked.fits(base) and not marked.fits({**base, "SSHDDP_NODE_MARK": "r/n1"})
-    marked.discard()
 
     class Output:  # the two things take() uses of the node's output
         slave = os.open(os.devnull, os.O_WRONLY)
@@ -124,7 +119,8 @@ def test_a_standby_started_with_another_environment_is_ended_not_used(
         def close_writer(self) -> None:
             raise AssertionError("a standby that does not fit never gets the output")
 
-    spare = Spare(argv, str(tmp_path), standby)
+    spare = Spare(argv, str(tmp_path))
+    spare.standby = standby
     assert spare.take(1, base, Output()) is None  # type: ignore[arg-type]
     assert standby.proc.returncode is not None  # ended and reaped
     os.close(Output.slave)

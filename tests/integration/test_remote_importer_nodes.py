@@ -46,10 +46,7 @@ NOT_AT_START = ("shutil", "pickle", "bz2", "lzma", "tempfile", "importlib.resour
 def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
     """The modules a node's session imports before it starts, and its supervisor's, loaded
     through the real bootstrap and importer in a fresh interpreter, as on a host."""
-    entries = [
-        f"sshddp.remote.node.{m}"
-        for m in ("host_session", "host_boot", "host_follow", "first_standby")
-    ]
+    entries = [f"sshddp.remote.node.{m}" for m in ("host_session", "host_boot", "host_follow")]
     entries.append("sshddp.remote.node.supervisor")
     modules = {m: shipped.source(m) for e in entries for m in shipped.closure(e)}
     modules["loaded"] = (
@@ -57,11 +54,6 @@ def test_a_node_starts_without_the_modules_of_its_rare_paths() -> None:
         "def main(args):\n"
         "    for name in args:\n"
         "        importlib.import_module(name)\n"
-        "    from sshddp.remote.node.first_standby import take_slot\n"
-        "    slot = take_slot()  # a torchrun node's session takes one before its probe\n"
-        "    if slot is not None:\n"
-        "        import os\n"
-        "        os.close(slot)\n"
         "    print(json.dumps(sorted(sys.modules)))\n"
     )
     head = {"importer": shipped.source(shipped.IMPORTER), "modules": modules}

@@ -136,24 +136,22 @@ def test_a_node_lives_and_ends_through_its_session(
 
 
 @pytest.mark.parametrize("which", ["this", "3.8"])
-def test_a_torchrun_node_starts_on_the_standby_its_session_began(
+def test_a_torchrun_node_runs_torchrun_through_its_session(
     tmp_path: Path, oldest_python: Path, which: str
 ) -> None:
-    """A torchrun node's session starts torchrun importing torch before its probe
-    (remote/node/first_standby.py): at the start its supervisor-to-be becomes the supervisor and the
-    standby runs torchrun. On Python 3.8, which has no torch here, the standby cannot import
-    it: it runs all the same, and torchrun fails into the node's log, saying why."""
+    """A torchrun node's session stages the agent shim and, at the start, its supervisor runs
+    torchrun through it, afresh (no standby for the first attempt). On Python 3.8, which has
+    no torch here, torchrun fails into the node's log, saying why."""
     python = sys.executable if which == "this" else str(oldest_python)
     rundir = tmp_path / "runs" / "r1" / "n0"
     args = boot_args(rundir)
     args["spec"]["torchrun"]["options"] = ["--standalone"]
     args["agent"] = shipped.source("sshddp.remote.rankside.agent")  # torchrun itself
-    standby = {k: args[k] for k in ("rundir", "spec", "env", "agent", "site", "wire")}
     proc = start_session(python)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         sent = time.time()
-        proc.stdin.write(shipped.header("host_session", {"probe": None, "standby": standby}))
+        proc.stdin.write(shipped.header("host_session", {"probe": None}))
         go = msgs.encode(msgs.go(args))
         proc.stdin.write(go + SCRIPT + msgs.encode(msgs.start(True)))
         proc.stdin.flush()
@@ -169,7 +167,7 @@ def test_a_torchrun_node_starts_on_the_standby_its_session_began(
     finally:
         proc.kill()
     state = json.loads((rundir / "state.json").read_text())
-    assert state["standby"] is True, state
+    assert state["standby"] is False, state
     if which == "this":
         assert b"hello from" in log and record["state"] == "succeeded", (log, record)
     else:

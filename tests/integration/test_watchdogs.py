@@ -20,6 +20,10 @@ from sshddp_lab.sshd import SshdCluster
 HUNG = 6
 SPAWN_STUCK = Path(__file__).parent / "payloads" / "spawn_stuck.py"
 STALL = "20"  # seconds: longer than torch takes to import on a loaded machine (no output)
+# Six ranks importing torch at once beside three other CI workers took over 20 s (a CI run:
+# "ranks 0 wait in init_process_group, ranks 1 never called"): where the test reads which
+# ranks wait, every rank that does not block must have reached init_process_group first.
+INIT_WAIT = "40"
 
 
 def ps_run(cluster: SshdCluster, cwd: Path, run: str) -> dict[str, Any]:
@@ -115,13 +119,13 @@ def test_init_timeout_names_the_node_that_never_joined(
     others wait in it. --init-timeout stops the run on its own and says which ranks never
     called it, which wait; `stacks` of the ended run shows where node 1's ranks stand."""
     inv, workdir = write_inventory(ssh_env, tmp_path, free_port())
-    args = ["--detach", "--name", "ini", "--init-timeout", STALL, str(inv), str(HANG)]
+    args = ["--detach", "--name", "ini", "--init-timeout", INIT_WAIT, str(inv), str(HANG)]
     started = sshddp(ssh_env, tmp_path, "launch", *args, "initblock", "1")
     assert started.returncode == 0, started.stderr
-    row = wait_finished(ssh_env, tmp_path, "ini", 180)
+    row = wait_finished(ssh_env, tmp_path, "ini", 200)
     assert [n["state"] for n in row["nodes"]] == ["stalled"] * 3, row
     reason = row["nodes"][0]["reason"]
-    assert f"did not form within {STALL} s (--init-timeout)" in reason, reason
+    assert f"did not form within {INIT_WAIT} s (--init-timeout)" in reason, reason
     assert "node 1 (h2): 0/2 joined, ranks 2-3 never called init_process_group" in reason, reason
     assert "node 0 (h1): 0/2 joined, ranks 0-1 wait in init_process_group" in reason, reason
     shown = sshddp(ssh_env, tmp_path, "stacks", "ini")

@@ -13,6 +13,7 @@ from sshddp_bench import mechanisms
 from sshddp_bench.__main__ import main, parse_args, sizes_of
 from sshddp_bench.doctor import DoctorRow
 from sshddp_bench.harness import BenchError, stat
+from sshddp_bench.many import DownRun, ManyRow, ManySize
 from sshddp_bench.registry import NAMES
 from sshddp_bench.steady import RelayRow, StepsRow
 from sshddp_bench.store import Stored, decode, encode, load, save
@@ -101,3 +102,76 @@ def test_what_each_mechanism_buys_is_rendered_from_its_stored_result(tmp_path: P
     assert "Noise floor (`baseline2` − `baseline`, the same tree twice): launch +0.10 s" in section
     assert f"Reproduce: `{command}`" in section
     assert section.index("## What each mechanism") < text.index("## General method")
+
+
+def test_what_each_mechanism_buys_over_srun_is_its_own_section(tmp_path: Path) -> None:
+    samples = {
+        "baseline": [{"launch": 11.0}, {"launch": 11.4}],
+        "baseline2": [{"launch": 11.5}, {"launch": 11.9}],
+        "standby": [{"launch": 12.0}, {"launch": 12.2}],
+    }
+    row = mechanisms.row_of(3, samples, mechanisms.SRUN)
+    command = "cd scripts && python -m sshddp_bench.mechanisms --cases slurm --hosts 3 --reps 2"
+    save(tmp_path, Stored(mechanisms.SLURM_NAME, row, MACHINE, command, 2, None))
+    assert (tmp_path / "mechanisms-slurm.json").exists()
+    out = tmp_path / "BENCHMARKS.md"
+    assert main(["report", "--results", str(tmp_path), "--write", str(out)]) == 0
+    text = out.read_text()
+    assert "launch and restart, 3 hosts" not in text  # nothing stored over SSH
+    section = text[text.index("## What each mechanism buys over srun: launch, 3 nodes x 1 rank") :]
+    standby = next(line for line in section.splitlines() if line.startswith("| `standby` |"))
+    # median 12.10 (12.00–12.20), Δ +0.90 against 11.20; the floor +0.50; no restart
+    assert "| 12.10 (12.00–12.20) | +0.90 | n/a | n/a | launch +1.8x, restart n/a |" in standby
+    assert "Noise floor (`baseline2` − `baseline`, the same tree twice): launch +0.50 s" in section
+    assert "With `--cases slurm` the launch runs over srun" in section  # its method
+    assert f"Reproduce: `{command}`" in section
+    assert section.index("over srun") < text.index("## General method")
+
+
+def test_both_mechanisms_results_render_the_ssh_one_first(tmp_path: Path) -> None:
+    samples = {"baseline": [{"launch": 1.0}], "baseline2": [{"launch": 1.1}]}
+    command = "cd scripts && python -m sshddp_bench.mechanisms"
+    for name, transport in ((mechanisms.NAME, "ssh"), (mechanisms.SLURM_NAME, mechanisms.SRUN)):
+        row = mechanisms.row_of(3, samples, transport)
+        save(tmp_path, Stored(name, row, MACHINE, command, 5, None))
+    out = tmp_path / "BENCHMARKS.md"
+    assert main(["report", "--results", str(tmp_path), "--write", str(out)]) == 0
+    text = out.read_text()
+    over_ssh = text.index("## What each mechanism buys: launch and restart, 3 hosts")
+    assert over_ssh < text.index("## What each mechanism buys over srun: launch, 3 nodes x 1 rank")
+    assert "With `--cases slurm`" not in text[over_ssh : text.index("over srun: launch")]
+
+
+def test_every_mechanism_variant_still_patches_this_tree(tmp_path: Path) -> None:
+    """Each anchor occurs exactly once in src/sshddp: a mechanism removed from the product
+    leaves VARIANTS with it."""
+    for variant in mechanisms.VARIANTS:
+        assert (mechanisms.make_tree(tmp_path, variant) / "sshddp").is_dir()
+
+
+def many_row() -> ManyRow:
+    def size(n: int, cpu: float) -> ManySize:
+        s = stat
+        return ManySize(
+            n, s([1.0]), s([cpu]), s([70.0]), s([2.0]), s([cpu * 2]), s([80.0]), s([1.5]), s([0.1])
+        )
+
+    down = DownRun(256, ("h3", "h77"), ("h3", "h77"), 254, 4, 7.5, 5.0, 5.02, 6.0)
+    return ManyRow((size(16, 1.0), size(64, 1.24), size(256, 2.2)), down)
+
+
+def test_the_many_hosts_case_stores_and_renders_its_growth_and_the_hosts_down(
+    tmp_path: Path,
+) -> None:
+    row = many_row()
+    assert repr(decode(encode(row))) == repr(row)
+    save(tmp_path, stored("scale256", row))
+    out = tmp_path / "BENCHMARKS.md"
+    assert main(["report", "--results", str(tmp_path), "--write", str(out)]) == 0
+    text = out.read_text()
+    assert "many hosts: exec and doctor at 16, 64, 256 hosts, 2 of them down" in text
+    # exec: 0.24 s over 48 hosts, then 0.96 s over 192: 5.0 ms a host each step
+    assert "* exec: coordinator CPU a host (ms) 16→64: 5.0, 64→256: 5.0;" in text
+    assert "(≤ 1.5x, linear): met; under 5 ms a host: **missed**: 5.0 ms." in text
+    assert "exit 4 in 7.50 s (6.00 s with every host up)" in text
+    assert "named: h3, h77, the slowest in 5.02 s; the command ran on 254 of 254" in text

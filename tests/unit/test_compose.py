@@ -48,14 +48,14 @@ def test_torchrun_runs_through_the_agent_shim_and_its_ranks_through_the_rank_shi
         contract.LAUNCH_TORCHRUN, Program("script", "train.py", ("--lr", "3")), torchrun()
     )
     argv = compose.node_argv(record, PY, RUNDIR)
-    assert argv == [*AGENT, *STATIC, "--no-python", *RANK, "train.py", "--lr", "3"]
+    assert argv == [*AGENT, *STATIC, "--no-python", "--", *RANK, "train.py", "--lr", "3"]
 
 
 def test_the_users_torchrun_options_come_after_sshddps_and_before_the_program() -> None:
     run = torchrun(("--tee=3", "--rdzv-backend=c10d"), local_rank_arg=True)
     record = spec(contract.LAUNCH_TORCHRUN, Program("module", "pkg.train", ("--x",)), run)
     argv = compose.node_argv(record, PY, RUNDIR)
-    tail = ["--no-python", *RANK, "-m", "pkg.train", "--x", compose.LOCAL_RANK_ARG]
+    tail = ["--no-python", "--", *RANK, "-m", "pkg.train", "--x", compose.LOCAL_RANK_ARG]
     assert argv == [*AGENT, *STATIC, "--tee=3", "--rdzv-backend=c10d", *tail]
 
 
@@ -138,7 +138,7 @@ def test_launch_dry_run_shows_the_composed_command(tmp_path: Path) -> None:
         *["--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", "--rdzv-backend", "static"],
         "--rdzv-endpoint",
         line.split("--rdzv-endpoint ")[1].split()[0],
-        *["--rdzv-id", "r1", "--max-restarts", "0", "--no-python", "/opt/py"],
+        *["--rdzv-id", "r1", "--max-restarts", "0", "--no-python", "--", "/opt/py"],
         f"{rundir}/rank.py",
         "train.py",
         "it's",

@@ -264,17 +264,36 @@ def test_no_health_findings_without_the_option() -> None:
     }
 
 
-def test_a_launch_asks_for_the_health_command_alone() -> None:
-    launch = Context("10.0.0.1", 29500, health="command")
+def test_doctor_without_the_option_asks_for_the_health_command_alone() -> None:
+    plain = Context("10.0.0.1", 29500, health="command")
     with_check = Host(host="gpu-0", index=0, gpus=8, health="/opt/check")
-    assert preflight._health_args(Host(host="gpu-1", index=1, gpus=8), launch) is None
-    asked = preflight._health_args(with_check, launch)
+    assert preflight._health_args(Host(host="gpu-1", index=1, gpus=8), plain) is None
+    asked = preflight._health_args(with_check, plain)
     assert asked is not None and asked["hardware"] is False
     assert asked["command"] == "/opt/check"
     doctor = preflight._health_args(Host(host="gpu-1", index=1), Context("a", 1, health="deep"))
     assert doctor is not None and doctor["hardware"] and doctor["deep"]
     assert doctor["command"] is None
     looks = {"command": {"exit": 0, "timed_out": False, "output": ""}}
-    reports = evaluate([HostFacts(with_check, {"health": looks})], launch)
+    reports = evaluate([HostFacts(with_check, {"health": looks})], plain)
     checks = {f.check for f in reports[0].findings}
     assert checks & {"health", "gpu_health", "xid", "ib", "dcgm"} == {"health"}
+
+
+def test_a_launch_asks_for_the_command_and_the_gpus_subset() -> None:
+    """Every host is asked (the host looks for NVIDIA's driver itself); a broken GPU fails
+    the launch's preflight as doctor --health fails it, with nothing of the kernel log or
+    the ports; a host that ran no nvidia-smi (no driver) gets no GPU finding."""
+    launch = Context("10.0.0.1", 29500, health="launch")
+    host = Host(host="gpu-1", index=1, gpus=8)
+    asked = preflight._health_args(host, launch)
+    assert asked is not None and asked["hardware"] == "gpus" and asked["command"] is None
+    looks = {"command": None, "smi": smi("smi-q-a100-broken.txt"), "gpu_dev_count": 8}
+    reports = evaluate([HostFacts(host, {"health": looks})], launch)
+    found = {f.check: f for f in reports[0].findings}
+    assert found["gpu_health"].status is Status.FAIL, found["gpu_health"]
+    assert {"health", "xid", "ib", "dcgm"}.isdisjoint(found)
+    quiet = evaluate([HostFacts(host, {"health": {"command": None}})], launch)
+    assert {"health", "gpu_health", "xid", "ib", "dcgm"}.isdisjoint(
+        f.check for f in quiet[0].findings
+    )

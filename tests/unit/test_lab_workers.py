@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sshddp_lab import workers
+from sshddp_lab.sshd import host_addresses
 
 
 def _share(monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[set[int], set[int], set[int]]:
@@ -40,3 +41,17 @@ def test_more_workers_than_the_lab_has_addresses_for_is_refused(
     monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{workers.MAX_WORKERS}")
     with pytest.raises(workers.WorkerError, match=f"-n {workers.MAX_WORKERS} or fewer"):
         workers.session_first_octet()
+
+
+def test_a_cluster_past_one_slice_listens_in_its_own_subnet() -> None:
+    addrs = host_addresses(256, subnet="127.1")
+    assert addrs[:2] == ["127.1.0.1", "127.1.0.2"] and addrs[249:251] == [
+        "127.1.0.250",
+        "127.1.1.1",
+    ]
+    assert addrs[-1] == "127.1.1.6" and len(set(addrs)) == 256
+    assert host_addresses(3, first_octet=220) == ["127.0.0.221", "127.0.0.222", "127.0.0.223"]
+    with pytest.raises(ValueError):
+        host_addresses(65)  # 127.0.0.x holds 64 at most
+    with pytest.raises(ValueError):
+        host_addresses(257, subnet="127.1")

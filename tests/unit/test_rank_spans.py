@@ -126,6 +126,19 @@ def test_a_source_writes_whole_lines_and_holds_an_unfinished_one_briefly() -> No
     assert s.take(12.0) == b"tail"  # its stream ended: nothing is held back
 
 
+def test_a_line_cut_by_a_read_waits_for_its_rest_even_when_the_last_one_was_due() -> None:
+    """A read that stopped mid-line (1 MB at a time from a full FIFO) while an earlier
+    unfinished line was already due: the earlier line goes out ended, the new one waits
+    (CI, 4 ranks printing 5 MB each under load: a rank's line was split by another's)."""
+    s = source()
+    s.feed(b"r0 0001 aa", 10.0)
+    assert s.take(10.0) == b""
+    s.feed(b"a\nr0 0002 bb", 10.0 + 3 * PARTIAL_WAIT)  # the supervisor was slow to read
+    assert s.take(10.0 + 3 * PARTIAL_WAIT) == b"r0 0001 aaa\n"
+    s.feed(b"b\n", 10.0 + 3.5 * PARTIAL_WAIT)
+    assert s.take(10.0 + 3.5 * PARTIAL_WAIT) == b"r0 0002 bbb\n"
+
+
 def test_without_an_index_every_byte_goes_out_as_it_comes() -> None:
     s = source(whole=False)
     s.feed(b"no newline", 1.0)

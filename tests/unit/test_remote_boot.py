@@ -127,7 +127,7 @@ def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path:
     """A node whose launch session died before its supervisor started (its staging lock
     free, no state or exit record) is removed by the next launch's retention; one whose
     session still stages (lock held), or that started, or an older sshddp's (no lock file),
-    or one made less than a minute ago (prewarm's, before staging locks it) stays."""
+    or one made less than a minute ago (its staging lock may not be taken yet) stays."""
     import fcntl
     import os
 
@@ -146,7 +146,7 @@ def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path:
     staging = node("staging", "staging.lock")
     node("started", "staging.lock", "state.json")
     node("older-sshddp")
-    node("prewarmed", "staging.lock", mtime=os.path.getmtime(tmp_path))
+    node("just-made", "staging.lock", mtime=os.path.getmtime(tmp_path))
     held = os.open(staging / "staging.lock", os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
@@ -154,8 +154,8 @@ def test_retention_removes_a_run_whose_sessions_died_before_it_started(tmp_path:
     finally:
         os.close(held)
     assert sorted(p.name for p in runs.iterdir()) == [
+        "just-made",
         "older-sshddp",
-        "prewarmed",
         "staging",
         "started",
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -170,8 +171,15 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "state"
 
 
-def _swap(monkeypatch: pytest.MonkeyPatch, down: dict[str, str], **kw: bool) -> tuple[list, list]:
-    monkeypatch.setattr(run_spares, "_unreachable", lambda inv, ssh, fanout: dict(down))
+def _swap(
+    monkeypatch: pytest.MonkeyPatch,
+    down: dict[str, str],
+    sick: Optional[dict[str, str]] = None,
+    **kw: bool,
+) -> tuple[list, list]:
+    """The swap, with the connections' and the health commands' findings as given."""
+    found = (dict(down), dict(sick or {}))
+    monkeypatch.setattr(run_spares, "_look", lambda inv, ssh, fanout, env: found)
     said: list[str] = []
     inv = run_spares.swap_bad_hosts(parse_inventory(INV), SshOptions(), 4, said.append, **kw)
     return [h.host for h in inv.hosts], said
@@ -200,6 +208,20 @@ def test_a_host_swapped_for_a_refused_login_is_not_quarantined(
     assert hosts == ["h1", "h4", "h3"] and len(said) == 1, said  # the swap; yours to fix
 
 
+def test_an_unhealthy_host_is_swapped_and_quarantined(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sick = {"h2": "`check` exited 4: /scratch is full", "h4": "`check` exited 1: no"}
+    hosts, said = _swap(monkeypatch, {}, sick)
+    assert hosts == ["h1", "h5", "h3"]  # h4 is unhealthy too: the next spare
+    assert said[0] == (
+        "sshddp: node 1: h2 unhealthy (`check` exited 4: /scratch is full); "
+        "spare h5 takes its place"
+    )
+    assert said[1].startswith("sshddp: quarantined h2 until ") and len(said) == 2, said
+    assert said[1].endswith(": failed its health check (`check` exited 4: /scratch is full)")
+
+
 def test_a_quarantined_host_is_swapped_unless_ignored(
     state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,6 +246,6 @@ def test_no_usable_spare_keeps_the_hosts(state: Path, monkeypatch: pytest.Monkey
 
 
 def test_without_spares_nothing_is_reached(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(run_spares, "_unreachable", pytest.fail)
+    monkeypatch.setattr(run_spares, "_look", pytest.fail)
     inv = parse_inventory("hosts: [a]\n")
     assert run_spares.swap_bad_hosts(inv, SshOptions(), 4, pytest.fail) is inv

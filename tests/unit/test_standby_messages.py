@@ -1,5 +1,5 @@
-"""The standby's wire (protocol/standby_messages.py): the go and the order to supervise
-survive their round trip, and anything else decodes to None. The agent shim reads its go
+"""The standby's wire (protocol/standby_messages.py): the go survives its round trip, and
+anything else decodes to None. The agent shim reads its go
 with this module loaded from beside it (agent.standby_wire), as in a run directory."""
 
 from __future__ import annotations
@@ -16,27 +16,17 @@ from sshddp.protocol import standby_messages as msgs
 from sshddp.remote.rankside import agent
 
 GO = msgs.go({"PATH": "/bin", "SECRET": "s"}, ["python", "agent.py", "--nnodes", "2"], "/w")
-SUPERVISE = msgs.supervise(4242, {"env": {"TOKEN": "t"}, "peer_key": "ab" * 16})
 
 
 def test_a_go_survives_its_round_trip() -> None:
     line = msgs.encode(GO)
     assert msgs.decode_go(line) == GO
     assert msgs.decode_go(msgs.encode(msgs.go({}, [], None))) == msgs.go({}, [], None)
-    assert msgs.decode_supervise(line) is None  # the wrong kind for that end
-
-
-def test_an_order_to_supervise_survives_its_round_trip() -> None:
-    line = msgs.encode(SUPERVISE)
-    assert msgs.decode_supervise(line) == SUPERVISE
-    unbound = msgs.supervise(None, {"env": {}, "peer_key": None})
-    assert msgs.decode_supervise(msgs.encode(unbound)) == unbound
-    assert msgs.decode_go(line) is None
 
 
 @pytest.mark.parametrize("data", [b"", b"junk", b"\xff", b"[]", b"null", b"{}"])
 def test_junk_decodes_to_nothing(data: bytes) -> None:
-    assert msgs.decode_go(data) is None and msgs.decode_supervise(data) is None
+    assert msgs.decode_go(data) is None
 
 
 @pytest.mark.parametrize(
@@ -54,23 +44,6 @@ def test_junk_decodes_to_nothing(data: bytes) -> None:
 )
 def test_a_go_of_another_kind_or_with_a_bad_field_decodes_to_nothing(value: Any) -> None:
     assert msgs.decode_go(json.dumps(value).encode()) is None
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        {"parent": None, "secrets": {"env": {}, "peer_key": None}},  # untagged
-        {"kind": "go", "parent": None, "secrets": {"env": {}, "peer_key": None}},
-        {"kind": "supervise", "secrets": {"env": {}, "peer_key": None}, "parent": "1"},
-        {"kind": "supervise", "secrets": {"env": {}, "peer_key": None}, "parent": True},
-        {"kind": "supervise", "parent": None},  # no secrets
-        {"kind": "supervise", "parent": None, "secrets": {"peer_key": None}},
-        {"kind": "supervise", "parent": None, "secrets": {"env": {"A": None}}},
-        {"kind": "supervise", "parent": None, "secrets": {"env": {}, "peer_key": 5}},
-    ],
-)
-def test_an_order_to_supervise_that_is_not_one_decodes_to_nothing(value: Any) -> None:
-    assert msgs.decode_supervise(json.dumps(value).encode()) is None
 
 
 def test_the_agent_shim_reads_the_go_with_the_module_beside_it(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import click
@@ -35,10 +35,11 @@ from sshddp.cli.options import (
     verbose_option,
 )
 from sshddp.cli.terminal import Terminal
-from sshddp.cli.watchdog import hang_report, watchdog_options
+from sshddp.cli.watchdog import read_hang, watchdog_options
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.allocation import check_not_in_step
 from sshddp.model.envvars import parse_env_pairs
+from sshddp.model.inventory import Inventory
 from sshddp.model.launchers import LAUNCHERS
 from sshddp.model.plan import LaunchOptions
 from sshddp.model.report import doctor_table, run_report
@@ -192,16 +193,55 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
     {master_addr} {master_port} {nproc} {world_size}.
     """
     terminal = terminal_of(ctx)
-    ssh = make_ssh(kw)
+    outcome = run_launch(ctx, args, kw, terminal)
+    if outcome.report:
+        terminal.err(outcome.report)
+    raise Exit(outcome.exit_code)
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """How a launch ended, for the command to print and exit with (or the API to return)."""
+
+    result: Optional[RunResult]  #: the run's end; None for --dry-run and --detach
+    report: str  #: the report the command prints ("" when no run ended here)
+    exit_code: int  #: the command's exit status
+    stacks: str = ""  #: a hung run's stacks, as the watchdog took them (printed already)
+
+
+def run_launch(
+    ctx: click.Context, args: Sequence[str], kw: dict[str, Any], terminal: Terminal
+) -> LaunchOutcome:
+    """The launch that ``kw`` (the command's options) and ``args`` (INVENTORY SCRIPT
+    [ARGS]) ask for, run to its end; it prints nothing of the report itself."""
     check_not_in_step(terminal.environ)
     select_verbose(terminal, kw["verbose"])
     inv, rest, dashdash = split_hosts(ctx, args, kw, "SCRIPT")
+    return launch_on(inv, rest, kw, terminal, dashdash)
+
+
+def launch_on(
+    inv: Inventory,
+    script_and_args: Sequence[str],
+    kw: dict[str, Any],
+    terminal: Terminal,
+    dashdash: bool = False,
+) -> LaunchOutcome:
+    """Launch ``script_and_args`` on ``inv``'s hosts (spares, quarantine and --sync
+    applied), with the command's options ``kw``."""
+    ssh = make_ssh(kw)
     inv = with_spares(inv, kw["spares"])
-    options, secrets = launch_options(rest, kw, terminal, dashdash)
+    options, secrets = launch_options(script_and_args, kw, terminal, dashdash)
     if not kw["dry_run"]:  # a dry run connects to nothing: its plan is the inventory's
         # before --sync: the hosts it gives an environment are those that will run
         inv = swap_bad_hosts(
-            inv, ssh, kw["fanout"], terminal.err, kw["ignore_quarantine"], kw["quarantine_for"]
+            inv,
+            ssh,
+            kw["fanout"],
+            terminal.err,
+            kw["ignore_quarantine"],
+            kw["quarantine_for"],
+            env=options.env,
         )
     project = project_path(kw["sync_project"], inv)
     if project is not None and not kw["dry_run"]:  # a dry run connects to nothing
@@ -222,9 +262,14 @@ def launch(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
         for line in failed.quarantined:
             terminal.err(line)
         raise
-    if result is not None and result.hung:
-        result = hang_report(terminal, result, ssh, kw["fanout"])
-    raise Exit(ExitCode.OK if result is None else report_result(terminal, result))
+    if result is None:
+        return LaunchOutcome(None, "", ExitCode.OK)
+    stacks = ""
+    if result.hung:
+        result, stacks = read_hang(result, ssh, kw["fanout"])
+        if stacks:
+            terminal.err(stacks)
+    return LaunchOutcome(result, report_text(result), int(result.exit_code), stacks)
 
 
 def launch_options(
@@ -306,8 +351,13 @@ def _command_options(
 
 def report_result(terminal: Terminal, result: RunResult) -> int:
     """Print the run's report; its exit status."""
+    terminal.err(report_text(result))
+    return int(result.exit_code)
+
+
+def report_text(result: RunResult) -> str:
+    """The run's report: every node's state, then the root cause with its last lines."""
     root = result.root
     tail = tail_lines(root.log_path, REPORT_TAIL) if root is not None else []
     ranks = rank_tail(root.log_path, REPORT_TAIL) if root is not None else None
-    terminal.err(run_report(result, tail, ranks))
-    return int(result.exit_code)
+    return run_report(result, tail, ranks)

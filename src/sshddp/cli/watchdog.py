@@ -53,17 +53,23 @@ def watchdog_options(fn: F) -> F:
 
 
 def hang_report(terminal: Terminal, result: RunResult, ssh: SshOptions, fanout: int) -> RunResult:
-    """After a run a watchdog stopped: the stacks it took, read back from the hosts; the
-    result with its root cause as they say it (the odd ones out, their node)."""
+    """After a run a watchdog stopped: print the stacks it took, read back from the hosts;
+    the result with its root cause as they say it (the odd ones out, their node)."""
+    result, text = read_hang(result, ssh, fanout)
+    if text:
+        terminal.err(text)
+    return result
+
+
+def read_hang(result: RunResult, ssh: SshOptions, fanout: int) -> tuple[RunResult, str]:
+    """The result with its root cause as the stacks the watchdog took say it, and those
+    stacks as text (or why they could not be read)."""
     try:
         hangs = collect(registry.resolve(result.run_id), ssh, fanout)
     except SshddpError as exc:
-        terminal.err(f"sshddp: the stacks the watchdog took could not be read: {exc.message}")
-        return result
-    text = render(result.run_id, hangs)
-    if text:
-        terminal.err(text.rstrip("\n"))
+        return result, f"sshddp: the stacks the watchdog took could not be read: {exc.message}"
+    text = render(result.run_id, hangs).rstrip("\n")
     node, cause = culprits(hangs)
     if not cause:
-        return result
-    return replace(result, hang_cause=cause, root_cause=node)
+        return result, text
+    return replace(result, hang_cause=cause, root_cause=node), text

@@ -23,7 +23,6 @@ from sshddp.hosts import shipped
 from sshddp.hosts.transport import RemoteProcess, Transport
 from sshddp.model.commands import python_command
 from sshddp.protocol import contract, session_messages
-from sshddp.protocol.standby_messages import StandbyArgs
 
 #: the reply each step waits for (``answer``'s ``what``), and what of it the caller gets
 REPLY_KIND = {"probe": "facts", "release": "released", "stage": "staged", "start": "started"}
@@ -38,11 +37,8 @@ class HostSession:
         run_id: str,
         rundir: str,
         probe: Optional[dict[str, Any]],
-        standby: Optional[StandbyArgs] = None,
     ) -> None:
-        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing.
-        ``standby``: for a launch's torchrun node, the args of the standby the session starts
-        at once, importing torch while the preflight runs (``remote/node/first_standby.py``)."""
+        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
@@ -53,7 +49,7 @@ class HostSession:
         # The first clock sample runs from here to the session's first line: the host reads
         # this header before it looks at its clock, so the interval holds that moment.
         self._sent = time.time()
-        self.proc.write(shipped.header("host_session", {"probe": probe, "standby": standby}))
+        self.proc.write(shipped.header("host_session", {"probe": probe}))
         #: the host's clock from that sample ({"offset", "rtt"}, as ``clock``); None until the
         #: first answer was read, or if the session never ran (its first line was not one)
         self.first_clock: Optional[dict[str, float]] = None
@@ -142,8 +138,7 @@ class HostSession:
 
     def end(self, wait: float = defaults.SESSION_END_WAIT) -> None:
         """End the session, and unless its node started, wait (up to ``wait`` s) until the
-        host has: a launch session's torchrun that began importing torch early is gone
-        then, and what it made removed (``remote/node/first_standby.py``)."""
+        host has: what it staged is removed then."""
         if self.closed:
             return
         if self.started:

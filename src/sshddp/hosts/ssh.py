@@ -105,10 +105,14 @@ def _prefer_fast_ciphers() -> None:
 def _ssh_config(path: Optional[str]) -> paramiko.SSHConfig:
     """The ssh_config every connection of this command reads, parsed once, by fabric's
     rules: ``path`` alone (like ``ssh -F``), else ``~/.ssh/config`` then
-    ``/etc/ssh/ssh_config`` (the first value of a keyword wins, as in OpenSSH)."""
+    ``/etc/ssh/ssh_config`` (the first value of a keyword wins, as in OpenSSH); its stanzas
+    indexed once by the host names they name (``sshconfig``)."""
     from fabric import Config
 
-    return (Config(runtime_ssh_path=path) if path else Config()).base_ssh_config
+    from sshddp.hosts.sshconfig import IndexedSshConfig
+
+    parsed = (Config(runtime_ssh_path=path) if path else Config()).base_ssh_config
+    return IndexedSshConfig.of(parsed)
 
 
 def resolve_hostname(alias: str, options: SshOptions) -> str:
@@ -224,12 +228,12 @@ class SshTransport:
         return {"host_key": host_key, "endpoint": endpoint(self.hostname, int(self._conn.port))}
 
     def _prepare_host_keys(self) -> None:
-        from sshddp.hosts.hostkeys import AcceptNewPolicy, KnownHosts, RefuseUnknownPolicy
+        from sshddp.hosts.hostkeys import AcceptNewPolicy, RefuseUnknownPolicy, read_known_hosts
 
         client = self._conn.client
         path = self.known_hosts_path()
-        known = KnownHosts.load(path)
-        known.install(client)
+        known = read_known_hosts(path)
+        known.install(client, self.known_hosts_name())
         self._known_before = client.get_host_keys().lookup(self.known_hosts_name()) is not None
         if self._options.accept_new_host_keys:
             hashing = str(self._conn.ssh_config.get("hashknownhosts", "no")).lower() == "yes"

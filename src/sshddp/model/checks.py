@@ -243,8 +243,9 @@ class Context:
     secret_names: frozenset[str] = frozenset()  #: env names whose values are never shown
     imports: Optional[ScriptImports] = None  #: what the script imports (None: no check)
     locked_cuda: Optional[str] = None  #: doctor --sync: the CUDA of the lock's torch build
-    #: doctor --health[=deep]; "command": the ``health:`` command alone (a launch, doctor)
-    health: Optional[Literal["command", "basic", "deep"]] = None
+    #: doctor --health[=deep]; "command": the ``health:`` command alone (doctor); "launch":
+    #: the command and the GPUs' nvidia-smi -q where the driver is (a launch's preflight)
+    health: Optional[Literal["command", "launch", "basic", "deep"]] = None
 
     @classmethod
     def for_launch(
@@ -269,7 +270,7 @@ class Context:
             cli_env=cli_env,
             secret_names=plan.secret_names,
             imports=imports,
-            health="command",
+            health="launch",
         )
 
     @property

@@ -43,7 +43,9 @@ def node_argv(spec: SpecRecord, python: str, rundir: str) -> list[str]:
     # every argument after the program is templated by torchrun: each is made literal
     args = [torchrun_literal(a) for a in program_argv(program)]
     last = [LOCAL_RANK_ARG] if options["local_rank_arg"] else []
-    return [*agent, *torchrun_options(options), "--no-python", *rank, *args, *last]
+    # "--" ends torchrun's options: its parser would otherwise read the program's own
+    # arguments for abbreviations of its options (`train.py --log 3`: "ambiguous option")
+    return [*agent, *torchrun_options(options), "--no-python", "--", *rank, *args, *last]
 
 
 def torchrun_options(options: TorchrunSpec) -> list[str]:

@@ -27,10 +27,8 @@ from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostResults
 from sshddp.hosts.session import HostSession
-from sshddp.model.plan import LaunchPlan, NodePlan
+from sshddp.model.plan import NodePlan
 from sshddp.model.state import NodeState
-from sshddp.protocol import contract
-from sshddp.protocol.standby_messages import StandbyArgs
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import LaunchState
 from sshddp.run.share import Share
@@ -102,26 +100,6 @@ def _packed_host_code() -> bytes:
     files = {"supervisor": supervisor, "rank": rank_shim, "agent": agent, "site": site}
     files["wire"] = wire
     return zlib.compress(json.dumps(files, separators=(",", ":")).encode(), shipped.PACK_LEVEL)
-
-
-def standby_args(plan: LaunchPlan, node: NodePlan) -> Optional[StandbyArgs]:
-    """The standby args of a torchrun node: what its launch session needs to start the
-    first attempt's standby at once, importing torch while the preflight runs
-    (``remote/node/first_standby.py``); None for a node without torchrun. The same values as the
-    boot args (``Boot._boot_args``)."""
-    spec = plan.spec(node)
-    if spec.get("launcher", contract.LAUNCH_TORCHRUN) != contract.LAUNCH_TORCHRUN:
-        return None
-    _, _, site, agent, wire = host_code()
-    env = dict(node.env)
-    return {
-        "rundir": node.rundir,
-        "spec": spec,
-        "env": env,
-        "agent": agent,
-        "site": site,
-        "wire": wire,
-    }
 
 
 class Boot:

@@ -43,7 +43,7 @@ from sshddp.model.state import NodeResult, NodeState, RunResult
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import preflight, registry
 from sshddp.run.attempts import AttemptWatch
-from sshddp.run.boot import Boot, pack_soon, standby_args
+from sshddp.run.boot import Boot, pack_soon
 from sshddp.run.follow import Followers
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.jobwatch import JobWatch
@@ -460,8 +460,7 @@ def _session_opener(pool: HostPool, plan: LaunchPlan) -> preflight.SessionOpener
 
     def open_session(host: Host, probe: Optional[dict[str, Any]]) -> HostSession:
         node = nodes[host.index]
-        standby = standby_args(plan, node)
-        session = HostSession(pool.transport(host), plan.run_id, node.rundir, probe, standby)
+        session = HostSession(pool.transport(host), plan.run_id, node.rundir, probe)
         pack_soon()  # what the go carries, packed while the probes run
         return session
 

@@ -62,7 +62,10 @@ def run_everywhere(
             except SshddpError as exc:
                 hint = getattr(exc, "hint", "")
                 error = exc.message + (f" (fix: {hint})" if hint else "")
-                return HostExec(host.index, host.host, ExecStatus.UNREACHABLE, error=error)
+                seconds = time.monotonic() - start  # --json: how long it took to give up
+                return HostExec(
+                    host.index, host.host, ExecStatus.UNREACHABLE, error=error, seconds=seconds
+                )
             return _run(pool, host, command, timeout, on_line, start, spill)
 
         try:

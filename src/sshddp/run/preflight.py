@@ -178,13 +178,14 @@ def probe_args(host: Host, ctx: Context, deep: bool, listen: bool, rdzv_ok: bool
 
 def _health_args(host: Host, ctx: Context) -> Optional[dict[str, Any]]:
     """What ``remote/calls/host_health.py`` looks at, or None: with doctor --health
-    everything; otherwise (a launch's preflight, doctor) the inventory's ``health:`` command
-    alone, where it is set (a host without one pays nothing)."""
+    everything; doctor without it the inventory's ``health:`` command alone, where it is set
+    (a host without one pays nothing); a launch's preflight the command and the GPUs'
+    ``nvidia-smi -q`` where the host has NVIDIA's driver (one failed listdir elsewhere)."""
     alone = ctx.health == "command"
     if ctx.health is None or (alone and not host.health):
         return None
     return {
-        "hardware": not alone,
+        "hardware": "gpus" if ctx.health == "launch" else not alone,
         "command": host.health,
         "timeout": defaults.HEALTH_TIMEOUT,
         "deep": ctx.health == "deep",

@@ -25,6 +25,7 @@ from sshddp.model.quarantine.verdicts import (
     bad_at_launch,
     hardware_error,
     not_there,
+    the_hosts_fault,
     verdicts,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "line",
     "marked",
     "not_there",
+    "the_hosts_fault",
     "of_json",
     "parse_duration",
     "refusal",

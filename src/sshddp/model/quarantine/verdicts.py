@@ -140,9 +140,15 @@ def bad_at_launch(reports: Sequence[HostReport]) -> list[Verdict]:
             out.append(Verdict(r.host.host, "unreachable at launch", ssh.message))
             continue
         sick = [f for f in (r.get(name) for name in HEALTH_CHECKS) if f and f.status is Status.FAIL]
-        if sick and not _UNRUNNABLE.search(sick[0].message):
+        if sick and the_hosts_fault(sick[0].message):
             out.append(Verdict(r.host.host, "failed its health check", sick[0].message))
     return out
+
+
+def the_hosts_fault(health_failure: str) -> bool:
+    """A failed health check says something of the host, not of the inventory: not a
+    ``health:`` command the shell could not find or run (exit 126, 127)."""
+    return not _UNRUNNABLE.search(health_failure)
 
 
 def not_there(message: str) -> bool:

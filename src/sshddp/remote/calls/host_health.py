@@ -1,5 +1,6 @@
 """The host's health for ``sshddp doctor --health``: facts only, judged by the coordinator
-(``model/health.py``).
+(``model/health.py``). Run alone (``main``), it is the look a launch with spares takes at
+each host and spare before choosing who runs (``run/quarantine/spares.py``).
 
 ``start`` sets the slow looks going as processes (the user's ``health:`` command,
 ``nvidia-smi -q``, with ``deep`` ``dcgmi diag -r 1``) so they run while the probe does the
@@ -7,9 +8,10 @@ rest; ``finish`` reads the kernel log's Xid lines and the InfiniBand ports, then
 the processes, each within its timeout (killed with its process group past it). Nothing
 needs root or an extra install: what cannot be read is said, never an error.
 
-args: {"hardware": bool (False: the command alone, as a launch asks), "command": str|None,
-       "timeout": float, "deep": bool, "deep_timeout": float,
-       "keep": int (bytes of each output kept, the last ones)}
+args: {"hardware": True (everything: doctor --health), "gpus" (a launch's subset: the GPUs'
+       ``nvidia-smi -q``, on a host whose driver knows GPUs and has nvidia-smi) or False (the
+       command alone), "command": str|None, "timeout": float, "deep": bool,
+       "deep_timeout": float, "keep": int (bytes of each output kept, the last ones)}
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import threading
 import time
 from typing import Any, Dict, Mapping, Optional
 
-from sshddp.remote.common import listdir, which
+from sshddp.remote.common import emit, listdir, which
 
 Facts = Dict[str, Any]
 IB = "/sys/class/infiniband"
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  #: one entry per GPU the driver knows, answering or not
 XID_MARK = b"NVRM: Xid"
 KMSG_RECORDS = 100000  #: the most kernel log records read (the ring holds far fewer)
 XID_KEPT = 50  #: the last Xid lines kept
@@ -117,14 +120,18 @@ class HealthLooks:
         timeout = float(args.get("timeout") or 8.0)
         command = args.get("command")
         self.user = _user_command(command, env, keep, timeout) if command else None
-        self.hardware = bool(args.get("hardware", True))
+        mode = args.get("hardware", True)
+        self.hardware = mode is True
         self.deep = self.hardware and bool(args.get("deep"))
         self.smi: Optional[Running] = None
         self.dcgm: Optional[Running] = None
         self.links: list[Facts] = []
-        if self.hardware:
+        # a host without NVIDIA's driver pays one failed listdir for the launch's subset
+        self.gpus = len(listdir(NVIDIA_GPUS)) if mode else 0
+        if self.hardware or self.gpus:
             # the whole -q of 8 GPUs is about 100 KB; the coordinator parses its sections
             self.smi = _system("nvidia-smi", ["-q"], 1 << 20, timeout)
+        if self.hardware:
             self.links = ib_ports()
         if self.deep:
             deep_timeout = float(args.get("deep_timeout") or 60.0)
@@ -147,13 +154,16 @@ def stop(started: Optional[HealthLooks]) -> None:
 def finish(started: Optional[HealthLooks]) -> Optional[Facts]:
     """The health facts: {"command": result|None, "smi": result|None, "kernel": {"xids":
     [...]} or {"unreadable": why}, "ib": [port, ...], "gpu_dev_count": int, and with deep
-    "dcgm": result|None}; without hardware (a launch) {"command": result}."""
+    "dcgm": result|None}; without hardware {"command": result}; with the launch's subset,
+    where it ran nvidia-smi, "smi" and "gpu_dev_count" too."""
     if started is None:
         return None
     command = started.user.result() if started.user else None
     if not started.hardware:
-        return {"command": command}
-    gpus = len(listdir("/proc/driver/nvidia/gpus"))
+        if started.smi is None:  # no GPU, or no nvidia-smi: doctor --health says which
+            return {"command": command}
+        return {"command": command, "smi": started.smi.result(), "gpu_dev_count": started.gpus}
+    gpus = len(listdir(NVIDIA_GPUS))
     facts: Facts = {"gpu_dev_count": gpus, "ib": _ib_again(started.links)}
     # Xids are NVIDIA's: a host without its driver has none to read
     facts["kernel"] = kernel_xids() if gpus or started.smi else {"xids": []}
@@ -162,6 +172,14 @@ def finish(started: Optional[HealthLooks]) -> Optional[Facts]:
     if started.deep:
         facts["dcgm"] = started.dcgm.result() if started.dcgm else None
     return facts
+
+
+def main(args: dict[str, Any]) -> None:
+    """args: {"health": this module's args, "env": the run's env for the host}; answers
+    ``finish``'s facts."""
+    env = dict(os.environ)
+    env.update(args.get("env") or {})
+    emit({"health": finish(start(args["health"], env))})
 
 
 def kernel_xids() -> Facts:

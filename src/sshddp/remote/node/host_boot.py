@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import zlib
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
+from typing import IO, Any, Dict, Optional
 
 from sshddp.protocol import contract
 from sshddp.protocol.contract import Secrets
@@ -39,14 +39,9 @@ from sshddp.remote.common import (
     write_new,
 )
 from sshddp.remote.node.workspace import WorkspaceError, fill, make_link
-from sshddp.remote.workdir import Unsafe, make_rundir, moved, resolve_rundir
-
-if TYPE_CHECKING:
-    from sshddp.remote.node.standby import Standby
+from sshddp.remote.workdir import Unsafe, make_rundir, moved
 
 Answer = Dict[str, Any]
-#: a first standby's ``hand_over`` (first_standby.py): its supervisor-to-be becomes the supervisor
-HandOver = Callable[[Optional[int], Secrets], bool]
 START_TIMEOUT = 20.0  # seconds the forked supervisor has to write state.json
 CHUNK = 1 << 20  # the code is read, hashed and stored in chunks of this size
 READ_BYTES = 1 << 16  # tarfile's reads and copies (its stream joins its buffer per read)
@@ -159,7 +154,7 @@ def _hold_staging(rundir: str) -> None:
     _STAGING.append(fd)
 
 
-#: seconds: a first standby's run directory is made just before staging locks it (first_standby.py)
+#: seconds: a run directory is made just before staging locks it
 ABANDONED_AFTER = 60.0
 
 
@@ -207,13 +202,10 @@ def _start_supervisor(
     standalone: str,
     secrets: Secrets,
     bound: bool = False,
-    hand_over: Optional[HandOver] = None,
 ) -> dict[str, Any]:
     """Fork the node's supervisor off this process, detached from the SSH channel: its own
     session, none of our descriptors. A fork, not a new interpreter: at 8 hosts on 2 cores
     one fresh Python per host took 90 ms of the 0.6 s it took to start torchrun everywhere.
-    With a first standby (``hand_over``, first_standby.py) its supervisor-to-be, forked earlier,
-    becomes it instead.
     Its code is also left as RUNDIR/supervisor.py (``python -S supervisor.py RUNDIR``). This
     process carries the run id in its environment, so the supervisor's /proc shows it too."""
     write_new(os.path.join(rundir, contract.SUPERVISOR), standalone.encode())
@@ -222,9 +214,8 @@ def _start_supervisor(
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid() if bound else None
-    handed = hand_over is not None and hand_over(parent, secrets)
-    if not handed and os.fork() == 0:
-        supervise(rundir, log, parent, secrets=secrets)  # never returns
+    if os.fork() == 0:
+        supervise(rundir, log, parent, secrets)  # never returns
     os.close(log)
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
@@ -240,9 +231,9 @@ def _start_supervisor(
     raise BootError(f"the supervisor did not start within {START_TIMEOUT:.0f} s; see {log_path}")
 
 
-def _detach(rundir: str, log: int, keep: tuple[int, ...] = ()) -> None:
+def _detach(rundir: str, log: int) -> None:
     """Leave the SSH channel behind: own session, stdin /dev/null, output to the log, and
-    every other descriptor (the channel's pipes, the probe's sockets) closed but ``keep``."""
+    every other descriptor (the channel's pipes, the probe's sockets) closed."""
     os.setsid()
     os.chdir(rundir)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -250,29 +241,22 @@ def _detach(rundir: str, log: int, keep: tuple[int, ...] = ()) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     for name in listdir("/proc/self/fd"):
-        if name.isdigit() and int(name) > 2 and int(name) not in keep:
+        if name.isdigit() and int(name) > 2:
             try:
                 os.close(int(name))
             except OSError:
                 pass
 
 
-def supervise(
-    rundir: str,
-    log: int,
-    parent: Optional[int],
-    standby: Optional[Standby] = None,
-    secrets: Optional[Secrets] = None,
-) -> None:
+def supervise(rundir: str, log: int, parent: Optional[int], secrets: Secrets) -> None:
     """The forked child: become the supervisor (bound to ``parent``, the session, over
-    srun; the first attempt's torchrun ``standby``'s, if any), then exit without running
-    anything of the session's again."""
+    srun), then exit without running anything of the session's again."""
     status = 1
     try:
-        _detach(rundir, log, () if standby is None else (standby.sock.fileno(),))
+        _detach(rundir, log)
         from sshddp.remote.node.supervisor import run_supervisor
 
-        run_supervisor(rundir, parent, standby, secrets)
+        run_supervisor(rundir, parent, secrets)
         status = 0
     except BaseException:  # it goes to supervisor.log, never to the session
         import traceback
@@ -299,27 +283,22 @@ def unpack_files(args: dict[str, Any], stream: IO[bytes]) -> dict[str, Any]:
     return {**args, **json.loads(zlib.decompress(data).decode("utf-8"))}
 
 
-def stage(args: dict[str, Any], stream: IO[bytes], made_by_standby: str = "") -> Answer:
+def stage(args: dict[str, Any], stream: IO[bytes]) -> Answer:
     """Put the run directory in place: a new one (an existing one is refused, as are a
     workdir or runs/ that others may write to or move), then the code from ``stream`` (its
     SHA-256 checked), the rank shim and spec.json, every file new and owner-only; no secret
     (``start`` hands those to the supervisor in memory). Nothing runs yet, and a failed stage
-    leaves nothing. Where a first standby made the run directory (``made_by_standby``, its
-    real path), it and the shims the standby needs are there already. The answer: {"ok":
-    true, "rundir": its real path, the only one used from here on} or {"ok": false,
-    "error", "rundir"}."""
+    leaves nothing. The answer: {"ok": true, "rundir": its real path, the only one used from
+    here on} or {"ok": false, "error", "rundir"}."""
     os.umask(0o077)
     rundir = os.path.expanduser(args["rundir"])
     try:
-        real = resolve_rundir(rundir)
-        made = bool(made_by_standby) and made_by_standby == real
-        if not made:
-            real = make_rundir(rundir)
+        real = make_rundir(rundir)
     except Unsafe as exc:  # nothing of ours is there to remove
         return {"ok": False, "rundir": rundir, "error": str(exc)}
     try:
         _hold_staging(real)
-        _stage_files(real, _moved(args, rundir, real), stream, made)
+        _stage_files(real, _moved(args, rundir, real), stream)
         return {"ok": True, "rundir": real}
     except (BootError, OSError) as exc:
         discard(real)
@@ -341,7 +320,7 @@ def _said(exc: BaseException) -> str:
     return str(exc)
 
 
-def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: bool) -> None:
+def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes]) -> None:
     spec = args["spec"]
     payload = args["payload"]
     if payload["kind"] != "none":
@@ -352,15 +331,13 @@ def _stage_files(rundir: str, args: dict[str, Any], stream: IO[bytes], made: boo
     if remote and not os.path.isfile(home_path(remote)):
         raise BootError(f"the script {remote} does not exist on this host")
     write_new(os.path.join(rundir, contract.RANK_SHIM), args["rank"].encode())
-    if not made:  # (else the first standby runs them already: first_standby.py)
-        put_torchrun_shims(rundir, args)
+    _put_torchrun_shims(rundir, args)
     atomic_write_json(os.path.join(rundir, contract.SPEC), spec)
 
 
-def put_torchrun_shims(rundir: str, args: Mapping[str, Any]) -> None:
-    """What torchrun starts with, in a run directory made just now: the agent shim, the
-    standby wire's module beside it and the ranks' sitecustomize (``args["agent"]``,
-    ``args["wire"]``, ``args["site"]``)."""
+def _put_torchrun_shims(rundir: str, args: dict[str, Any]) -> None:
+    """What torchrun starts with: the agent shim, the standby wire's module beside it and
+    the ranks' sitecustomize (``args["agent"]``, ``args["wire"]``, ``args["site"]``)."""
     write_new(os.path.join(rundir, contract.AGENT_SHIM), args["agent"].encode())
     write_new(os.path.join(rundir, contract.STANDBY_WIRE), args["wire"].encode())
     os.mkdir(os.path.join(rundir, contract.SITE), 0o700)
@@ -378,7 +355,7 @@ def discard(rundir: str) -> None:
         pass
 
 
-def start(args: dict[str, Any], rundir: str, hand_over: Optional[HandOver] = None) -> Answer:
+def start(args: dict[str, Any], rundir: str) -> Answer:
     """Start the supervisor of the node staged in ``rundir`` (stage()'s answer), handing it
     the node's environment and the peers' key in memory. The answer: {"ok": true, "state",
     "rundir"} or {"ok": false, "error", "rundir"}."""
@@ -387,7 +364,7 @@ def start(args: dict[str, Any], rundir: str, hand_over: Optional[HandOver] = Non
         if read_json(os.path.join(rundir, contract.SPEC)) is None:
             raise BootError(f"run directory {rundir} is not staged")
         bound = bool(args.get("bound"))
-        state = _start_supervisor(rundir, args["supervisor"], secrets, bound, hand_over)
+        state = _start_supervisor(rundir, args["supervisor"], secrets, bound)
         # The retention count includes this run: once it ends the host holds keep_runs.
         _prune(os.path.dirname(os.path.dirname(rundir)), int(args["keep_runs"]) - 1)
         return {"ok": True, "state": state, "rundir": rundir}

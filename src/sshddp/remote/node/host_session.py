@@ -2,8 +2,7 @@
 interpreter: the preflight probe, a wait for the coordinator's go, staging the code, a wait
 for the start, then following the node's log.
 
-args: {"probe": probe args, or None to skip the preflight; "standby": for a torchrun node of
-a launch, the standby's args (``standby_messages.StandbyArgs``: first_standby.py starts it at once)}
+args: {"probe": probe args, or None to skip the preflight}
 The lines both ways are ``session_messages``'s, which says what each carries and when. On
 stdin after the header: any number of ``ask`` (each answered at once), then a ``go`` (then
 the packed files boot args "packed" counts, host_boot.py, and the code bytes), then, after any
@@ -24,13 +23,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from sshddp.protocol import contract, session_messages
 from sshddp.remote.calls.probe import Holds, connect, probe
-
-if TYPE_CHECKING:
-    from sshddp.remote.node.first_standby import FirstStandby
 
 
 def _order() -> Optional[session_messages.Order]:
@@ -55,19 +51,10 @@ def main(args: dict[str, Any]) -> None:
     # First, before anything that takes time: this host's clock, the coordinator's first
     # clock sample (from its writing the header to reading this line).
     _say(session_messages.clock(time.time()))
-    first = None
-    if args.get("standby"):  # before the probe: torch imports while the preflight runs
-        from sshddp.remote.node.first_standby import FirstStandby
-
-        first = FirstStandby.begin(args["standby"])
-    try:
-        _session(args, first)
-    finally:
-        if first is not None:
-            first.cancel()  # no start: its supervisor-to-be ends it and removes what it made
+    _session(args)
 
 
-def _session(args: dict[str, Any], first: Optional[FirstStandby]) -> None:
+def _session(args: dict[str, Any]) -> None:
     holds = Holds()
     if args.get("probe") is not None:
         facts, holds = probe(args["probe"])
@@ -80,21 +67,21 @@ def _session(args: dict[str, Any], first: Optional[FirstStandby]) -> None:
     try:
         if order is not None and order["kind"] == "go":
             _say(session_messages.released())
-            _boot(order["boot"], holds, first)
+            _boot(order["boot"], holds)
     finally:
         holds.release_all()
 
 
-def _boot(boot_args: dict[str, Any], holds: Holds, first: Optional[FirstStandby]) -> None:
+def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
     # A doctor session never gets here: the code for a launch is imported only now.
     from sshddp.remote.node import bound, host_boot, host_follow
 
     boot_args = host_boot.unpack_files(boot_args, sys.stdin.buffer)
-    staged = host_boot.stage(boot_args, sys.stdin.buffer, first.rundir if first else "")
+    staged = host_boot.stage(boot_args, sys.stdin.buffer)
     if not staged.get("ok"):
         _say(session_messages.staged(staged))
         return
-    answer = _start(boot_args, staged, holds, first)
+    answer = _start(boot_args, staged, holds)
     if answer is None:
         return
     _say(session_messages.started(answer))
@@ -108,7 +95,7 @@ def _boot(boot_args: dict[str, Any], holds: Holds, first: Optional[FirstStandby]
 
 
 def _start(
-    boot_args: dict[str, Any], staged: dict[str, Any], holds: Holds, first: Optional[FirstStandby]
+    boot_args: dict[str, Any], staged: dict[str, Any], holds: Holds
 ) -> Optional[dict[str, Any]]:
     """Tell the coordinator the node staged and, on its start, start the supervisor: its
     answer. Until then this session owns the node: whatever ends it first (no start, the
@@ -134,7 +121,7 @@ def _start(
         if order is None or order["kind"] != "start" or not order["start"]:
             return None
         started = True
-        return host_boot.start(boot_args, rundir, first.hand_over if first else None)
+        return host_boot.start(boot_args, rundir)
     finally:
         if not started:
             host_boot.discard(rundir)

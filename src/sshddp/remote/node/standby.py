@@ -5,14 +5,10 @@ A restart's fresh torchrun spends about a second importing torch before it can r
 While an attempt runs and another may follow, the supervisor keeps one agent shim
 (``agent.py``, standby mode) waiting with torchrun imported. On a restart it sends the go
 (``Standby.go``): the attempt's environment, and the node's output as a descriptor; the
-standby runs torchrun at once, as the attempt's torchrun.
-
-A launch starts the first attempt's standby the same way, from the session's
-supervisor-to-be, while the preflight runs (``first_standby.py``). The go also carries torchrun's
-command line and working directory: the standby started before the port was picked
-(``--port auto``) and before its working directory was staged. A standby started with an
-environment other than the attempt's (``fits``) is not used: what torch read as it was
-imported must be what it reads.
+standby runs torchrun at once, as the attempt's torchrun. The go also carries torchrun's
+command line and working directory, so the shim runs what the supervisor composed. A standby
+started with an environment other than the attempt's (``fits``) is not used: what torch read
+as it was imported must be what it reads.
 
 Until its go, a standby is not part of the run: it carries no node mark, so stopping an
 attempt (``common.kill_run``) leaves it waiting, and it writes nowhere. Its environment
@@ -57,11 +53,8 @@ class Standby:
         self.env = env or {}  #: what it was started with
 
     def fits(self, env: dict[str, str]) -> bool:
-        """Started with ``env``, but for sshddp's own variables (the attempt, the output),
-        which only the ranks and the supervisor read; and the node's mark, if it has one."""
-        mark = self.env.get(contract.MARK_VAR)
-        if mark is not None and mark != env.get(contract.MARK_VAR):
-            return False
+        """Started with ``env``, but for sshddp's own variables (the attempt, the output, the
+        node's mark), which only the ranks and the supervisor read."""
         return _imported_with(self.env) == _imported_with(env)
 
     @classmethod
@@ -71,15 +64,12 @@ class Standby:
         env: dict[str, str],
         cwd: Optional[str],
         attempt: int,
-        marked: bool = False,
     ) -> Optional[Standby]:
         """The standby for ``attempt`` (torchrun's ``argv``, and ``env`` but for the
-        attempt's number, set here), or None when it could not start (the restart then
-        starts torchrun afresh). Without the node's mark unless ``marked``: a launch's first
-        standby, which no earlier attempt's stop could end, carries it from the start, as a
-        fresh torchrun would (teardown and the process table find it by it)."""
+        attempt's number, set here, and the node's mark: until its go it is no part of the
+        run), or None when it could not start (the restart then starts torchrun afresh)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        waiting = {k: v for k, v in env.items() if marked or k != contract.MARK_VAR}
+        waiting = {k: v for k, v in env.items() if k != contract.MARK_VAR}
         waiting[contract.ATTEMPT_VAR] = str(attempt)  # (the go replaces the whole environment)
         waiting[agent.STANDBY_VAR] = "1"
         try:
@@ -137,21 +127,14 @@ def _imported_with(env: dict[str, str]) -> dict[str, str]:
 
 
 class Spare:
-    """A supervisor's standby, if any: the first attempt's, started by the launch session
-    (``standby``), or one started for the next attempt while one may follow; taken by it,
-    or ended with the node (``end``)."""
+    """A supervisor's standby, if any: one started for the next attempt while one may
+    follow; taken by it, or ended with the node (``end``)."""
 
-    def __init__(
-        self,
-        argv: list[str],
-        cwd: Optional[str],
-        standby: Optional[Standby] = None,
-        ahead: bool = False,
-    ) -> None:
+    def __init__(self, argv: list[str], cwd: Optional[str], ahead: bool = False) -> None:
         self.argv = argv  #: torchrun as the supervisor runs it (``compose.node_argv``)
         self.ahead = ahead  #: the node runs torchrun: the next attempt's may start ahead
         self.cwd = cwd
-        self.standby = standby
+        self.standby: Optional[Standby] = None
         self.was_standby = False  #: the current attempt's torchrun was a standby
 
     def run(

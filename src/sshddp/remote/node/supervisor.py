@@ -79,7 +79,7 @@ from sshddp.remote.node.node_inbox import Inbox
 from sshddp.remote.node.output import NodeOutput, node_output
 from sshddp.remote.node.peers import Peers, peers_for
 from sshddp.remote.node.restarts import WAIT_TICK, Restarts, stop_reason
-from sshddp.remote.node.standby import Spare, Standby
+from sshddp.remote.node.standby import Spare
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
 POLL_WAIT = 0.02  # the loop's sleep where no wakeup pipe could be set up (not the main thread)
@@ -97,7 +97,6 @@ class Supervisor:
         self,
         rundir: str,
         parent: Optional[int] = None,
-        standby: Optional[Standby] = None,
         secrets: Optional[Secrets] = None,
     ) -> None:
         self.rundir = rundir
@@ -116,7 +115,7 @@ class Supervisor:
         self.escaped: list[Escaped] = []
         self.restarts = Restarts(rundir, self.spec)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
-        self.spare = spare_for(rundir, self.spec, standby)
+        self.spare = spare_for(rundir, self.spec)
 
     def start(self) -> bool:
         """Set up the node's output and start torchrun; False when it could not be started
@@ -398,10 +397,10 @@ def torchrun_argv(rundir: str, spec: SpecRecord) -> list[str]:
     return compose.node_argv(spec, sys.executable, rundir)
 
 
-def spare_for(rundir: str, spec: SpecRecord, standby: Optional[Standby]) -> Spare:
-    """The node's standby holder: ``standby``, the first attempt's, if any; the next attempt's
-    torchrun may start ahead where the node runs torchrun."""
-    return Spare(torchrun_argv(rundir, spec), spec.get("cwd"), standby, runs_torchrun(spec))
+def spare_for(rundir: str, spec: SpecRecord) -> Spare:
+    """The node's standby holder: the next attempt's torchrun may start ahead where the node
+    runs torchrun."""
+    return Spare(torchrun_argv(rundir, spec), spec.get("cwd"), runs_torchrun(spec))
 
 
 def start_torchrun(
@@ -467,11 +466,10 @@ def write_exit(
 def run_supervisor(
     rundir: str,
     parent: Optional[int] = None,
-    standby: Optional[Standby] = None,
     secrets: Optional[Secrets] = None,
 ) -> None:
     os.umask(0o077)
-    Supervisor(rundir, parent, standby, secrets).run()
+    Supervisor(rundir, parent, secrets).run()
 
 
 def main(args: dict[str, Any]) -> None:

@@ -18,8 +18,7 @@ torchrun ahead. It imports torchrun (about a second, most of a fresh torchrun's 
 then waits on its stdin, a socket, for the supervisor's go (``standby_messages``, read from
 beside this file: the attempt's environment, and the node's output as a descriptor). It
 takes them and runs torchrun at once, with the command line and in the working directory
-the go names (a launch's first attempt starts its standby before either is final:
-``first_standby.py``). Without a go (the socket ends: no restart, or the supervisor is gone) it
+the go names. Without a go (the socket ends: no restart, or the supervisor is gone) it
 leaves.
 
 Node 0's store first (static rendezvous, every node but node 0): torchrun's rendezvous

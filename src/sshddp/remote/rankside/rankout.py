@@ -70,15 +70,20 @@ class Source:
         buf = self.pending
         if not buf:
             return b""
-        if not self.whole or self.fd is None or len(buf) > MAX_PENDING or not self.due(now):
+        if not self.whole or self.fd is None or len(buf) > MAX_PENDING:
             self.pending = b""
             return buf
         cut = buf.rfind(b"\n") + 1
-        if not cut:
-            return b""
-        self.pending = buf[cut:]
-        self.since = now
-        return buf[:cut]
+        if cut:
+            # The line that waited has ended: what follows its end is a new line, with a
+            # wait of its own (a read that stopped mid-line, its rest still in the stream).
+            self.pending = buf[cut:]
+            self.since = now
+            return buf[:cut]
+        if not self.due(now):  # one unfinished line that waited long enough: out as it is
+            self.pending = b""
+            return buf
+        return b""
 
     def close(self) -> None:
         if self.fd is not None:

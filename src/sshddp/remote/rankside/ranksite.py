@@ -70,7 +70,6 @@ def _chain() -> None:
 
 
 DUMP_SIGNAL_OFFSET = 6  #: dumps on SIGRTMIN+6 (sshddp.protocol.contract.STACKS_SIGNAL_OFFSET)
-STANDBY_VAR = "SSHDDP_AGENT_STANDBY"  #: a torchrun standby (agent.STANDBY_VAR)
 _dump: Optional[IO[bytes]] = None  # the open file faulthandler writes this process's stacks to
 
 
@@ -81,10 +80,8 @@ def _register_dumps() -> None:
     to its parent's file."""
     signum = getattr(signal, "SIGRTMIN", None)
     rundir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # a node's run directory, staged; or a launch's first torchrun standby, which starts in
-    # its run directory before the stage (sshddp.remote.node.first_standby)
-    staged = os.path.isfile(os.path.join(rundir, "spec.json"))
-    if signum is None or not (staged or os.environ.get(STANDBY_VAR)):
+    # only in a node's run directory, staged
+    if signum is None or not os.path.isfile(os.path.join(rundir, "spec.json")):
         return
     signum += DUMP_SIGNAL_OFFSET
     if _dump is None:  # not in a forked child: there faulthandler's handler is in place
