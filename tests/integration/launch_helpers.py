@@ -17,6 +17,10 @@ from sshddp_lab.sshd import SshdCluster
 
 JOB = Path(__file__).parent / "payloads" / "job.py"
 SSHDDP = [sys.executable, "-m", "sshddp"]
+#: seconds a wait that spans a run's start (every rank importing torch) may take: a guard
+#: against "never", not a target. CI's 4 workers on 2 cores took 68 s for a 3-node start
+#: and failure (test_runs.py), past the 60 s this used to be.
+RUN_BOUND = 180.0
 
 
 @dataclass

@@ -9,7 +9,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launch_helpers import JOB, SSHDDP, cli_env, has_node_mark, sshddp, wait_until, write_inventory
+from launch_helpers import (
+    JOB,
+    RUN_BOUND,
+    SSHDDP,
+    cli_env,
+    has_node_mark,
+    sshddp,
+    wait_until,
+    write_inventory,
+)
 
 from sshddp_lab.sshd import SshdCluster
 
@@ -44,7 +53,9 @@ def test_detached_failure_stops_every_node_without_laptop(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
     workdir = detach(ssh_env, tmp_path, free_port(), "dfail", "raise", "4")
-    wait_until(lambda: "running" not in remote_states(workdir, "dfail"), 60, "all nodes to end")
+    wait_until(
+        lambda: "running" not in remote_states(workdir, "dfail"), RUN_BOUND, "all nodes to end"
+    )
     assert remote_states(workdir, "dfail") == ["stopped", "stopped", "failed"]
     run_no_leak("dfail", timeout=3.0)
     ps = sshddp(ssh_env, tmp_path, "ps", "--all")
@@ -61,7 +72,7 @@ def test_host_sigkilled_whole_is_noticed_by_the_others(
     opts = ("--heartbeat-timeout", "5")
     workdir = detach(ssh_env, tmp_path, free_port(), "dlost", "wait", opts=opts)
     log = workdir / "runs/dlost/n1/node.log"
-    wait_until(lambda: log.exists() and "READY" in log.read_text(), 60, "node 1 ready")
+    wait_until(lambda: log.exists() and "READY" in log.read_text(), RUN_BOUND, "node 1 ready")
     from sshddp_lab.sshd import processes_with_env
 
     victims = [
@@ -104,10 +115,12 @@ def test_kill9_coordinator_run_goes_on_then_attach_and_logs_match(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    wait_until(lambda: (workdir / "runs/k9/n2/state.json").exists(), 60, "node 2 to start")
+    wait_until(lambda: (workdir / "runs/k9/n2/state.json").exists(), RUN_BOUND, "node 2 to start")
     proc.kill()  # kill -9: no teardown runs
     proc.wait()
-    wait_until(lambda: remote_states(workdir, "k9") == ["succeeded"] * 3, 60, "the run to end")
+    wait_until(
+        lambda: remote_states(workdir, "k9") == ["succeeded"] * 3, RUN_BOUND, "the run to end"
+    )
     att = sshddp(ssh_env, tmp_path, "attach", "k9")
     assert att.returncode == 0, att.stderr
     logs = sshddp(ssh_env, tmp_path, "logs", "k9", "--node", "2")
@@ -195,7 +208,7 @@ def test_ps_with_a_host_unreachable_says_so(
     ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
 ) -> None:
     workdir = detach(ssh_env, tmp_path, free_port(), "psu", "wait", hosts=[1, 2])
-    wait_until(lambda: (workdir / "runs/psu/n1/state.json").exists(), 60, "node 1 to start")
+    wait_until(lambda: (workdir / "runs/psu/n1/state.json").exists(), RUN_BOUND, "node 1 to start")
     ssh_env.stop_host(2)
     try:
         t0 = time.monotonic()
@@ -222,7 +235,7 @@ def test_coordinator_killed_mid_stream_reattach_has_no_gap_or_duplicate(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda t=tick: local.exists() and t in local.read_text(), 60, tick)
+        wait_until(lambda t=tick: local.exists() and t in local.read_text(), RUN_BOUND, tick)
         proc.kill()
         proc.wait()
         argv = [*SSHDDP, "attach", "mid"]
