@@ -91,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
         "--many-sizes",
         type=many_list,
         metavar="N,N,..",
-        help="Host counts of the scale256 case (default 16,64,256).",
+        help="Host counts of the scale256 and runs256 cases (default 16,64,256).",
     )
     p.add_argument(
         "--slurm-nodes",

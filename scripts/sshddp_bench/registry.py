@@ -22,6 +22,7 @@ from sshddp_bench import (
     launch,
     logs,
     many,
+    manyruns,
     nodeloss,
     ps,
     restart,
@@ -71,6 +72,7 @@ CASES: tuple[Case[Any], ...] = (
     sync.COLD_CASE,
     sync.OFFLINE_CASE,
     api.CASE,
+    manyruns.CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 
