@@ -57,13 +57,15 @@ def hold_signals() -> None:
 
 
 def end_with_session(rundir: str, state: dict[str, Any], kind: object = "srun") -> None:
-    """The session is about to exit: stop the node if it still runs, and wait until its
-    supervisor has exited, so the step ends only after the node. ``kind``: boot args
-    "bound" ("srun", or "caller" under the Python API; True counts as "srun")."""
+    """The session is about to exit: stop the node if it still runs; over srun, wait until
+    its supervisor has exited, so the step ends only after the node (a caller's session
+    holds no step: it leaves once the stop is under way). ``kind``: boot args "bound"
+    ("srun", or "caller" under the Python API; True counts as "srun")."""
+    kind = kind if kind in REASONS else "srun"
     if not os.path.exists(os.path.join(rundir, contract.EXIT)):
-        reason = REASONS.get(kind if isinstance(kind, str) else "srun", COORDINATOR_GONE)
-        stop({"rundir": rundir, "force": False, "reason": reason})
-    _reap(state.get("supervisor_pid"))
+        stop({"rundir": rundir, "force": False, "reason": REASONS[str(kind)]})
+    if kind == "srun":
+        _reap(state.get("supervisor_pid"))
 
 
 def _reap(pid: Optional[int]) -> None:
