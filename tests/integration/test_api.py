@@ -142,12 +142,14 @@ def test_launch_inside_a_rank_is_refused(
     assert "UsageError" in out["traceback"] and "inside a rank" in out["traceback"]
 
 
+@pytest.mark.parametrize("mode", ["sleeps", "start_wait_sleeps"])
 def test_sigint_stops_every_rank(
-    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak
+    ssh_env: SshdCluster, tmp_path: Path, free_port: Callable[[], int], run_no_leak, mode: str
 ) -> None:
+    """Ctrl-C in launch(), or in the wait() of a run start() left going."""
     inv, _ = write_inventory(ssh_env, tmp_path, free_port())
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(inv), "sleeps"],
+        [sys.executable, str(SCRIPT), str(inv), mode],
         cwd=tmp_path,
         env=cli_env(ssh_env),
         stdout=subprocess.PIPE,

@@ -211,6 +211,7 @@ MODES: dict[str, Callable[[str], sshddp.LaunchResult]] = {
     "start_exits": lambda inv: start_then_exit(inv, False),
     "start_detached": lambda inv: start_then_exit(inv, True),
     "sleeps_named": lambda inv: sshddp.launch(sleeps_named, inv),
+    "start_wait_sleeps": lambda inv: sshddp.start(sleeps, inv).wait(),
 }
 
 
