@@ -12,6 +12,10 @@ marked in the doc by a comment on the line before its fence, which the site does
 Every other example is run, one command at a time, by
 tests/integration/test_docs_examples.py; tests/unit/test_doc_examples_extraction.py checks
 that each example is one or the other.
+
+A fenced ``python`` block of a page under docs/ that calls ``sshddp.launch`` or
+``sshddp.start`` is an example too (``language`` "python"): run whole, as a script. The
+README's Python lines are a fragment of its tour (the README is the lead's), not an example.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LANGUAGES = {"bash", "console", "sh", "shell"}
+PYTHON = {"python", "py"}
+USES_API = re.compile(r"\bsshddp\.(?:launch|start)\(")
 FENCE = re.compile(r"^```(\S*)\s*$")
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.*?)\s*-->\s*$")
 USES_SSHDDP = re.compile(r"(?:^|[\s;&|(])sshddp\s")
@@ -38,6 +44,7 @@ class Example:
     line: int  #: 1-based line of the opening fence
     text: str
     not_run: str | None  #: why it cannot run on the test hosts; None: it runs
+    language: str = "shell"  #: "shell" (one command at a time) or "python" (a script)
 
     @property
     def name(self) -> str:
@@ -68,6 +75,8 @@ def parse(path: Path, text: str) -> list[Example]:
         body = "\n".join(lines[i + 1 : end])
         if fence.group(1) in LANGUAGES and USES_SSHDDP.search(body):
             found.append(Example(path, i + 1, body, _not_run(path, lines[:i], body)))
+        elif fence.group(1) in PYTHON and USES_API.search(body) and path.name != "README.md":
+            found.append(Example(path, i + 1, body, _not_run(path, lines[:i], body), "python"))
         i = end + 1
     return found
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING and sys.version_info >= (3, 10):
     from sshddp.api import ResultError as ResultError
     from sshddp.api import RunFailed as RunFailed
     from sshddp.api import RunHung as RunHung
+    from sshddp.api import Stacks as Stacks
     from sshddp.api import UsageError as UsageError
     from sshddp.api.launch import LaunchResult as LaunchResult
     from sshddp.api.launch import launch as launch
@@ -28,6 +29,7 @@ _API = frozenset(
         "Run",
         "RunFailed",
         "RunHung",
+        "Stacks",
         "UsageError",
         "launch",
         "start",

@@ -33,7 +33,8 @@ RUN = "k3f9xq"  # the run id the docs use
 NPROC = 3
 TIMEOUT_S = 180
 EXAMPLES = all_examples()
-RUNNABLE = [e for e in EXAMPLES if e.not_run is None]
+RUNNABLE = [e for e in EXAMPLES if e.not_run is None and e.language == "shell"]
+PYTHON = [e for e in EXAMPLES if e.not_run is None and e.language == "python"]
 # With -H there is no inventory, so the run is on the default rendezvous port, 29500: on
 # the one xdist worker of the tests that use it (docs/development.md, "CI's time").
 DEFAULT_PORT = pytest.mark.xdist_group("rdzv-29500")
@@ -135,12 +136,46 @@ def test_the_example_runs_on_the_test_hosts(
             run_no_leak(run["run_id"])
 
 
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(e, id=e.name, marks=[DEFAULT_PORT] if "gpu-a:" in e.text else [])
+        for e in PYTHON
+    ],
+)
+def test_the_python_example_runs_on_the_test_hosts(
+    example: Example,
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[[str], None],
+) -> None:
+    """A Python example of the docs (the API's), run whole as a script on inv.yaml's hosts
+    (gpu-a and gpu-b: h1 and h2)."""
+    write_inventory(ssh_env, tmp_path, free_port(), hosts=[1, 2], nproc=NPROC)
+    script = tmp_path / "example.py"
+    script.write_text(substitute(example.text))
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=cli_env(ssh_env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{example.name}: " + _explain(str(script), proc)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for run_id in re.findall(r"sshddp: run (\S+):", proc.stderr):
+        run_no_leak(run_id)
+
+
 def test_the_examples_not_run_here_say_why() -> None:
     """The examples left out are few and each says why (listed with -rP or on failure)."""
     left_out = [e for e in EXAMPLES if e.not_run is not None]
     print(f"{len(RUNNABLE)} examples run, {len(left_out)} not run here:")
     for example in left_out:
         print(f"  {example.name}: {example.not_run}")
-    assert RUNNABLE, "no example of the docs runs"
+    assert RUNNABLE and PYTHON, "no example of the docs runs"
     assert all(e.not_run for e in left_out), [e.name for e in left_out if not e.not_run]
     assert len(left_out) < len(RUNNABLE), "most examples must run on the test hosts"

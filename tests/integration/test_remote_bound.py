@@ -24,13 +24,13 @@ from sshddp.hosts import shipped
 from sshddp.model.commands import BOOTSTRAP
 from sshddp.protocol import session_messages as msgs
 from sshddp.remote.common import pid_alive
-from sshddp.remote.node.bound import COORDINATOR_GONE, SESSION_GONE
+from sshddp.remote.node.bound import CALLER_GONE, COORDINATOR_GONE, SESSION_GONE
 
 BOUND = 60.0
 
 
 def start_node(
-    python: str, rundir: Path, bound: bool = True
+    python: str, rundir: Path, bound: bool | str = True
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """A session that has started a node whose script sleeps; (session, state)."""
     script = b"import time\nprint('up', flush=True)\ntime.sleep(600)\n"
@@ -94,6 +94,23 @@ def test_coordinator_gone_stops_the_node_before_the_session_leaves(
         proc.wait()
     record = exit_record(rundir)
     assert record["state"] == "stopped" and record["reason"] == COORDINATOR_GONE, record
+
+
+def test_a_node_bound_to_its_caller_stops_when_the_caller_goes(tmp_path: Path) -> None:
+    """Under the Python API (bound: "caller") the session's stdin ends when the caller's
+    process dies: the node stops, and says why."""
+    rundir = tmp_path / "runs" / "r1" / "n0"
+    proc, state = start_node(sys.executable, rundir, bound="caller")
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(BOUND) == 0
+        assert not pid_alive(state["pid"]), "torchrun outlived its session"
+    finally:
+        proc.kill()
+        proc.wait()
+    record = exit_record(rundir)
+    assert record["state"] == "stopped" and record["reason"] == CALLER_GONE, record
 
 
 def test_a_supervisor_whose_session_vanished_stops_its_node(tmp_path: Path) -> None:

@@ -41,7 +41,14 @@ def test_options_become_the_commands_words() -> None:
     ("options", "words"),
     [
         ({"max_restart": 1}, "unknown option 'max_restart'"),
-        ({"detach": True}, "option 'detach': not supported by launch() yet"),
+        ({"detach": True}, "option 'detach': launch() returns when the run ends"),
+        ({"dry_run": True}, "option 'dry_run': a dry run starts nothing"),
+        ({"tty": True}, "option 'tty': the ranks' output comes back to this process"),
+        ({"launcher": "node"}, "option 'launcher': launch() calls the function once per rank"),
+        ({"module": "m"}, "option 'module'"),
+        ({"local_rank_arg": True}, "LOCAL_RANK from os.environ"),
+        ({"torchrun_arg": ["--no-python"]}, "'--no-python' changes what torchrun runs"),
+        ({"torchrun_arg": "--run-path=x.py"}, "'--run-path=x.py' changes what torchrun runs"),
         ({"workdir": "."}, "option 'workdir'"),
         ({"env": {"A": "1"}}, "launch(..., env="),
         ({"verbose": "yes"}, "True or False"),
@@ -145,13 +152,27 @@ def test_launch_inside_a_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
         launch(print, "h:1")
 
 
-def test_start_inside_a_rank_is_refused_and_refuses_detach(
+def test_start_inside_a_rank_is_refused_and_launch_refuses_detach(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("SSHDDP_RUN_ID", "abc")
     with pytest.raises(UsageError, match="inside a rank of run abc"):
         sshddp.start(print, "h:1")
     monkeypatch.delenv("SSHDDP_RUN_ID")
-    with pytest.raises(UsageError, match="option 'detach'"):
-        sshddp.start(print, "h:1", detach=True)
+    with pytest.raises(UsageError, match=r"option 'detach': .* sshddp.start\(..., detach=True\)"):
+        sshddp.launch(print, "h:1", detach=True)
     assert repr(sshddp.Run("k3f9xq", {})) == "Run('k3f9xq')"
+
+
+@pytest.mark.parametrize("option", ["tty", "dry_run", "local_rank_arg"])
+def test_an_unsupported_option_is_refused_before_anything_starts(option: str) -> None:
+    """No host is reached: this inventory's host does not exist."""
+    with pytest.raises(UsageError, match=f"option {option!r}: "):
+        sshddp.launch(print, "no-such-host.invalid:1", **{option: True})
+    with pytest.raises(UsageError, match=f"option {option!r}: "):
+        sshddp.start(print, "no-such-host.invalid:1", **{option: True})
+
+
+def test_torchrun_options_that_keep_the_program_pass() -> None:
+    words = argv(torchrun_arg=["--local-ranks-filter=0"])
+    assert words == ["--torchrun-arg", "--local-ranks-filter=0"]

@@ -65,10 +65,20 @@ def test_every_example_of_the_docs_runs_or_says_why_not() -> None:
     assert any(e.path.name == "README.md" for e in examples)
     for example in examples:
         assert example.commands(), f"{example.name}: an example with no command"
-        if example.not_run is None:
+        if example.language == "python":
+            compile(example.text, example.name, "exec")  # a script, run whole
+        elif example.not_run is None:
             assert all(c.startswith("sshddp ") for c in example.commands()), (
                 f"{example.name}: a command that is not sshddp's; mark the block "
                 "`<!-- not run: why -->` or make it one sshddp command a line"
             )
         else:
             assert example.not_run.strip(), f"{example.name}: a `not run` marker says why"
+
+
+def test_python_blocks_of_the_docs_that_call_the_api_are_examples() -> None:
+    text = "```python\nimport sshddp\nsshddp.launch(f, 'inv.yaml')\n```\n\n```python\nx = 1\n```\n"
+    found = parse(DOC, text)
+    assert [(e.line, e.language, e.not_run) for e in found] == [(1, "python", None)]
+    assert parse(ROOT / "README.md", text) == []  # the README's lines are a fragment
+    assert any(e.language == "python" for e in all_examples())

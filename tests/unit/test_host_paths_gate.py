@@ -18,7 +18,15 @@ from pathlib import Path
 SHIPPED = Path(__file__).resolve().parents[2] / "src" / "sshddp"
 REMOTE = SHIPPED / "remote"
 #: every shipped module by its name (a name says its side, so names are unique)
-HOST_MODULES = {p.stem: p for p in [*REMOTE.rglob("*.py"), *(SHIPPED / "protocol").glob("*.py")]}
+#: jobs/rankcall.py too: it reads the call back and writes the ranks' records on the hosts
+HOST_MODULES = {
+    p.stem: p
+    for p in [
+        *REMOTE.rglob("*.py"),
+        *(SHIPPED / "protocol").glob("*.py"),
+        SHIPPED / "jobs" / "rankcall.py",
+    ]
+}
 GATE = "hostpath.py"
 
 #: (module, attribute) calls that open, create, rename, link or run a path

@@ -517,3 +517,14 @@ def test_workdir_and_script_mixing_absolute_and_relative_paths(
     for outside in ("outside.py", str(tmp_path / "outside.py"), "proj/../outside.py"):
         with pytest.raises(UsageError, match="not a file inside --workdir"):
             code_spec(LaunchOptions(script=outside, workdir="proj"))
+
+
+def test_a_run_ends_with_its_caller_only_when_the_api_asks() -> None:
+    """The Python API's runs are bound to their caller's sessions; the CLI's outlive it."""
+    from sshddp.run.boot import _bound_to
+
+    cli = plan_of()
+    api = plan_of(LaunchOptions(script="train.py", end_with_caller=True))
+    assert not cli.end_with_caller and api.end_with_caller
+    assert [_bound_to(n, cli) for n in cli.nodes] == [None] * 3
+    assert [_bound_to(n, api) for n in api.nodes] == ["caller"] * 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sshddp.api.errors import RankFailed, ResultError, RunFailed, RunHung
 from sshddp.api.launch import LaunchResult, launch
+from sshddp.api.peek import Stacks
 from sshddp.api.start import Run, start
 from sshddp.errors import UsageError
 
@@ -16,6 +17,7 @@ __all__ = [
     "RunFailed",
     "Run",
     "RunHung",
+    "Stacks",
     "UsageError",
     "launch",
     "start",

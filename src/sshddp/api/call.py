@@ -2,7 +2,8 @@
 
 The function travels by value: ``bundle`` writes a directory that the launch ships as its
 ``--workdir`` (the one staging a launch has): the job ``jobs/rankcall.py``, the call pickled
-with cloudpickle, and cloudpickle itself, so the hosts need nothing installed for it.
+with cloudpickle, cloudpickle itself, so the hosts need nothing installed for it, and the
+host path gate (``remote/hostpath.py``) the job reads and writes its files through.
 ``outcome`` turns the ranks' records into values in global-rank order, or the error they say.
 """
 
@@ -23,6 +24,8 @@ from sshddp.errors import UsageError
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "rankcall.py"
 SCRIPT = "rankcall.py"
+GATE = Path(__file__).resolve().parent.parent / "remote" / "hostpath.py"
+GATE_FILE = "sshddp_hostpath.py"  #: the name jobs/rankcall.py imports the gate by
 CALL_FILE = "call.pkl"  #: what jobs/rankcall.py reads
 RESULT_DIR = "sshddp-result"  #: where jobs/rankcall.py writes, in the ranks' directory
 MAX_CALL_BYTES = 64 << 20  #: the pickled function and arguments, at most
@@ -49,6 +52,7 @@ def bundle(
     root.mkdir()
     (root / CALL_FILE).write_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
     shutil.copyfile(JOB, root / SCRIPT)
+    shutil.copyfile(GATE, root / GATE_FILE)
     package = Path(cloudpickle.__file__).parent
     (root / "cloudpickle").mkdir()
     for source in package.glob("*.py"):

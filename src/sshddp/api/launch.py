@@ -72,7 +72,8 @@ def launch(
     every rank's value. ``init=True`` joins the process group first (NCCL on GPUs, else
     gloo). ``options`` are the launch command's, named without dashes (``max_restarts=2``)."""
     refuse_inside_rank()
-    outcome, kw, tmp = _launched(fn, inventory, args, kwargs, env, init, options, [])
+    hooks = {"end_with_caller": True}  # a dead caller leaves no run behind
+    outcome, kw, tmp = _launched(fn, inventory, args, kwargs, env, init, options, [], hooks)
     with tmp:
         return returned(outcome, kw, Path(tmp.name) / "results")
 
@@ -94,17 +95,19 @@ def _launched(
     init: bool,
     options: Mapping[str, Any],
     extra: Sequence[str],
+    hooks: Mapping[str, Any],
 ) -> tuple[command.LaunchOutcome, dict[str, Any], tempfile.TemporaryDirectory[str]]:
     """The launch of the call, to its end (or, with ``--detach`` in ``extra``, until every
     node started); its outcome, the command's options, and the call's directory (the
-    caller removes it)."""
+    caller removes it). ``hooks``: what the API adds to the command's options
+    (``end_with_caller``, ``on_started``), which no command line sets."""
     params = _command_options()
     argv = [*options_argv(options, *params), *env_argv(env), *extra]
     tmp = tempfile.TemporaryDirectory(prefix="sshddp-call-")
     try:
         root = call.bundle(Path(tmp.name), fn, args, kwargs or {}, init)
         argv += ["--workdir", str(root), "--fresh-cwd"]
-        outcome, kw = _run(inventory, argv, _terminal())
+        outcome, kw = _run(inventory, argv, _terminal(), hooks)
     except BaseException:
         tmp.cleanup()
         raise
@@ -125,7 +128,10 @@ def _command_options() -> tuple[dict[str, str], frozenset[str]]:
 
 
 def _run(
-    inventory: Union[str, os.PathLike[str], Inventory], argv: list[str], terminal: Terminal
+    inventory: Union[str, os.PathLike[str], Inventory],
+    argv: list[str],
+    terminal: Terminal,
+    hooks: Mapping[str, Any],
 ) -> tuple[command.LaunchOutcome, dict[str, Any]]:
     """The launch, as ``sshddp launch ARGV INVENTORY rankcall.py`` runs it."""
     words = [] if isinstance(inventory, Inventory) else _inventory_words(inventory)
@@ -134,8 +140,10 @@ def _run(
             "launch", [*argv, *words, call.SCRIPT], obj=terminal, resilient_parsing=False
         )
         with ctx:
-            kw = dict(ctx.params)
+            kw = {**ctx.params, **hooks}
             args = tuple(kw.pop("args"))
+            if "on_parsed" in hooks:  # start(): its Run stops the run with these options
+                hooks["on_parsed"](kw)
             try:
                 if isinstance(inventory, Inventory):
                     return command.launch_on(inventory, args, kw, terminal), kw

@@ -17,17 +17,21 @@ from sshddp.errors import UsageError
 REFUSED = {
     "env": "give the environment as launch(..., env={'KEY': 'value'})",
     "module": "launch() runs the function it is given, not a module",
-    "launcher": "launch() runs the function under torchrun on every rank",
+    "launcher": "launch() calls the function once per rank, under torchrun on every node",
     "workdir": "launch() ships the function by value, with what it closes over",
     "include": "launch() ships no --workdir",
     "fresh_cwd": "every launch() runs in a directory of its own already",
-    "dry_run": "not supported by launch() yet",
-    "detach": "not supported by launch() yet: launch() returns when the run ends",
-    "tty": "not supported by launch() yet",
-    "torchrun_arg": "not supported by launch() yet",
+    "dry_run": "a dry run starts nothing, so there would be no values to return; "
+    "`sshddp launch --dry-run INVENTORY SCRIPT` prints a launch's plan",
+    "detach": "launch() returns when the run ends; sshddp.start(..., detach=True) starts a "
+    "run that outlives this process",
+    "tty": "the ranks' output comes back to this process's stdout (a notebook's cell, a "
+    "pipe), which is not a terminal to give them",
     "local_rank_arg": "the function reads LOCAL_RANK from os.environ",
     "hosts": "give the hosts as the inventory: launch(fn, 'host-a:2,host-b:2')",
 }
+#: torchrun options that change what torchrun runs: the call's shim must be what it runs
+PROGRAM_OPTIONS = ("--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module")
 
 
 def option_names(long_options: Iterable[str]) -> dict[str, str]:
@@ -50,7 +54,18 @@ def options_argv(
                 f"without dashes: {', '.join(sorted(n for n in known if n not in REFUSED))}"
             )
         argv += _words(name, known[name], value, name in flags)
+    _check_torchrun_args(options.get("torchrun_arg"))
     return argv
+
+
+def _check_torchrun_args(value: object) -> None:
+    values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+    for arg in map(str, values):
+        if arg.split("=", 1)[0] in PROGRAM_OPTIONS:
+            raise UsageError(
+                f"launch(): option 'torchrun_arg': {arg!r} changes what torchrun runs; under "
+                "launch() it runs the call of the function on every rank"
+            )
 
 
 def _words(name: str, option: str, value: object, flag: bool) -> list[str]:

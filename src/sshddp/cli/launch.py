@@ -247,16 +247,8 @@ def launch_on(
     if project is not None and not kw["dry_run"]:  # a dry run connects to nothing
         inv, synced_hosts = synced(inv, project, ssh, kw["fanout"])
         terminal.err(sync_summary(synced_hosts))
-    mode = coordinator.LaunchMode(
-        dry_run=kw["dry_run"],
-        check=not kw["no_check"],
-        detach=kw["detach"],
-        fanout=kw["fanout"],
-        ranks=selected_ranks(kw["show_ranks"]),
-        ignore_quarantine=kw["ignore_quarantine"],
-    )
     try:
-        result = coordinator.launch(inv, options, ssh, mode, terminal, secrets)
+        result = coordinator.launch(inv, options, ssh, _mode(kw), terminal, secrets)
     except PreflightFailed as failed:
         terminal.show(doctor_table(failed.reports), to_stderr=True)
         for line in failed.quarantined:
@@ -270,6 +262,18 @@ def launch_on(
         if stacks:
             terminal.err(stacks)
     return LaunchOutcome(result, report_text(result), int(result.exit_code), stacks)
+
+
+def _mode(kw: dict[str, Any]) -> coordinator.LaunchMode:
+    return coordinator.LaunchMode(
+        dry_run=kw["dry_run"],
+        check=not kw["no_check"],
+        detach=kw["detach"],
+        fanout=kw["fanout"],
+        ranks=selected_ranks(kw["show_ranks"]),
+        ignore_quarantine=kw["ignore_quarantine"],
+        on_started=kw.get("on_started"),  # set by the Python API only
+    )
 
 
 def launch_options(
@@ -307,6 +311,7 @@ def launch_options(
         share=tuple(kw["share"]),
         include=tuple(kw["include"]),
         quarantine_for=kw["quarantine_for"],
+        end_with_caller=bool(kw.get("end_with_caller")),  # set by the Python API only
     )
     return options, secrets
 

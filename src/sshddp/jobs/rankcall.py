@@ -14,7 +14,10 @@ which the coordinator fetches back:
   picklable): the rank exits 0, since the function itself succeeded.
 
 Every record also carries ``rank``, ``attempt`` (``SSHDDP_ATTEMPT``) and ``time``. Standalone:
-it imports nothing of sshddp.
+it imports nothing of sshddp but the host path gate (``remote/hostpath.py``, stdlib only),
+shipped beside it as ``sshddp_hostpath.py``: the call is read back and the records written
+through it (``sshddp-result`` a private directory of this user's, never a planted link; a
+record made ``O_EXCL`` under an unguessable name, then renamed into place).
 """
 
 from __future__ import annotations
@@ -24,10 +27,19 @@ import pickle
 import sys
 import time
 import traceback
+from types import ModuleType
 from typing import Any, NoReturn
 
 CALL_FILE = "call.pkl"
 RESULT_DIR = "sshddp-result"
+GATE = "sshddp_hostpath"  #: remote/hostpath.py, shipped beside this file under this name
+
+
+def _gate() -> ModuleType:
+    """The host path gate shipped beside this file (on sys.path: ``main`` put it there)."""
+    import importlib
+
+    return importlib.import_module(GATE)
 
 
 def _record(rank: int, **fields: Any) -> dict[str, Any]:
@@ -36,12 +48,13 @@ def _record(rank: int, **fields: Any) -> dict[str, Any]:
 
 
 def _write(rank: int, record: dict[str, Any]) -> None:
-    os.makedirs(RESULT_DIR, exist_ok=True)
-    path = os.path.join(RESULT_DIR, f"rank{rank}.pkl")
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
+    """The record, whole or absent, in RESULT_DIR of the ranks' directory (the run's own)."""
+    hostpath = _gate()
+    directory = hostpath.private_dir(os.path.abspath(RESULT_DIR), "result directory")
+    fd, tmp = hostpath.temp_file(directory, f".rank{rank}-")
+    with os.fdopen(fd, "wb") as fh:
         pickle.dump(record, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)  # a record is whole or absent
+    hostpath.rename(tmp, os.path.join(directory, f"rank{rank}.pkl"))
 
 
 def _init_group() -> None:
@@ -91,7 +104,7 @@ def _fail(rank: int, exc: BaseException, text: str) -> NoReturn:
 
 
 def _load(here: str) -> dict[str, Any]:
-    with open(os.path.join(here, CALL_FILE), "rb") as fh:
+    with _gate().open_read(os.path.join(here, CALL_FILE), "call") as fh:
         call = pickle.load(fh)
     if tuple(sys.version_info[:2]) != tuple(call["python"]):
         mine, there = sys.version_info[:2], tuple(call["python"])

@@ -78,6 +78,8 @@ class LaunchOptions:
     include: tuple[str, ...] = ()  #: ``--include`` patterns: ignored --workdir files that ship
     #: ``--quarantine-for``: seconds a host that ends the run stays out (None: the default)
     quarantine_for: Optional[float] = None
+    #: the run ends when the caller's process does (the Python API; no CLI option)
+    end_with_caller: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class LaunchPlan:
     watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
     max_restarts: int = 0  #: times every node starts again together after a failure
     share: tuple[str, ...] = ()  #: paths in the ranks' cwd made node 0's on every node first
+    end_with_caller: bool = False  #: the nodes stop when the launch's sessions end (the API)
 
     @property
     def layout(self) -> RunLayout:
@@ -256,6 +259,7 @@ def make_plan(
         watch=(options.init_timeout, options.stall_timeout, options.on_stall),
         max_restarts=options.max_restarts,
         share=normalized((*inventory.share, *options.share)),
+        end_with_caller=options.end_with_caller,
     )
 
 

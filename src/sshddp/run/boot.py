@@ -27,7 +27,7 @@ from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostResults
 from sshddp.hosts.session import HostSession
-from sshddp.model.plan import NodePlan
+from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import LaunchState
@@ -191,7 +191,7 @@ class Boot:
             "packed": len(packed_host_code()),  # supervisor, rank, agent, site, wire: after the go
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
-            "bound": node.host.transport == "srun",  # the node ends with its job step
+            "bound": _bound_to(node, plan),
             "workspace": node.workspace,
             "peer_key": self.peer_key,
             "look": self.share.look_args(node),
@@ -246,3 +246,11 @@ def _message(error: Optional[BaseException]) -> str:
     if isinstance(error, SshddpError):
         return error.message
     return f"{type(error).__name__}: {error}"
+
+
+def _bound_to(node: NodePlan, plan: LaunchPlan) -> Optional[str]:
+    """What the node's end is bound to (remote/node/bound.py): its Slurm job step (over
+    srun), the caller's process (the Python API), or nothing (the run outlives the laptop)."""
+    if node.host.transport == "srun":
+        return "srun"
+    return "caller" if plan.end_with_caller else None

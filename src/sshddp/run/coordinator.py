@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,6 +68,8 @@ class LaunchMode:
     fanout: int = defaults.FANOUT
     ranks: Optional[frozenset[int]] = None  #: --ranks: the ranks the console shows (all: None)
     ignore_quarantine: bool = False  #: --ignore-quarantine: launch on quarantined hosts too
+    #: called once every node started (the Python API's ``start`` returns then)
+    on_started: Optional[Callable[[], None]] = None
 
 
 def build_plan(
@@ -162,7 +164,7 @@ class Launch:
                         unreachable = self._preflight(state, inventory, payload)
                     # named once the preflight passed: a run id it drops is never shown; and
                     # Ctrl-\ detaches from the moment the banner says so, boot included
-                    with _detach_on(state):
+                    with _detach_on(state, plan.end_with_caller):
                         self.screen.err(_banner(state.plan))
                         if not self.mode.detach:
                             self.screen.err(_ctrl_c_line(state.plan))
@@ -219,6 +221,8 @@ class Launch:
             )
         if not booted:
             return _recorded(state.result(False), self.screen)
+        if self.mode.on_started is not None:
+            self.mode.on_started()
         if self.mode.detach and not self.interrupts.count:
             trace.log.info("detach: --detach, the run goes on without this sshddp")
             self.screen.err(
@@ -423,6 +427,8 @@ def _ctrl_c_line(plan: LaunchPlan) -> str:
             "sshddp: Ctrl-C stops the run on every host; it lives in this sshddp's Slurm job "
             "steps (transport srun), so it cannot be detached"
         )
+    if plan.end_with_caller:
+        return "sshddp: Ctrl-C stops the run on every host; it ends if this process does"
     return (
         "sshddp: Ctrl-C stops the run on every host; Ctrl-\\ (SIGQUIT) or closing the "
         f"terminal detaches and leaves it running (`sshddp attach {plan.run_id}`)"
@@ -483,11 +489,14 @@ def _open_sessions(
 
 
 @contextmanager
-def _detach_on(state: RunState) -> Iterator[None]:
+def _detach_on(state: RunState, caller: bool = False) -> Iterator[None]:
     """SIGQUIT (Ctrl-\\) and SIGHUP detach: the run goes on without us. A run over srun
-    lives in our job steps: Ctrl-\\ says so, and after SIGHUP we follow it on, quietly."""
+    lives in our job steps: Ctrl-\\ says so, and after SIGHUP we follow it on, quietly. A
+    run that ends with its caller (``caller``: the Python API) is never detached."""
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
+        if caller:
+            return
         if not _bound(state.layout):
             state.detached.set()
         elif signum == signal.SIGQUIT:  # printed by a thread: the console has a lock

@@ -64,6 +64,11 @@ def sleeps() -> None:
     time.sleep(600)
 
 
+def sleeps_named() -> None:
+    print(f"sleeping rank {os.environ['RANK']} of run {os.environ['SSHDDP_RUN_ID']}", flush=True)
+    time.sleep(600)
+
+
 def nested() -> int:
     sshddp.launch(lambda: 1, "h1:1")
     return 0
@@ -146,6 +151,46 @@ def start_stop(inv: str) -> sshddp.LaunchResult:
     return run.wait()
 
 
+def start_peek(inv: str) -> sshddp.LaunchResult:
+    """A started run's stacks and top, once every rank sleeps; then stopped."""
+    run = sshddp.start(sleeps, inv)
+    deadline = time.monotonic() + 120
+
+    def asleep(stacks: sshddp.Stacks) -> bool:
+        ranks = [g for g in stacks.groups if g.role == "rank"]
+        return len(ranks) == 1 and len(ranks[0].members) == 4 and "sleeps" in str(stacks)
+
+    stacks = run.stacks()
+    while not asleep(stacks):
+        assert time.monotonic() < deadline, str(stacks)
+        time.sleep(0.5)
+        stacks = run.stacks()
+    top = run.top()
+    while len(top.ranks) < 4:  # the hosts sample once a second
+        assert time.monotonic() < deadline, top
+        time.sleep(0.5)
+        top = run.top()
+    peek = {
+        "stacks": str(stacks),
+        "groups": [[g.role, [m.process["rank"] for m in g.members]] for g in stacks.groups],
+        "saved": str(stacks.saved),
+        "top_ranks": [r.rank for r in top.ranks],
+        "top_nodes": [(n.node_rank, n.state) for n in top.nodes],
+    }
+    print("PEEK " + json.dumps(peek), flush=True)
+    run.stop()
+    return run.wait()
+
+
+def start_then_exit(inv: str, detach: bool) -> sshddp.LaunchResult:
+    """start() and leave: without detach the run ends with this process."""
+    run = sshddp.start(sleeps_named, inv, detach=detach)
+    print(f"STARTED {run.id}", flush=True)
+    if not detach:
+        sys.stdin.readline()  # until told: the ranks have started sleeping
+    sys.exit(0)
+
+
 MODES: dict[str, Callable[[str], sshddp.LaunchResult]] = {
     "values": lambda inv: sshddp.launch(whoami, inv, args=(10,), kwargs={"offset": 1}, init=True),
     "raises": lambda inv: sshddp.launch(fails_on_rank_3, inv),
@@ -162,6 +207,11 @@ MODES: dict[str, Callable[[str], sshddp.LaunchResult]] = {
     "hangs": lambda inv: sshddp.launch(sleeps_before_allreduce, inv, init=True, stall_timeout=20),
     "start_wait": start_wait,
     "start_stop": start_stop,
+    "start_peek": start_peek,
+    "start_exits": lambda inv: start_then_exit(inv, False),
+    "start_detached": lambda inv: start_then_exit(inv, True),
+    "sleeps_named": lambda inv: sshddp.launch(sleeps_named, inv),
+    "start_wait_sleeps": lambda inv: sshddp.start(sleeps, inv).wait(),
 }
 
 

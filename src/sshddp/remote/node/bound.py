@@ -1,4 +1,7 @@
-"""A node bound to its launch session: over srun, the node ends when its session does.
+"""A node bound to its launch session: the node ends when its session does. Over srun, as
+below; under the Python API (``sshddp.launch``, boot args "bound": "caller"), so that a
+caller that dies (a notebook's kernel killed) leaves no run behind: its SSH connections
+close, each session's stdin ends, and the session stops its node as it would over srun.
 
 Over srun (``transport: srun``) a node's launch session is a Slurm job step, and its
 supervisor, torchrun and the ranks are processes of that step. When a step ends, Slurm
@@ -34,7 +37,16 @@ COORDINATOR_GONE = (
     "the coordinator went away: a run over srun lives in the job steps of its coordinator's "
     "launch sessions, so it stops with them"
 )
-SESSION_GONE = "stopped: its launch session (a Slurm job step) ended before the node"
+CALLER_GONE = (
+    "the caller went away: a run of sshddp.launch (or sshddp.start without detach=True) ends "
+    "with the Python process that started it"
+)
+SESSION_GONE = (
+    "stopped: its launch session (a Slurm job step, or the SSH session of sshddp.launch's "
+    "caller) ended before the node"
+)
+#: boot args "bound": why the node stops when its session sees the coordinator go
+REASONS = {"srun": COORDINATOR_GONE, "caller": CALLER_GONE}
 
 
 def hold_signals() -> None:
@@ -44,12 +56,16 @@ def hold_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def end_with_session(rundir: str, state: dict[str, Any]) -> None:
-    """The session is about to exit: stop the node if it still runs, and wait until its
-    supervisor has exited, so the step ends only after the node."""
+def end_with_session(rundir: str, state: dict[str, Any], kind: object = "srun") -> None:
+    """The session is about to exit: stop the node if it still runs; over srun, wait until
+    its supervisor has exited, so the step ends only after the node (a caller's session
+    holds no step: it leaves once the stop is under way). ``kind``: boot args "bound"
+    ("srun", or "caller" under the Python API; True counts as "srun")."""
+    kind = kind if kind in REASONS else "srun"
     if not os.path.exists(os.path.join(rundir, contract.EXIT)):
-        stop({"rundir": rundir, "force": False, "reason": COORDINATOR_GONE})
-    _reap(state.get("supervisor_pid"))
+        stop({"rundir": rundir, "force": False, "reason": REASONS[str(kind)]})
+    if kind == "srun":
+        _reap(state.get("supervisor_pid"))
 
 
 def _reap(pid: Optional[int]) -> None:

@@ -9,7 +9,7 @@ args: {"rundir", "spec": SpecRecord, "env": {...}, "payload": {"kind": "file"|"t
        "agent": source of agent.py (torchrun starts through it, remote/rankside/agent.py),
        "site": source of the ranks' sitecustomize.py (remote/rankside/ranksite.py),
        "wire": source of standby_messages.py (the agent shim reads its go with it),
-       "bound": the node ends with this session (over srun; see bound.py),
+       "bound": "srun" or "caller": the node ends with this session (see bound.py),
        "workspace": the ranks' cwd when it outlives the run (remote/node/workspace.py), or None,
        "peer_key": the supervisors' shared secret (hex)}
 "supervisor", "rank", "agent", "site" and "wire" come inline or, with "packed": N, as the N bytes

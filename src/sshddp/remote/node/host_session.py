@@ -9,7 +9,7 @@ the packed files boot args "packed" counts, host_boot.py, and the code bytes), t
 more questions (--share's, host_share.py), a ``start``. Anything else, or EOF, ends it there, and
 a node staged but not started is removed. After the start stdin stays open: its EOF means
 the coordinator went away, and the follower ends (the run goes on; with boot args "bound",
-over srun, the node stops first: see bound.py).
+over srun or under the Python API, the node stops first: see bound.py).
 On stdout: ``clock`` as soon as the session runs (the coordinator's first clock sample),
 ``facts`` (if asked), an ``answer`` per question, ``released`` after the go, once the
 probe's listeners are closed (the rendezvous port is free for torchrun), ``staged`` (with
@@ -86,12 +86,17 @@ def _boot(boot_args: dict[str, Any], holds: Holds) -> None:
         return
     _say(session_messages.started(answer))
     state = answer.get("state") or {}
-    if answer.get("ok") and state.get("state") == contract.RUNNING:
-        if boot_args.get("bound"):
-            bound.hold_signals()
+    if not (answer.get("ok") and state.get("state") == contract.RUNNING):
+        return
+    kind = boot_args.get("bound")
+    if not kind:
         host_follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
-        if boot_args.get("bound"):
-            bound.end_with_session(answer["rundir"], state)
+        return
+    bound.hold_signals()
+    try:  # a coordinator gone mid-write is a broken pipe here: the node stops all the same
+        host_follow.main({"rundir": answer["rundir"], "offset": 0, "index": 0})
+    finally:
+        bound.end_with_session(answer["rundir"], state, kind)
 
 
 def _start(
