@@ -1,0 +1,134 @@
+"""The ``--workdir`` archive leaves the laptop once: one host gets it from sshddp, the others
+from each other (issue 47). Counted by a ProxyCommand between sshddp and every sshd, as a
+user's bastion would sit there; each host has a workdir of its own (no shared disk)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from cli_helpers import Result, sshddp
+from sshddp_lab.countproxy import total_up
+from sshddp_lab.sshd import SshdCluster
+
+HASHWORK = Path(__file__).parent / "payloads" / "hashwork.py"
+MB = 1 << 20
+HOSTS = (1, 2, 3, 4)
+
+
+def counted_config(cluster: SshdCluster, counts: Path) -> Path:
+    """The cluster's ssh_config with every host behind the counting ProxyCommand."""
+    proxy = f"    ProxyCommand {sys.executable} -m sshddp_lab.countproxy {counts} %h %p\n"
+    blocks = cluster.ssh_config.read_text().split("\n\n")
+    config = counts.parent / "ssh_config.counted"
+    config.write_text("\n".join(b.rstrip("\n") + "\n" + proxy for b in blocks if b.strip()))
+    return config
+
+
+def project(tmp: Path, mb: int) -> Path:
+    """A workdir of ``mb`` MB of incompressible data and the job that hashes it."""
+    root = tmp / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "hashwork.py").write_bytes(HASHWORK.read_bytes())
+    for i in range(mb // 8):
+        (root / "data" / f"part{i}.bin").write_bytes(os.urandom(8 * MB))
+    return root
+
+
+def inventory(cluster: SshdCluster, tmp: Path, port: int) -> Path:
+    doc: dict[str, Any] = {
+        "defaults": {"python": sys.executable},
+        "rendezvous": {"port": port},
+        "hosts": [
+            {"host": cluster.host(i).alias, "nproc": 1, "workdir": str(tmp / f"host{i}")}
+            for i in HOSTS
+        ],
+    }
+    inv = tmp / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
+
+
+class Lab:
+    """Launches of one project on the four hosts, each counted on its own."""
+
+    def __init__(self, cluster: SshdCluster, tmp: Path, port: int, mb: int) -> None:
+        self.tmp = tmp
+        self.root = project(tmp, mb)
+        self.inv = inventory(cluster, tmp, port)
+        # One counting proxy per connection, kept across launches (sshddp's connections may
+        # outlive a command): a launch's bytes are the growth of their sum.
+        self.counts = tmp / "counts"
+        self.config = counted_config(cluster, self.counts)
+
+    def launch(self) -> tuple[Result, str, int]:
+        """One launch: its result, run id and the bytes that went towards the hosts."""
+        before = total_up(str(self.counts)) if self.counts.exists() else 0
+        opts = ["--ssh-config", self.config, "--launcher", "node", "--no-check", "-v"]
+        opts += ["--log-dir", self.tmp / "logs", "--workdir", self.root]
+        result = sshddp(["launch", *opts, self.inv, self.root / "hashwork.py"])
+        assert "sshddp: run " in result.err and self.counts.exists(), result.explain()
+        run_id = result.err.split("sshddp: run ", 1)[1].split(":", 1)[0]
+        return result, run_id, total_up(str(self.counts)) - before
+
+    def lines(self, run_id: str) -> list[dict[str, Any]]:
+        found = []
+        for log in sorted((self.tmp / "logs" / run_id).glob("node*.log")):
+            found += [json.loads(ln) for ln in log.read_text().splitlines() if ln[:1] == "{"]
+        return found
+
+    def expected(self) -> dict[str, str]:
+        import hashlib
+
+        data = self.root / "data"
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in data.iterdir()}
+
+
+def size_of(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.timeout(300)
+def test_a_40_mb_workdir_leaves_the_laptop_once_and_a_second_launch_sends_none_of_it(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    lab = Lab(ssh_env, tmp_path, free_port(), 40)
+    size = size_of(lab.root)
+    first, run_id, sent = lab.launch()
+    assert first.code == 0, first.explain()
+    assert sent <= 1.15 * size, (sent / size, first.err[-3000:])
+    lines = lab.lines(run_id)
+    assert len(lines) == 4 and all(line["data"] == lab.expected() for line in lines), lines
+    assert "handoff: node 0 (h1) got it from this machine" in first.err, first.err[-3000:]
+    assert "handoff: node 3 (h4) got it from node 0 (h1)" in first.err
+    run_no_leak(run_id)
+
+    # The same code again: every host keeps it, nothing of it is sent.
+    second, run_id, sent = lab.launch()
+    assert second.code == 0, second.explain()
+    assert sent < size / 20, (sent, second.err[-3000:])
+    assert "kept it from an earlier launch" in second.err and "got it from" not in second.err
+    assert all(line["data"] == lab.expected() for line in lab.lines(run_id))
+    run_no_leak(run_id)
+
+    # A tampered kept copy (same size, one byte changed) is refused, named, and replaced.
+    (kept,) = (tmp_path / "host3" / "payloads").iterdir()
+    data = bytearray(kept.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    kept.write_bytes(bytes(data))
+    third, run_id, sent = lab.launch()
+    assert third.code == 0, third.explain()
+    assert "node 2 (h3): its kept copy" in third.err and "failed its SHA-256" in third.err
+    assert "node 2 (h3) got it from node 0 (h1)" in third.err, third.err[-3000:]
+    assert sent < size / 20, sent  # from node 0, not from the laptop
+    assert all(line["data"] == lab.expected() for line in lab.lines(run_id))
+    run_no_leak(run_id)
