@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -131,4 +134,63 @@ def test_a_40_mb_workdir_leaves_the_laptop_once_and_a_second_launch_sends_none_o
     assert "node 2 (h3) got it from node 0 (h1)" in third.err, third.err[-3000:]
     assert sent < size / 20, sent  # from node 0, not from the laptop
     assert all(line["data"] == lab.expected() for line in lab.lines(run_id))
+    run_no_leak(run_id)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def kill_server(rundirs: str, done: threading.Event) -> list[int]:
+    """SIGKILL the hand-off server of the session whose command line names ``rundirs``:
+    the fork of that session (same command line, the session its parent), as soon as it
+    appears; the pids killed."""
+    killed: list[int] = []
+    while not done.is_set() and not killed:
+        for name in os.listdir("/proc"):
+            pid = int(name) if name.isdigit() else 0
+            if pid and rundirs in _cmdline(pid) and rundirs in _cmdline(_ppid(pid)):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.005)
+    return killed
+
+
+@pytest.mark.timeout(300)
+def test_hosts_whose_source_dies_mid_transfer_get_the_code_from_the_laptop(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    lab = Lab(ssh_env, tmp_path, free_port(), 40)
+    done = threading.Event()
+    killed: list[int] = []
+    rundirs = f"{tmp_path / 'host1' / 'runs'}/"
+    killer = threading.Thread(target=lambda: killed.extend(kill_server(rundirs, done)))
+    killer.start()
+    try:
+        result, run_id, _ = lab.launch()
+    finally:
+        done.set()
+        killer.join()
+    assert result.code == 0, result.explain()
+    assert killed, "node 0's hand-off server was never seen"
+    notes = [ln for ln in result.err.splitlines() if "could not get the code from node 0" in ln]
+    assert notes and all("sent from this machine instead" in n for n in notes), result.err[-3000:]
+    lines = lab.lines(run_id)
+    assert len(lines) == 4 and all(line["data"] == lab.expected() for line in lines), lines
+    for i in HOSTS:  # no partial copy left beside the kept one
+        assert [p.name for p in (tmp_path / f"host{i}" / "payloads").iterdir()] != [], i
+        assert not [p for p in (tmp_path / f"host{i}" / "payloads").iterdir() if p.name[0] == "."]
     run_no_leak(run_id)

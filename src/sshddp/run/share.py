@@ -143,6 +143,7 @@ def _one(node: NodePlan, problem: str) -> HostResults[Problem]:
 
 MIN_BYTES = defaults.HANDOFF_MIN_BYTES
 TIMEOUT = defaults.HANDOFF_TIMEOUT
+CONNECT_TIMEOUT = 5.0  #: seconds a host retries connecting to the server it gets the code from
 Sessions = Callable[[NodePlan], HostSession]
 
 
@@ -251,6 +252,7 @@ class Handoff:
         order = {"ask": "payload-pull", **self._what(node), "addr": where[0], "port": where[1]}
         order.update(key=self.peer_key, run=self.state.plan.run_id, rank=node.node_rank)
         order.update(source=model.source_name(source, _hosts(self.state)), timeout=TIMEOUT)
+        order["connect_timeout"] = CONNECT_TIMEOUT  # it listens already: refused, it is gone
         answer = session.ask(order)
         return None if answer.get("ok") else str(answer.get("error"))
 

@@ -202,7 +202,8 @@ def pull(order: dict[str, Any]) -> Answer:
     cwd = os.path.expanduser(order["cwd"])
     where = f"{order['addr']}:{order['port']}"
     who = str(order.get("source") or "node 0")
-    sock = _connect(order["addr"], int(order["port"]), float(order["timeout"]), who)
+    waits = float(order.get("connect_timeout") or order["timeout"])  # it may not listen yet
+    sock = _connect(order["addr"], int(order["port"]), waits, who)
     received = 0
     try:
         conn = wire.join(sock, bytes.fromhex(order["key"]), order["run"], order["rank"], where)
