@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -193,4 +195,38 @@ def test_hosts_whose_source_dies_mid_transfer_get_the_code_from_the_laptop(
     for i in HOSTS:  # no partial copy left beside the kept one
         assert [p.name for p in (tmp_path / f"host{i}" / "payloads").iterdir()] != [], i
         assert not [p for p in (tmp_path / f"host{i}" / "payloads").iterdir() if p.name[0] == "."]
+    run_no_leak(run_id)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """host3's workdir on a tmpfs of 12 MiB: a disk the code does not fit on."""
+    path = tmp_path / "host3"
+    path.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "sshddp-test", str(path)]
+    made = subprocess.run(mount, capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs at {path} (needs root; CI runs as root): {made.stderr}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_host_whose_disk_fills_as_it_receives_is_named_and_keeps_nothing(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+    small_disk: Path,
+) -> None:
+    lab = Lab(ssh_env, tmp_path, free_port(), 16)
+    result, run_id, sent = lab.launch()
+    assert result.code == 74, result.explain()
+    assert "no space left on node 2 (h3)" in result.err, result.err[-3000:]
+    assert "nothing was started" in result.err
+    assert sent < 1.15 * size_of(lab.root), sent  # no second copy to a full disk
+    assert list((small_disk / "payloads").iterdir()) == []  # nothing a later launch trusts
+    assert not lab.lines(run_id)  # no rank ran
     run_no_leak(run_id)

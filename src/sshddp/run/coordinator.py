@@ -19,7 +19,14 @@ from types import FrameType
 from typing import Any, Optional
 
 from sshddp import defaults, trace
-from sshddp.errors import HostUnreachable, Interrupted, RunGone, StateError, UsageError
+from sshddp.errors import (
+    HostDiskFull,
+    HostUnreachable,
+    Interrupted,
+    RunGone,
+    StateError,
+    UsageError,
+)
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.hosts.session import HostSession
@@ -217,6 +224,8 @@ class Launch:
                 f"run {plan.run_id} interrupted before it started: every node removed what it "
                 "had staged, nothing was started on any host"
             )
+        if not booted and boot.handoff.nospace:
+            raise HostDiskFull(boot.handoff.disk_full())
         if not booted:
             return _recorded(state.result(False), self.screen)
         if self.mode.detach and not self.interrupts.count:

@@ -198,6 +198,16 @@ class Handoff:
                 trace.log.info("handoff: %s", line)
         return got
 
+    def disk_full(self) -> str:
+        """What a launch says when hosts' disks filled as they received the code."""
+        nodes = self.state.plan.nodes
+        named = ", ".join(f"node {i} ({nodes[i].host.host})" for i in sorted(self.nospace))
+        return (
+            f"run {self.state.plan.run_id}: no space left on {named} for the code "
+            f"({self.payload.size} bytes) under its workdir: nothing was started; free some "
+            "space there (old runs: `sshddp ps`), or give the host another `workdir:`"
+        )
+
     def _have(self, session: HostSession, node: NodePlan) -> bool:
         answer = session.ask({"ask": "payload-have", **self._what(node)})
         if answer.get("bad"):
@@ -228,33 +238,40 @@ class Handoff:
     def _fetch(self, session: HostSession, node: NodePlan, pos: int, source: int) -> Problem:
         if source != model.LAPTOP:
             self._ready[source].wait()
-            why = self._pull(session, node, source)
-            if why is None:
+            answer = self._pull(session, node, source)
+            if answer.get("ok"):
                 self._got[pos] = source
                 return None
-            self.say(f"sshddp: note: {model.fallback_note(pos, source, _hosts(self.state), why)}")
-            self._fallbacks[pos] = why
-        order = {"ask": "payload-take", **self._what(node)}
-        answer = session.ask(order, self.payload.chunks())
-        with self._lock:
-            self._sent += self.payload.size
+            if not answer.get("nospace"):  # a full disk stays full: no second copy
+                why = str(answer.get("error"))
+                note = model.fallback_note(pos, source, _hosts(self.state), why)
+                self.say(f"sshddp: note: {note}")
+                self._fallbacks[pos] = why
+                answer = self._take(session, node)
+        else:
+            answer = self._take(session, node)
         if answer.get("ok"):
-            self._got[pos] = model.LAPTOP
+            self._got[pos] = source if pos not in self._fallbacks else model.LAPTOP
             return None
         if answer.get("nospace"):
             self.nospace.append(pos)
         return f"could not keep the code: {answer.get('error')}"
 
-    def _pull(self, session: HostSession, node: NodePlan, source: int) -> Optional[str]:
+    def _take(self, session: HostSession, node: NodePlan) -> dict[str, Any]:
+        answer = session.ask({"ask": "payload-take", **self._what(node)}, self.payload.chunks())
+        with self._lock:
+            self._sent += self.payload.size
+        return answer
+
+    def _pull(self, session: HostSession, node: NodePlan, source: int) -> dict[str, Any]:
         where = self._served.get(source)
         if where is None:
-            return "it has no copy to hand on"
+            return {"error": "it has no copy to hand on"}
         order = {"ask": "payload-pull", **self._what(node), "addr": where[0], "port": where[1]}
         order.update(key=self.peer_key, run=self.state.plan.run_id, rank=node.node_rank)
         order.update(source=model.source_name(source, _hosts(self.state)), timeout=TIMEOUT)
         order["connect_timeout"] = CONNECT_TIMEOUT  # it listens already: refused, it is gone
-        answer = session.ask(order)
-        return None if answer.get("ok") else str(answer.get("error"))
+        return session.ask(order)
 
     def _serve(self, session: Sessions, tree: model.Tree, pos: int) -> None:
         """The node stages from its kept copy; a server of it, if it hands it on."""
