@@ -116,6 +116,14 @@ def test_a_40_mb_workdir_leaves_the_laptop_once_and_a_second_launch_sends_none_o
     assert "handoff: node 0 (h1) got it from this machine" in first.err, first.err[-3000:]
     assert "handoff: node 3 (h4) got it from node 0 (h1)" in first.err
     run_no_leak(run_id)
+    ps = sshddp(["ps", "--all", "--json", run_id])
+    (row,) = json.loads(ps.out)["runs"]
+    delivery = row["code_delivery"]
+    assert delivery["from_laptop"] == delivery["size"] and delivery["kept"] == [], delivery
+    assert delivery["got"] == {
+        "h1": "this machine",
+        **{f"h{i}": "node 0 (h1)" for i in (2, 3, 4)},
+    }
 
     # The same code again: every host keeps it, nothing of it is sent.
     second, run_id, sent = lab.launch()

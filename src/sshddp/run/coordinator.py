@@ -136,6 +136,7 @@ class Launch:
         self.interrupts = Interrupts()
         self.record: Optional[RunRecord] = None
         self.started = False  #: a node may have started: the record stays, Ctrl-C stops it
+        self.boot: Optional[Boot] = None
 
     def run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         try:
@@ -217,7 +218,7 @@ class Launch:
     ) -> Optional[RunResult]:
         plan = state.plan
         teardown = Teardown(state)
-        boot = Boot(state, payload, unreachable, self._may_start, self.screen.err)
+        boot = self.boot = Boot(state, payload, unreachable, self._may_start, self.screen.err)
         booted = boot.run(teardown)
         if boot.cancelled:
             raise Interrupted(
@@ -250,9 +251,14 @@ class Launch:
         if self.interrupts.count:
             return False
         assert self.record is not None
-        registry.save(replace(self.record, launcher=None))
+        registry.save(replace(self.record, launcher=None, code_delivery=self._delivery()))
         self.started = True
         return True
+
+    def _delivery(self) -> Optional[dict[str, object]]:
+        """How the code reached the hosts (the hand-off's record), or None (no hand-off)."""
+        delivery = self.boot.handoff.delivery if self.boot else None
+        return delivery.record([n.host.host for n in self.plan.nodes]) if delivery else None
 
 
 def attach(
