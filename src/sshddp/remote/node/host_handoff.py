@@ -104,7 +104,7 @@ def have(args: dict[str, Any]) -> Answer:
     """Whether this host keeps the copy already; one that fails its check is removed."""
     path = kept(args["workdir"], args["sha256"])
     if whole(path, args["sha256"], int(args["size"])):
-        os.utime(path)  # the newest: pruning keeps it
+        os.utime(path, follow_symlinks=False)  # the newest: pruning keeps it
         return {"have": True}
     if not os.path.lexists(path):
         return {"have": False}
