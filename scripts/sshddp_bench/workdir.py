@@ -179,8 +179,9 @@ METHOD = """\
   then `wait`. sshddp's peak RSS at that size is compared with the same launch of a 1 MiB
   workdir. sshddp's connections go through a ProxyCommand that counts the bytes towards
   each sshd (`sshddp_lab/countproxy.py`): their sum over a launch, per byte of the workdir,
-  is what left this machine (each launch is a new run name and workdir on the hosts, so
-  none keeps the code already).
+  is what left this machine (each launch is a new run name and workdir, so no host keeps
+  the code already; the lab's hosts share that workdir, one disk, so the hosts after the
+  first find its copy there: `scripts/handoff_bytes.py` measures hosts of a disk each).
 """
 
 
