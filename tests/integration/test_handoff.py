@@ -238,3 +238,27 @@ def test_a_host_whose_disk_fills_as_it_receives_is_named_and_keeps_nothing(
     assert list((small_disk / "payloads").iterdir()) == []  # nothing a later launch trusts
     assert not lab.lines(run_id)  # no rank ran
     run_no_leak(run_id)
+
+
+@pytest.mark.timeout(300)
+def test_hosts_that_cannot_reach_each_other_get_the_code_from_the_laptop(
+    ssh_env: SshdCluster,
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """Node 0's address for the other hosts leads nowhere (as behind a bastion that sees
+    every host where they see only each other's rendezvous): each gets it from here."""
+    lab = Lab(ssh_env, tmp_path, free_port(), 8)
+    doc = yaml.safe_load(lab.inv.read_text())
+    doc["rendezvous"]["host"] = ssh_env.host(1).addr
+    doc["hosts"][0]["addr"] = "192.0.2.1"  # TEST-NET-1: nothing answers there
+    lab.inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result, run_id, sent = lab.launch()
+    assert result.code == 0, result.explain()
+    notes = [ln for ln in result.err.splitlines() if "could not get the code from node 0" in ln]
+    assert len(notes) == 3 and all("192.0.2.1" in n for n in notes), result.err[-3000:]
+    assert sent >= 4 * size_of(lab.root)  # each its own copy, as before the hand-off
+    lines = lab.lines(run_id)
+    assert len(lines) == 4 and all(line["data"] == lab.expected() for line in lines), lines
+    run_no_leak(run_id)
