@@ -5,7 +5,9 @@ per host, all at once.
 sshddp runs ``launch --no-check --workdir``; it is timed from its start to the moment the
 last host has stored the code and checked its SHA-256 (``code.sha256`` appears in the node's
 run directory). Its peak RSS is compared with the same launch shipping 1 MB: flat means the
-bundle never sits whole in the coordinator's memory.
+bundle never sits whole in the coordinator's memory. Every sshddp connection goes through a
+counting ProxyCommand (``sshddp_lab/countproxy.py``): the bytes that left this machine per
+byte of the workdir (the hand-off's figure: issue 47's target is at most 1.05x).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from sshddp_bench.harness import (
     stat,
     verdict,
 )
+from sshddp_lab.countproxy import total_up
 
 FILE_MB = 8  # the workdir's data comes in files of this size
 SMALL_MB = 1  # the size whose peak RSS the full size's is compared with
@@ -42,6 +46,7 @@ class WorkdirRow:
     tar: Stat  #: seconds of the parallel ``tar c | ssh tar x``
     rss: Stat  #: sshddp's peak RSS (MB) shipping ``mb``
     rss_small: Stat  #: ... shipping SMALL_MB
+    laptop: Stat = Stat(())  #: bytes that left this machine per byte of the workdir
 
 
 def make_workdir(b: Bench, mb: int) -> Path:
@@ -75,11 +80,24 @@ def staged_at(paths: list[Path], proc: Watched) -> float:
     return time.perf_counter()
 
 
-def ship_sshddp(b: Bench, root: Path, n: int) -> tuple[float, float]:
-    """(seconds to every host staged, peak RSS in MB) of one ``launch --workdir``."""
+def counted_config(b: Bench) -> tuple[Path, Path]:
+    """The cluster's ssh_config with every host behind the counting ProxyCommand, and the
+    directory of its counts."""
+    counts, config = b.tmp / "counts", b.tmp / "ssh_config.counted"
+    proxy = f"    ProxyCommand {sys.executable} -m sshddp_lab.countproxy {counts} %h %p\n"
+    blocks = Path(b.ssh_config).read_text().split("\n\n")
+    config.write_text("\n".join(k.rstrip("\n") + "\n" + proxy for k in blocks if k.strip()))
+    return config, counts
+
+
+def ship_sshddp(b: Bench, root: Path, n: int) -> tuple[float, float, float]:
+    """(seconds to every host staged, peak RSS in MB, bytes that left this machine per byte
+    of the workdir) of one ``launch --workdir`` (of a workdir no host keeps yet)."""
     port, name = b.port(), b.name("wd")
     inv = b.inventory(name, n, 1, port)
-    options = ["--no-check", "--workdir", str(root), "--ssh-config", b.ssh_config]
+    config, counts = counted_config(b)
+    before = total_up(str(counts)) if counts.exists() else 0
+    options = ["--no-check", "--workdir", str(root), "--ssh-config", str(config)]
     logs = ["--log-dir", str(b.tmp / "logs"), "--name", name, "--port", str(port)]
     argv = [*b.sshddp, "launch", *options, *logs, str(inv), str(root / "rank.py"), "latency"]
     proc = b.start(argv, stdout_null=True)
@@ -92,7 +110,8 @@ def ship_sshddp(b: Bench, root: Path, n: int) -> tuple[float, float]:
         tails = "\n".join(f"{p}:\n{p.read_text()[-800:]}" for p in sup if p.exists())
         raise BenchError(f"{exc}\n{tails}") from None
     shutil.rmtree(b.tmp / "work" / name, ignore_errors=True)
-    return at - proc.t0, done.maxrss_mb
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    return at - proc.t0, done.maxrss_mb, (total_up(str(counts)) - before) / size
 
 
 def ship_tar(b: Bench, root: Path, n: int) -> float:
@@ -114,16 +133,19 @@ def ship_tar(b: Bench, root: Path, n: int) -> float:
 def bench_workdir(b: Bench, mb: int, n: int, reps: int) -> WorkdirRow:
     big, small = make_workdir(b, mb), make_workdir(b, SMALL_MB)
     took: dict[str, list[float]] = {"sshddp": [], "tar": [], "rss": [], "rss_small": []}
+    took["laptop"] = []
     for rep in range(reps):
         for how in ("sshddp", "tar") if rep % 2 == 0 else ("tar", "sshddp"):
             if how == "tar":
                 took["tar"].append(ship_tar(b, big, n))
                 continue
-            seconds, rss = ship_sshddp(b, big, n)
+            seconds, rss, laptop = ship_sshddp(b, big, n)
             took["sshddp"].append(seconds)
             took["rss"].append(rss)
+            took["laptop"].append(laptop)
         took["rss_small"].append(ship_sshddp(b, small, n)[1])
-    row = WorkdirRow(mb, n, *(stat(took[k]) for k in ("sshddp", "tar", "rss", "rss_small")))
+    kinds = ("sshddp", "tar", "rss", "rss_small", "laptop")
+    row = WorkdirRow(mb, n, *(stat(took[k]) for k in kinds))
     progress(f"workdir {mb} MB to {n} hosts: sshddp {row.sshddp.fmt()}, tar {row.tar.fmt()}")
     return row
 
@@ -141,6 +163,10 @@ def workdir_table(r: WorkdirRow) -> list[str]:
         "",
         f"The coordinator's peak RSS grows by {growth:.0f} MB from 1 MB to {r.mb} MB of code "
         f"(flat: {verdict(growth < 50, f'{growth:.0f} MB')}).",
+        "",
+        f"Bytes that left this machine per byte of the workdir (a counting ProxyCommand): "
+        f"{r.laptop.fmt(1, 3)}x; target ≤ 1.05x: "
+        f"{verdict(r.laptop.median <= 1.05, f'{r.laptop.median:.3f}x')}.",
     ]
 
 
@@ -151,7 +177,11 @@ METHOD = """\
   `code.sha256` (the code stored, unpacked and its SHA-256 checked); the baseline runs
   `tar -C DIR -cf - . | ssh -F cfg HOST 'mkdir -p D && tar -xf - -C D' &` for every host,
   then `wait`. sshddp's peak RSS at that size is compared with the same launch of a 1 MiB
-  workdir.
+  workdir. sshddp's connections go through a ProxyCommand that counts the bytes towards
+  each sshd (`sshddp_lab/countproxy.py`): their sum over a launch, per byte of the workdir,
+  is what left this machine (each launch is a new run name and workdir, so no host keeps
+  the code already; the lab's hosts share that workdir, one disk, so the hosts after the
+  first find its copy there: `scripts/handoff_bytes.py` measures hosts of a disk each).
 """
 
 

@@ -78,3 +78,6 @@ SHARE_TIMEOUT = 60.0  #: seconds a --share transfer may wait on node 0 (to conne
 HEALTH_TIMEOUT = 8.0  #: seconds the user's `health:` command and nvidia-smi may take on a host
 HEALTH_DEEP_TIMEOUT = 60.0  #: seconds `dcgmi diag -r 1` may take (--health=deep)
 HEALTH_OUTPUT = 4096  #: bytes of a health command's output kept (its last ones)
+HANDOFF_FANOUT = 4  #: hosts one host hands a payload on to (docs/design.md says why)
+HANDOFF_MIN_BYTES = 1 << 20  #: code of this size or more goes host to host; less, to each
+HANDOFF_TIMEOUT = 120.0  #: seconds a hand-off may wait on a host's server (to connect, per read)

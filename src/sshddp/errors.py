@@ -21,7 +21,8 @@ class ExitCode(IntEnum):
     HUNG = 6  #: a watchdog stopped the run: the world never formed, or the run stalled
     SYNC_FAILED = 7  #: sync could not build a host's environment (uv failed, no such Python)
     INTERNAL = 70  #: a bug in sshddp (EX_SOFTWARE); rerun with --traceback
-    LOG_WRITE_FAILED = 74  #: a local file (a log, the registry) could not take bytes (EX_IOERR)
+    #: a local file (a log, the registry), or a host receiving the code, could not take bytes
+    LOG_WRITE_FAILED = 74
     INTERRUPTED = 130  #: Ctrl-C
 
 
@@ -105,6 +106,12 @@ class LogWriteFailed(SshddpError):
 
 class LocalWriteFailed(SshddpError):
     """A local copy (``fetch``'s DEST) could not be written (disk full, I/O error)."""
+
+    exit_code = ExitCode.LOG_WRITE_FAILED
+
+
+class HostDiskFull(SshddpError):
+    """A host's disk filled as it received the code: nothing was started anywhere."""
 
     exit_code = ExitCode.LOG_WRITE_FAILED
 

@@ -88,11 +88,13 @@ class HostSession:
         trace.log.info("session %s: %s answered", self.transport.host.host, what)
         return shipped.decode(self.transport, what, line, b"", None)
 
-    def ask(self, question: dict[str, Any]) -> dict[str, Any]:
-        """Ask the host a question (``{"ask": name, ...its args}``): its answer."""
+    def ask(self, question: dict[str, Any], chunks: Iterable[bytes] = ()) -> dict[str, Any]:
+        """Ask the host a question (``{"ask": name, ...its args}``; ``chunks``: bytes that
+        follow its line): its answer."""
         args = dict(question)
         name = str(args.pop("ask"))
         self.proc.write(session_messages.encode(session_messages.ask(name, args)))
+        self.send_code(chunks)
         return self.answer(name, "answer")
 
     def clock(self, samples: int) -> dict[str, float]:

@@ -1,17 +1,28 @@
-"""``--share``: which files of the ranks' working directory node 0 hands to the other nodes
-before the ranks start, and what a launch without it warns about.
+"""What goes from host to host. ``--share``: which files of the ranks' working directory
+node 0 hands to the other nodes before the ranks start, and what a launch without it warns
+about; and the hand-off tree of a payload every host needs (the ``--workdir`` archive).
 
 Every node reports what it found once it staged (``remote/node/host_share.py``'s ``look``: the
 working directory's top-level files, names and sizes, and each shared path's size and
 SHA-256); this module decides from those reports alone. A shared path whose copy on a node
 already has node 0's digest is skipped there; one node 0 lacks is left alone everywhere (a
 first run has no checkpoint yet).
+
+The hand-off tree (``tree``), who gets a payload from whom: the hosts that keep the payload
+already (the same SHA-256, from an earlier launch) are the first sources, and receive
+nothing; when none does, the first host that needs it gets it from this machine, the one
+copy that leaves it. Every other host gets it from a host that has it, breadth first, each
+host handing it on to at most ``fanout`` others: a host sends at most ``fanout`` copies, and
+256 hosts are 4 levels below the first at a fan-out of 4 (docs/design.md says why that
+shape). A host that cannot get it from its source gets it from this machine instead: the
+tree says where each copy should come from, not that it will.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -150,3 +161,113 @@ def size_text(size: int) -> str:
             break
         value, unit = value / 1000, bigger
     return f"{value:.1f} {unit}"
+
+
+LAPTOP = -1  #: the source that is this machine
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one host that needs the payload gets it."""
+
+    node: int  #: the host's position in the plan (its node rank)
+    source: int  #: the position of the host it gets it from, or LAPTOP
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Every host's route, in an order where each source comes before those it serves."""
+
+    routes: tuple[Route, ...]
+    kept: tuple[int, ...]  #: hosts that keep the payload already: nothing sent to them
+
+    def children(self, node: int) -> tuple[int, ...]:
+        """The hosts ``node`` hands the payload on to."""
+        return tuple(r.node for r in self.routes if r.source == node)
+
+    def depth(self) -> int:
+        """Hand-offs from the first source to the deepest host (0: nothing to send)."""
+        source = {r.node: r.source for r in self.routes}
+        deepest = 0
+        for route in self.routes:
+            hops, at = 1, route.source
+            while at in source:
+                hops, at = hops + 1, source[at]
+            deepest = max(deepest, hops)
+        return deepest
+
+
+def tree(have: Sequence[bool], fanout: int) -> Tree:
+    """The routes for hosts whose kept copies are ``have`` (plan order), each host handing
+    the payload on to at most ``fanout`` (>= 1) others."""
+    fanout = max(1, fanout)
+    kept = [i for i, held in enumerate(have) if held]
+    need = [i for i, held in enumerate(have) if not held]
+    routes: list[Route] = []
+    if not kept and need:
+        kept_first = need.pop(0)
+        routes.append(Route(kept_first, LAPTOP))
+        sources = deque([kept_first])
+    else:
+        sources = deque(kept)
+    slots = dict.fromkeys(sources, fanout)
+    for node in need:
+        while slots[sources[0]] == 0:
+            sources.popleft()
+        parent = sources[0]
+        slots[parent] -= 1
+        routes.append(Route(node, parent))
+        sources.append(node)
+        slots[node] = fanout
+    return Tree(tuple(routes), tuple(kept))
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How the payload reached the hosts, once it did: what ``-v`` and ``--json`` say."""
+
+    size: int  #: bytes of the payload
+    from_laptop: int  #: bytes of it that left this machine
+    got: Mapping[int, int]  #: each host that received it: where from (a host or LAPTOP)
+    kept: tuple[int, ...]  #: hosts that kept it already
+    fallbacks: Mapping[int, str]  #: hosts that got it from this machine after all: why
+
+    def ratio(self) -> float:
+        """Bytes that left this machine per byte of the payload."""
+        return self.from_laptop / self.size if self.size else 0.0
+
+    def record(self, hosts: Sequence[str]) -> dict[str, object]:
+        """The ``--json`` record: bytes, and each host's source by name."""
+        return {
+            "size": self.size,
+            "from_laptop": self.from_laptop,
+            "kept": [hosts[i] for i in self.kept],
+            "got": {hosts[i]: source_name(s, hosts) for i, s in sorted(self.got.items())},
+            "fallbacks": {hosts[i]: why for i, why in sorted(self.fallbacks.items())},
+        }
+
+    def lines(self, hosts: Sequence[str]) -> list[str]:
+        """The ``-v`` trace's lines: who got the payload from whom, and the bytes."""
+        said = [
+            f"node {i} ({hosts[i]}) got it from {source_name(s, hosts)}"
+            for i, s in sorted(self.got.items())
+        ]
+        said += [f"node {i} ({hosts[i]}) kept it from an earlier launch" for i in self.kept]
+        said.append(
+            f"{self.from_laptop} bytes left this machine for {self.size} bytes of code "
+            f"({self.ratio():.2f}x)"
+        )
+        return said
+
+
+def source_name(source: int, hosts: Sequence[str]) -> str:
+    """``this machine``, or ``node N (HOST)``."""
+    return "this machine" if source == LAPTOP else f"node {source} ({hosts[source]})"
+
+
+def fallback_note(node: int, source: int, hosts: Sequence[str], why: Optional[str]) -> str:
+    """The note when a host could not get the payload from its source in the tree."""
+    return (
+        f"node {node} ({hosts[node]}) could not get the code from "
+        f"{source_name(source, hosts)}: {why}; sent from this machine instead"
+    )

@@ -31,7 +31,7 @@ from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import LaunchState
-from sshddp.run.share import Share
+from sshddp.run.share import Handoff, Share
 from sshddp.run.teardown import Teardown
 
 #: A node's answer to staging or starting: None when it went well, else why not.
@@ -122,6 +122,7 @@ class Boot:
         self.cancelled = False
         self.peer_key = secrets.token_hex(32)  #: the supervisors' shared secret for this run
         self.share = Share(state, self.peer_key, say)  #: --share, between stage and start
+        self.handoff = Handoff(state, payload, self.peer_key, say)  #: the code, before the go
 
     def run(self, teardown: Teardown) -> bool:
         """Boot every node; False (and every started node stopped) when one failed."""
@@ -129,7 +130,9 @@ class Boot:
         for result in state.results.values():
             result.state = NodeState.STARTING
         with trace.phase("stage"):
-            staged = state.pool.map(self._stage, state.plan.nodes)
+            staged = self.handoff.run(self._session)  # a node without its copy: not staged
+            if all(o.ok and o.value is None for o in staged.values()):
+                staged = state.pool.map(self._stage, state.plan.nodes)
             if all(o.ok and o.value is None for o in staged.values()):
                 staged.update(self.share.run(self._session))  # a node without a file: unstaged
         if all(o.ok and o.value is None for o in staged.values()):
@@ -167,7 +170,8 @@ class Boot:
         session.go(self._boot_args(node), packed_host_code())
         # Right behind the go, not after the "released" answer: the session reads the code
         # once it let go of the port, and a round trip per node is saved.
-        session.send_code(self.payload.chunks())
+        if not self._kept(node):
+            session.send_code(self.payload.chunks())
         session.answer("release")
         answer = session.answer("stage")
         trace.log.info("stage node %d (%s): %s", node.node_rank, node.host.host, _verdict(answer))
@@ -187,7 +191,10 @@ class Boot:
             "rundir": node.rundir,
             "spec": plan.spec(node),
             "env": dict(node.env),
-            "payload": self.payload.header(),
+            "payload": {
+                **self.payload.header(),
+                **({"kept": node.host.workdir} if self._kept(node) else {}),
+            },
             "packed": len(packed_host_code()),  # supervisor, rank, agent, site, wire: after the go
             "remote_script": plan.code.target if plan.code.kind == "remote" else None,
             "keep_runs": plan.keep_runs,
@@ -196,6 +203,10 @@ class Boot:
             "peer_key": self.peer_key,
             "look": self.share.look_args(node),
         }
+
+    def _kept(self, node: NodePlan) -> bool:
+        """Whether the node stages from the copy the hand-off left it."""
+        return self.state.plan.nodes.index(node) in self.handoff.kept_on
 
     def _started(self, node: NodePlan, answer: dict[str, Any]) -> Problem:
         """None when the node's torchrun started, else why not."""

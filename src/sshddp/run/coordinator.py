@@ -19,7 +19,14 @@ from types import FrameType
 from typing import Any, Optional
 
 from sshddp import defaults, trace
-from sshddp.errors import HostUnreachable, Interrupted, RunGone, StateError, UsageError
+from sshddp.errors import (
+    HostDiskFull,
+    HostUnreachable,
+    Interrupted,
+    RunGone,
+    StateError,
+    UsageError,
+)
 from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool, node_addr
 from sshddp.hosts.session import HostSession
@@ -131,6 +138,7 @@ class Launch:
         self.interrupts = Interrupts()
         self.record: Optional[RunRecord] = None
         self.started = False  #: a node may have started: the record stays, Ctrl-C stops it
+        self.boot: Optional[Boot] = None
 
     def run(self, inventory: Inventory, ssh: SshOptions, payload: Payload) -> Optional[RunResult]:
         try:
@@ -212,13 +220,15 @@ class Launch:
     ) -> Optional[RunResult]:
         plan = state.plan
         teardown = Teardown(state)
-        boot = Boot(state, payload, unreachable, self._may_start, self.screen.err)
+        boot = self.boot = Boot(state, payload, unreachable, self._may_start, self.screen.err)
         booted = boot.run(teardown)
         if boot.cancelled:
             raise Interrupted(
                 f"run {plan.run_id} interrupted before it started: every node removed what it "
                 "had staged, nothing was started on any host"
             )
+        if not booted and boot.handoff.nospace:
+            raise HostDiskFull(boot.handoff.disk_full())
         if not booted:
             return _recorded(state.result(False), self.screen)
         if self.mode.on_started is not None:
@@ -245,9 +255,14 @@ class Launch:
         if self.interrupts.count:
             return False
         assert self.record is not None
-        registry.save(replace(self.record, launcher=None))
+        registry.save(replace(self.record, launcher=None, code_delivery=self._delivery()))
         self.started = True
         return True
+
+    def _delivery(self) -> Optional[dict[str, object]]:
+        """How the code reached the hosts (the hand-off's record), or None (no hand-off)."""
+        delivery = self.boot.handoff.delivery if self.boot else None
+        return delivery.record([n.host.host for n in self.plan.nodes]) if delivery else None
 
 
 def attach(

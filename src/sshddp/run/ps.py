@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
@@ -48,6 +48,8 @@ class PsRow:
     finished: bool  #: every node has ended (its end is recorded)
     launching: bool = False  #: its launch is still in its preflight: no node started yet
     nprocs: tuple[int, ...] = ()  #: every node's count of ranks
+    #: bytes of the code that left this machine, and each host's source (the hand-off)
+    code_delivery: Optional[Mapping[str, Any]] = None
 
     def node_text(self, i: int) -> str:
         """``1:running`` and, for a running node, ``(2/4 joined, quiet 12s)``: how many of
@@ -88,6 +90,7 @@ class PsRow:
             "finished": self.finished,
             "launching": self.launching,
             "root_cause": self.root_cause,
+            "code_delivery": None if self.code_delivery is None else dict(self.code_delivery),
             "nodes": nodes,
         }
 
@@ -168,6 +171,7 @@ def _row(record: RunRecord, states: Sequence[ExitRecord], finished: bool) -> PsR
         record.cause or root_cause(states, hosts),
         finished,
         nprocs=tuple(n.nproc for n in record.nodes),
+        code_delivery=record.code_delivery,
     )
 
 

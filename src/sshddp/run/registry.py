@@ -111,6 +111,8 @@ class RunRecord:
     cause: Optional[str] = None  #: what ended the run from outside (its Slurm job), once seen
     quarantine_for: Optional[float] = None  #: --quarantine-for, seconds (None: the default)
     judged: bool = False  #: its end's quarantine is decided (only the first to learn decides)
+    #: how the code reached the hosts (``model.share.Delivery.record``), once every node has it
+    code_delivery: Optional[Mapping[str, Any]] = None
 
     @classmethod
     def of(
@@ -224,6 +226,7 @@ def record_json(record: RunRecord) -> dict[str, Any]:
         "ended": record.ended,
         "quarantine_for": record.quarantine_for,
         "judged": record.judged,
+        "code_delivery": None if record.code_delivery is None else dict(record.code_delivery),
     }
 
 
@@ -251,6 +254,7 @@ def record_of(data: Mapping[str, Any]) -> RunRecord:
         ended=data.get("ended"),
         quarantine_for=data.get("quarantine_for"),
         judged=bool(data.get("judged", False)),
+        code_delivery=data.get("code_delivery"),
     )
 
 

@@ -90,7 +90,33 @@ def _receive_code(rundir: str, payload: dict[str, Any], stream: IO[bytes]) -> No
     before its SHA-256 is checked (a mismatch discards the run directory)."""
     code = os.path.join(rundir, contract.CODE)
     os.mkdir(code, 0o700)
+    if payload.get("kept"):  # handed on before the go: the host's kept copy, checked again
+        _receive_kept(code, rundir, payload)
+        return
     incoming = _Code(stream, int(payload["size"]))
+    _store_code(code, rundir, payload, incoming)
+
+
+def _receive_kept(code: str, rundir: str, payload: dict[str, Any]) -> None:
+    from sshddp.remote import hostpath
+    from sshddp.remote.node import host_handoff
+
+    path = ""
+    try:
+        path = host_handoff.kept(payload["kept"], payload["sha256"])
+        with hostpath.open_read(path, "the kept payload") as fh:
+            _store_code(code, rundir, payload, _Code(fh, int(payload["size"])))
+    except BootError:
+        if path and os.path.lexists(path):  # never trusted again
+            os.unlink(path)
+        raise
+    except FileNotFoundError:
+        raise BootError(f"the kept copy of the code {path} is gone") from None
+    except hostpath.Unsafe as exc:
+        raise BootError(str(exc)) from None
+
+
+def _store_code(code: str, rundir: str, payload: dict[str, Any], incoming: _Code) -> None:
     if payload["kind"] == "file":
         with os.fdopen(create(os.path.join(code, payload["name"])), "wb") as fh:
             while True:

@@ -44,6 +44,12 @@ def _answer(order: session_messages.Ask) -> session_messages.Answer:
         return session_messages.answer(question, {"clock": time.time()})
     if question == "connect":
         return session_messages.answer(question, {"rendezvous": connect(args)})
+    if question.startswith("payload-"):  # the code handed from host to host
+        from sshddp.remote.node import host_handoff
+
+        return session_messages.answer(
+            question, host_handoff.answer(question, args, sys.stdin.buffer)
+        )
     return session_messages.answer(question, {"error": f"unknown question {question!r}"})
 
 
@@ -63,6 +69,7 @@ def _session(args: dict[str, Any]) -> None:
     while order is not None and order["kind"] == "ask":
         _say(_answer(order))
         order = _order()
+    _stop_handoff()
     holds.release_listeners()
     try:
         if order is not None and order["kind"] == "go":
@@ -70,6 +77,14 @@ def _session(args: dict[str, Any]) -> None:
             _boot(order["boot"], holds)
     finally:
         holds.release_all()
+
+
+def _stop_handoff() -> None:
+    """The hand-off's servers end at the go (every node has its code by then), or with
+    the session."""
+    handoff = sys.modules.get("sshddp.remote.node.host_handoff")
+    if handoff is not None:
+        handoff.stop_all()
 
 
 def _boot(boot_args: dict[str, Any], holds: Holds) -> None:

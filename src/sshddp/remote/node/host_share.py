@@ -122,7 +122,8 @@ class Shares:
 class Server:
     """Node 0: the shared files, to every node of this run that asks (threads, one each)."""
 
-    def __init__(self, order: dict[str, Any]) -> None:
+    def __init__(self, order: dict[str, Any], sock: Optional[socket.socket] = None) -> None:
+        """``sock``: a socket listening already (else one on ``order``'s addr and port)."""
         self.cwd = os.path.expanduser(order["cwd"])
         self.paths = set(order["paths"])
         self.key = bytes.fromhex(order["key"])
@@ -132,7 +133,7 @@ class Server:
         self.files = 0
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
-        self.sock = _listen(order.get("addr") or "", int(order["port"]))
+        self.sock = sock or _listen(order.get("addr") or "", int(order["port"]))
         self.acceptor = threading.Thread(target=self._accept, daemon=True)
         self.acceptor.start()
 
@@ -201,7 +202,8 @@ def pull(order: dict[str, Any]) -> Answer:
     cwd = os.path.expanduser(order["cwd"])
     where = f"{order['addr']}:{order['port']}"
     who = str(order.get("source") or "node 0")
-    sock = _connect(order["addr"], int(order["port"]), float(order["timeout"]), who)
+    waits = float(order.get("connect_timeout") or order["timeout"])  # it may not listen yet
+    sock = _connect(order["addr"], int(order["port"]), waits, who)
     received = 0
     try:
         conn = wire.join(sock, bytes.fromhex(order["key"]), order["run"], order["rank"], where)
@@ -210,8 +212,8 @@ def pull(order: dict[str, Any]) -> Answer:
             conn.send({"want": item["path"]})
             header = conn.receive()
             if header is None or not isinstance(header.get("size"), int):
-                raise OSError(f"node 0 ({where}) did not send {item['path']}")
-            _store(conn.lines, cwd, item, header["size"])
+                raise OSError(f"{who} ({where}) did not send {item['path']}")
+            _store(conn.lines, cwd, item, header["size"], who)
             received += header["size"]
     finally:
         sock.close()  # first: the wait in TIME_WAIT is ours, not node 0's rendezvous port's
@@ -241,7 +243,9 @@ def _connect(addr: str, port: int, timeout: float, who: str = "node 0") -> socke
             time.sleep(0.1)
 
 
-def _store(lines: wire.Lines, cwd: str, item: dict[str, Any], size: int) -> None:
+def _store(
+    lines: wire.Lines, cwd: str, item: dict[str, Any], size: int, who: str = "node 0"
+) -> None:
     """``size`` raw bytes from ``lines`` into a new temporary file (``O_EXCL``, an
     unguessable name) beside the target, then, if they are node 0's version, renamed over
     it. A target directory others may write to (unless sticky and ours) is refused."""
@@ -256,13 +260,13 @@ def _store(lines: wire.Lines, cwd: str, item: dict[str, Any], size: int) -> None
     sha = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as fh:
-            for data in _raw(lines, size):
+            for data in _raw(lines, size, who):
                 sha.update(data)
                 fh.write(data)
         if sha.hexdigest() != item["sha256"]:
             raise OSError(
-                f"{item['path']} arrived with SHA-256 {sha.hexdigest()}, not node 0's "
-                f"{item['sha256']} (did it change on node 0 meanwhile?)"
+                f"{item['path']} arrived from {who} with SHA-256 {sha.hexdigest()}, not "
+                f"{item['sha256']} (did it change on {who} meanwhile?): refused"
             )
         hostpath.rename(tmp, os.path.join(folder, name))
     finally:
@@ -270,7 +274,7 @@ def _store(lines: wire.Lines, cwd: str, item: dict[str, Any], size: int) -> None
             os.unlink(tmp)
 
 
-def _raw(lines: wire.Lines, size: int) -> Iterator[bytes]:
+def _raw(lines: wire.Lines, size: int, who: str = "node 0") -> Iterator[bytes]:
     """``size`` bytes after the last line read: what ``lines`` holds already, then more."""
     left = size
     if lines.buf:
@@ -280,6 +284,6 @@ def _raw(lines: wire.Lines, size: int) -> Iterator[bytes]:
     while left > 0:
         data = lines.sock.recv(min(CHUNK, left))
         if not data:
-            raise OSError(f"node 0 closed the connection {left} bytes short")
+            raise OSError(f"{who} closed the connection {left} bytes short")
         left -= len(data)
         yield data
