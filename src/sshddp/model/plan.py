@@ -106,6 +106,10 @@ class NodePlan(NodeLayout):
     program: Program  #: what the node runs (through torchrun, or its own launcher)
     workspace: Optional[str] = None  #: the cwd when it outlives the run: code is linked in
     torchrun: Optional[TorchrunOptions] = None  #: torchrun's options; None: no torchrun
+    #: a spare (``--max-restarts``): staged and started like a node, its supervisor waits in
+    #: the run's mesh with no node rank (``node_rank`` is its slot there: N, N + 1, ...)
+    #: until node 0 gives it a lost node's
+    spare: bool = False
 
     @property
     def layout(self) -> NodeLayout:
@@ -167,8 +171,14 @@ class LaunchPlan:
         to, and the run directory with ``~`` expanded)."""
         return tuple(compose.node_argv(self.spec(node), node.host.python, node.rundir))
 
+    @property
+    def running(self) -> tuple[NodePlan, ...]:
+        """The nodes that run from the start (the spares wait)."""
+        return tuple(n for n in self.nodes if not n.spare)
+
     def spec(self, node: NodePlan) -> contract.SpecRecord:
         """What the node's spec.json holds (the host contract)."""
+        running = self.running
         spec: contract.SpecRecord = {
             "schema": contract.SCHEMA,
             "run_id": self.run_id,
@@ -178,11 +188,11 @@ class LaunchPlan:
             "grace": self.grace,
             "mark": self.mark(node),
             "peers": {
-                "nnodes": len(self.nodes),
+                "nnodes": len(running),
                 "addr": self.rdzv_addr,
                 "port": self.peer_port,
                 "timeout": self.heartbeat_timeout,
-                "hosts": [n.host.host for n in self.nodes],
+                "hosts": [n.host.host for n in running],
             },
             "tty": self.tty,
             "tty_size": list(self.tty_size),
@@ -191,10 +201,14 @@ class LaunchPlan:
                 "init_timeout": self.watch[0],
                 "stall_timeout": self.watch[1],
                 "on_stall": self.watch[2],
-                "nprocs": [n.nproc for n in self.nodes],
+                "nprocs": [n.nproc for n in running],
             },
             "restarts": self.max_restarts,
         }
+        if len(running) < len(self.nodes):
+            spec["peers"]["spares"] = [n.host.host for n in self.nodes if n.spare]
+        if node.spare:
+            spec["spare"] = True
         if node.torchrun is not None:
             spec["torchrun"] = node.torchrun.record()
         return spec
@@ -235,6 +249,7 @@ def make_plan(
     for i, h in enumerate(hosts):
         figures = NodeFigures(i, len(hosts), nprocs[i], sum(nprocs), *rdzv)
         nodes.append(_node(options, code, h, figures, sum(nprocs[:i]), run_id))
+    nodes += _spares(inventory, options, code, run_id, rdzv, sum(nprocs))
     return LaunchPlan(
         run_id=run_id,
         nodes=tuple(nodes),
@@ -284,6 +299,26 @@ def _node(
         workspace=space,
         torchrun=_torchrun(options, figures, run_id),
     )
+
+
+def _spares(
+    inventory: Inventory,
+    options: LaunchOptions,
+    code: CodeSpec,
+    run_id: str,
+    rdzv: tuple[str, int],
+    world: int,
+) -> list[NodePlan]:
+    """The spares staged with the run, each waiting in slot N + i (with restarts only: a
+    spare takes a lost node's place in the run's next attempt)."""
+    if options.max_restarts <= 0 or options.launcher != "torchrun":
+        return []
+    count, out = len(inventory.hosts), []
+    for i, spare in enumerate(inventory.spares):
+        host = replace(spare, index=count + i)  # the pool keys its hosts by index
+        figures = NodeFigures(count + i, count, options.nproc_per_node or host.procs, world, *rdzv)
+        out.append(replace(_node(options, code, host, figures, world, run_id), spare=True))
+    return out
 
 
 def _program(options: LaunchOptions, code: CodeSpec, node: NodeFigures) -> Program:

@@ -154,7 +154,8 @@ class Launch:
         where = Path(plan.log_dir).absolute()
         logs, console = open_sinks(plan.layout, where, self.screen, self.mode.ranks, fresh=True)
         try:
-            with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
+            hosts = [n.host for n in plan.nodes]  # the spares staged with it too
+            with HostPool(hosts, ssh, self.mode.fanout) as pool:
                 state = LaunchState(plan, pool, logs, console)
                 state.left_out += payload.left  # the report explains a rank missing one
                 try:

@@ -134,7 +134,9 @@ class Supervisor:
         self.env = node_env(self.rundir, self.spec, self.env)
         self.sampler = Sampler(self.rundir, self.spec)
         self.sampler.start()
-        return self.state.phase == SPARE or self.spawn()  # a spare waits for its seat
+        if self.state.phase == SPARE:
+            return spare_waits(self.rundir, self.started)
+        return self.spawn()
 
     def spawn(self) -> bool:
         """Start the attempt's torchrun (``Spare``: the standby's, if one waits); False when
@@ -167,8 +169,7 @@ class Supervisor:
             self._step()
 
     def _seen(self) -> list[Event]:
-        """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full
-        disk."""
+        """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full disk."""
         seen: list[Event] = []
         if self.state.phase == WATCHING and self.proc is not None and exited(self.proc):
             seen.append(Exited())
@@ -278,12 +279,19 @@ def attempt_env(
     return env
 
 
+def spare_waits(rundir: str, since: float) -> bool:
+    """A spare's state.json: its supervisor alone runs (the launch sees it started; ``ps``
+    and ``stop`` find it) until node 0 seats it."""
+    record_state(rundir, os.getpid(), since)
+    return True
+
+
 def on_signal(inbox: Inbox, signum: int, frame: Optional[FrameType]) -> None:
     """A signal handler: the loop hears of ``signum``."""
     inbox.post(Signal(signum))
 
 
-def record_state(rundir: str, pid: int, since: float, standby: bool) -> Optional[int]:
+def record_state(rundir: str, pid: int, since: float, standby: bool = False) -> Optional[int]:
     """state.json for torchrun ``pid``; its start time (None: it is gone already)."""
     started = start_time(pid)  # not reaped before teardown: it names torchrun
     record = state_record(pid, started, since, standby)

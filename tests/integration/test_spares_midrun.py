@@ -1,0 +1,86 @@
+"""A spare takes a lost node's place mid-run, for real: 3 hosts and a spare (h4) on real sshd
+servers, a detached run (no coordinator: the supervisors decide), gloo all-reduces every
+step and rank 0 checkpoints every 3 steps. h3's host dies (its sshd and sessions gone, every
+process of its node SIGKILLed): node 0 halts the attempt, seats h4's waiting supervisor as
+node 2, and the run finishes on h1, h2, h4 from the last checkpoint, not from step 0. No
+process of the run survives on any host."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from launch_helpers import sshddp, wait_until
+from test_faults_infra import _kill_sshd_and_sessions, contains, remote_log
+from test_quarantine import _kill_node
+
+from sshddp_lab.sshd import SshdCluster
+
+TRAIN = Path(__file__).parent / "payloads" / "ckpt_train.py"
+STEPS = 40
+
+
+def _inventory(tmp: Path, port: int) -> tuple[Path, Path]:
+    workdir = tmp / "remote"
+    doc: dict[str, Any] = {
+        "defaults": {
+            "python": sys.executable,
+            "workdir": str(workdir),
+            "nproc": 1,
+            "env": {"GLOO_SOCKET_IFNAME": "lo"},
+        },
+        "rendezvous": {"port": port},
+        "hosts": ["h1", "h2", "h3"],
+        "spares": ["h4"],
+    }
+    inv = tmp / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv, workdir
+
+
+def _exit(workdir: Path, run: str, slot: int) -> dict[str, Any]:
+    path = workdir / "runs" / run / f"n{slot}" / "exit.json"
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
+def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoint(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    cluster = make_cluster(4)
+    inv, workdir = _inventory(tmp_path, free_port())
+    run = "spm"
+    opts = ["--detach", "--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5"]
+    started = sshddp(cluster, tmp_path, "launch", *opts, "--grace", "2", inv, TRAIN, str(STEPS))
+    assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
+    wait_until(
+        lambda: all(contains(remote_log(workdir, run, n), f"rank {n} step 7\n") for n in range(3)),
+        90,
+        "every rank past its first checkpoints",
+    )
+    assert _kill_sshd_and_sessions(cluster, 3) >= 0
+    _kill_node(run, workdir, 2)
+    wait_until(
+        lambda: all(_exit(workdir, run, slot) for slot in (0, 1, 3)),
+        120,
+        "nodes 0, 1 and the spare to end",
+    )
+    ends = {slot: _exit(workdir, run, slot) for slot in (0, 1, 3)}
+    assert all(e["state"] == "succeeded" for e in ends.values()), ends
+    assert ends[3]["node_rank"] == 2 and ends[3]["attempt"] == 2, ends[3]
+    (why,) = ends[0]["earlier"]
+    assert why.startswith("node 2 (h3) lost (") and why.endswith("; h4 took its place"), why
+    spare_log = remote_log(workdir, run, 3).read_text()
+    (begin,) = [line for line in spare_log.splitlines() if " starts at step " in line]
+    assert begin.startswith("attempt 2 rank 2 node 2 replaced [2] starts at step "), spare_log
+    resumed = int(begin.rsplit(" ", 1)[1])
+    assert resumed >= 6, begin  # the checkpoint, not step 0
+    node0 = remote_log(workdir, run, 0).read_text()
+    assert f"attempt 2 rank 0 node 0 replaced [2] starts at step {resumed}" in node0, node0
+    assert '"world": 3, "attempt": 2' in node0 and f'"first": {resumed}' in node0, node0
+    run_no_leak(run)
