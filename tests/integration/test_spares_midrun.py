@@ -3,7 +3,8 @@ servers, a detached run (no coordinator: the supervisors decide), gloo all-reduc
 step and rank 0 checkpoints every 3 steps. h3's host dies (its sshd and sessions gone, every
 process of its node SIGKILLed): node 0 halts the attempt, seats h4's waiting supervisor as
 node 2, and the run finishes on h1, h2, h4 from the last checkpoint, not from step 0. No
-process of the run survives on any host."""
+process of the run survives on any host; h3 is quarantined, and the next launch of the
+inventory, h3's sshd back, leaves it out and says so."""
 
 from __future__ import annotations
 
@@ -60,14 +61,14 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoin
     assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
     wait_until(
         lambda: all(contains(remote_log(workdir, run, n), f"rank {n} step 7\n") for n in range(3)),
-        90,
+        180,
         "every rank past its first checkpoints",
     )
     assert _kill_sshd_and_sessions(cluster, 3) >= 0
     _kill_node(run, workdir, 2)
     wait_until(
         lambda: all(_exit(workdir, run, slot) for slot in (0, 1, 3)),
-        120,
+        300,
         "nodes 0, 1 and the spare to end",
     )
     ends = {slot: _exit(workdir, run, slot) for slot in (0, 1, 3)}
@@ -84,3 +85,15 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoin
     assert f"attempt 2 rank 0 node 0 replaced [2] starts at step {resumed}" in node0, node0
     assert '"world": 3, "attempt": 2' in node0 and f'"first": {resumed}' in node0, node0
     run_no_leak(run)
+
+    # the first look at the ended run records its end: h3 is quarantined, its node 2 is h4's
+    listed = sshddp(cluster, tmp_path, "ps", "--all", run)
+    assert f"sshddp: run {run}: quarantined h3 until " in listed.stderr, listed.stderr
+    assert ": lost (node 2 (h3) lost (" in listed.stderr, listed.stderr
+    cluster.start_host(3)
+    again = sshddp(cluster, tmp_path, "launch", "--name", "spm2", inv, TRAIN, str(STEPS))
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    (swap,) = [line for line in again.stderr.splitlines() if "takes its place" in line]
+    assert swap.startswith("sshddp: node 2: h3 quarantined until "), swap
+    assert swap.endswith("; spare h4 takes its place"), swap
+    run_no_leak("spm2")

@@ -142,11 +142,10 @@ def test_a_fail_first_then_the_loss_still_seats_a_spare() -> None:
 def test_a_fail_while_a_node_is_unreachable_seats_a_spare() -> None:
     state = node0(heard=frozenset({0, 1, 3, 4}))
     state, actions = run(state, Message(1, pm.fail(1, "x")))
-    assert actions[0] == Tell(pm.halt(1, "node 1 (h2) failed: x"))
+    why = "node 1 (h2) failed: x; node 2 (h3) lost (not connected to node 0's supervisor)"
+    assert actions[0] == Tell(pm.halt(1, why))
     state, actions = run(state, Message(0, pm.halted(1)))
-    assert actions == [
-        Tell(pm.again(2, "node 1 (h2) failed: x; h4 took its place", [0, 1, 3], [2]))
-    ]
+    assert actions == [Tell(pm.again(2, f"{why}; h4 took its place", [0, 1, 3], [2]))]
 
 
 def test_a_lost_node_with_no_spare_or_attempt_left_ends_the_run() -> None:
@@ -221,3 +220,19 @@ def test_again_carries_the_nodes_and_reads_back() -> None:
     assert pm.decode({"t": "again", "attempt": 2, "reason": "w"}) == pm.again(2, "w")
     assert pm.decode({"t": "again", "attempt": 2, "reason": "w", "nodes": [0, "x"]}) is None
     assert pm.decode({"t": "again", "attempt": 2, "reason": "w", "nodes": [0, -1]}) is None
+
+
+def test_a_spares_record_marks_the_node_it_replaced() -> None:
+    from sshddp.model.state import NodeState, with_replaced
+
+    states: list[Any] = [
+        {"state": "succeeded", "node_rank": 0},
+        {"state": "succeeded", "node_rank": 1},
+        {"state": "unreachable", "reason": "connection refused"},
+        {"state": "succeeded", "node_rank": 2},  # the spare, planned as slot 3
+    ]
+    out = with_replaced([0, 1, 2, 3], ["h1", "h2", "h3", "h4"], states)
+    assert out[2]["state"] == "replaced" and out[2]["reason"].endswith("h4 took its place")
+    assert NodeState.of(out[2]["state"]).final and not NodeState.REPLACED.bad
+    assert out[:2] == states[:2] and out[3] == states[3]
+    assert with_replaced([0, 1], ["h1", "h2"], states[:2]) == states[:2]

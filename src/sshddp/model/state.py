@@ -54,11 +54,14 @@ class NodeState(str, Enum):
     NOT_ANSWERING = contract.NOT_ANSWERING
     UNKNOWN = contract.UNKNOWN
     GONE = "gone"
+    #: its host was lost mid-run and a spare took its node rank (the spare's record says so)
+    REPLACED = "replaced"
 
     @property
     def final(self) -> bool:
         """The node has ended for good (its host says so, or holds nothing of it)."""
-        return self.value in contract.FINAL_STATES or self is NodeState.GONE
+        done = self.value in contract.FINAL_STATES
+        return done or self in (NodeState.GONE, NodeState.REPLACED)
 
     @property
     def bad(self) -> bool:
@@ -77,6 +80,22 @@ class NodeState(str, Enum):
             return cls(value)
         except ValueError:
             return cls.UNKNOWN
+
+
+def with_replaced(ranks: Sequence[int], hosts: Sequence[str], states: list[Any]) -> list[Any]:
+    """``states`` (the exit or status records of the nodes planned with ``ranks``, on
+    ``hosts``), where a spare's record says it ran as another planned node's rank: that
+    node's host was lost mid-run and is REPLACED (its own record, if any, was cut short)."""
+    out = list(states)
+    for i, state in enumerate(states):
+        seat = state.get("node_rank") if isinstance(state, Mapping) else None
+        if not isinstance(seat, int) or seat == ranks[i] or seat not in ranks:
+            continue
+        lost = ranks.index(seat)
+        if not NodeState.of(out[lost].get("state")).final or out[lost].get("state") == "lost":
+            why = f"lost mid-run; {hosts[i]} took its place"
+            out[lost] = {"state": NodeState.REPLACED.value, "reason": why, "returncode": None}
+    return out
 
 
 @dataclass(frozen=True)
@@ -229,7 +248,8 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return all(n.state is NodeState.SUCCEEDED for n in self.nodes)
+        fine = (NodeState.SUCCEEDED, NodeState.REPLACED)
+        return all(n.state in fine for n in self.nodes)
 
     @property
     def undistributed(self) -> bool:

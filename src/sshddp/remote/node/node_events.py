@@ -488,7 +488,9 @@ def failed(state: LoopState, rank: int, attempt: int, reason: str) -> Decision:
         return stopped(state, rank, attempt) if d.halting == attempt else (state, [])
     heard = state.heard | {state.rank}
     gone = frozenset(s for s in state.seated() if s not in heard)
-    state, actions = _halt(state, attempt, f"{state.name(rank)} failed: {reason}", gone)
+    why = f"{state.name(rank)} failed: {reason}"
+    lost = [f"{state.name(s)} lost (not connected to node 0's supervisor)" for s in sorted(gone)]
+    state, actions = _halt(state, attempt, why, gone, "; ".join((why, *lost)))
     if state.decider.halting != attempt:
         return state, actions
     state, more = stopped(state, rank, attempt)
@@ -511,9 +513,11 @@ def lost(state: LoopState, slot: int, reason: str) -> Decision:
     return _complete(replace(state, decider=d))
 
 
-def _halt(state: LoopState, attempt: int, why: str, gone: frozenset[int]) -> Decision:
-    """Stop ``attempt`` everywhere for ``why`` (``gone``: the nodes lost), or end the run
-    when no next attempt can follow."""
+def _halt(
+    state: LoopState, attempt: int, why: str, gone: frozenset[int], told: str = ""
+) -> Decision:
+    """Stop ``attempt`` everywhere for ``why`` (``told``: in full, the lost nodes named;
+    ``gone``: the nodes lost), or end the run when no next attempt can follow."""
     members = state.seated()
     ended = [members.index(s) for s in members if s in state.ended and s not in gone]
     no = refusal(attempt, state.max_attempts, ended, state.abort)
@@ -521,6 +525,7 @@ def _halt(state: LoopState, attempt: int, why: str, gone: frozenset[int]) -> Dec
         no = _seating(state, gone).refusal
     if no:
         return state, [EndRun(f"{why}; not restarted: {no}")]
+    why = told or why
     d = replace(state.decider, halting=attempt, halted=frozenset(), why=why, lost=gone)
     state = replace(state, decider=d, halt=(attempt, why))
     return state, [Tell(pm.halt(attempt, why))]
