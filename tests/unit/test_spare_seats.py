@@ -8,7 +8,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from test_plan import plan_of
 
+from cli_helpers import assert_clean_failure, sshddp
+from sshddp.errors import ExitCode, InventoryError
+from sshddp.model.inventory import parse_inventory
+from sshddp.model.plan import LaunchOptions
+from sshddp.model.state import NodeState, with_replaced
 from sshddp.protocol import contract
 from sshddp.protocol import peer_messages as pm
 from sshddp.remote.node.node_events import (
@@ -223,8 +229,6 @@ def test_again_carries_the_nodes_and_reads_back() -> None:
 
 
 def test_a_spares_record_marks_the_node_it_replaced() -> None:
-    from sshddp.model.state import NodeState, with_replaced
-
     states: list[Any] = [
         {"state": "succeeded", "node_rank": 0},
         {"state": "succeeded", "node_rank": 1},
@@ -236,3 +240,25 @@ def test_a_spares_record_marks_the_node_it_replaced() -> None:
     assert NodeState.of(out[2]["state"]).final and not NodeState.REPLACED.bad
     assert out[:2] == states[:2] and out[3] == states[3]
     assert with_replaced([0, 1], ["h1", "h2"], states[:2]) == states[:2]
+
+
+@pytest.mark.parametrize("value", ["0", "4", "two", "true", "[2]", "-1"])
+def test_min_nodes_is_a_count_of_the_hosts_named_by_key_and_line(value: str) -> None:
+    text = f"hosts: [a, b, c]\nmin_nodes: {value}\n"
+    with pytest.raises(InventoryError, match=r"^<string>:2: min_nodes: expected a whole") as e:
+        parse_inventory(text)
+    paragraph = str(e.value).split("\n\n")[0]  # then the line, with a caret under the value
+    assert "from 1 to 3 (the hosts listed)" in paragraph, paragraph
+    assert parse_inventory("hosts: [a, b, c]\nmin_nodes: 2\n").min_nodes == 2
+    assert parse_inventory("hosts: [a, b, c]\n").min_nodes == 0
+
+
+def test_min_nodes_reaches_the_spec_and_a_bad_one_exits_2(tmp_path: Any) -> None:
+    plan = plan_of(LaunchOptions(script="t.py", max_restarts=1, min_nodes=2))
+    assert all(plan.spec(n)["min_nodes"] == 2 for n in plan.nodes)
+    assert "min_nodes" not in plan_of(LaunchOptions(script="t.py")).spec(plan.nodes[0])
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts: [a, b]\nmin_nodes: 3\n")
+    result = sshddp(["launch", "--dry-run", str(inv), "train.py"])
+    assert_clean_failure(result, ExitCode.BAD_INPUT)
+    assert f"{inv}:2: min_nodes: expected a whole number of nodes from 1 to 2" in result.err

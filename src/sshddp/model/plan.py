@@ -61,6 +61,8 @@ class LaunchOptions:
     log_dir: str = defaults.LOG_DIR  #: local log root
     name: Optional[str] = None  #: run id chosen by the user
     max_restarts: int = 0  #: times the whole run starts again after a failure (the supervisors')
+    #: --min-nodes: the fewest nodes the run goes on with, no spare left (0: the inventory's)
+    min_nodes: int = 0
     grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
@@ -143,6 +145,7 @@ class LaunchPlan:
     nonce: str = ""  #: random, one per launch: no two runs' node marks are ever the same
     watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
     max_restarts: int = 0  #: times every node starts again together after a failure
+    min_nodes: int = 0  #: the fewest nodes a restart goes on with, no spare left (0: all)
     share: tuple[str, ...] = ()  #: paths in the ranks' cwd made node 0's on every node first
 
     @property
@@ -205,6 +208,8 @@ class LaunchPlan:
             },
             "restarts": self.max_restarts,
         }
+        if self.min_nodes:
+            spec["min_nodes"] = self.min_nodes
         if len(running) < len(self.nodes):
             spec["peers"]["spares"] = [n.host.host for n in self.nodes if n.spare]
         if node.spare:
@@ -270,6 +275,7 @@ def make_plan(
         nonce=secrets.token_hex(6),
         watch=(options.init_timeout, options.stall_timeout, options.on_stall),
         max_restarts=options.max_restarts,
+        min_nodes=_least(inventory, options),
         share=normalized((*inventory.share, *options.share)),
     )
 
@@ -299,6 +305,17 @@ def _node(
         workspace=space,
         torchrun=_torchrun(options, figures, run_id),
     )
+
+
+def _least(inventory: Inventory, options: LaunchOptions) -> int:
+    """``--min-nodes`` (else the inventory's ``min_nodes``), within the hosts' count."""
+    least = options.min_nodes or inventory.min_nodes
+    if not 0 <= least <= len(inventory.hosts):
+        raise UsageError(
+            f"--min-nodes {least}: expected a whole number of nodes from 1 to "
+            f"{len(inventory.hosts)} (the inventory's hosts)"
+        )
+    return least
 
 
 def _spares(
