@@ -24,7 +24,7 @@ TRAIN = Path(__file__).parent / "payloads" / "ckpt_train.py"
 STEPS = 40
 
 
-def _inventory(tmp: Path, port: int) -> tuple[Path, Path]:
+def _inventory(tmp: Path, port: int, **top: Any) -> tuple[Path, Path]:
     workdir = tmp / "remote"
     doc: dict[str, Any] = {
         "defaults": {
@@ -36,10 +36,23 @@ def _inventory(tmp: Path, port: int) -> tuple[Path, Path]:
         "rendezvous": {"port": port},
         "hosts": ["h1", "h2", "h3"],
         "spares": ["h4"],
+        **top,
     }
+    doc = {k: v for k, v in doc.items() if v is not None}
     inv = tmp / "inv.yaml"
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     return inv, workdir
+
+
+def _kill_h3_mid_run(cluster: SshdCluster, workdir: Path, run: str) -> None:
+    """Once every rank is past its first checkpoints: h3's sshd, sessions and node gone."""
+    wait_until(
+        lambda: all(contains(remote_log(workdir, run, n), f"rank {n} step 7\n") for n in range(3)),
+        180,
+        "every rank past its first checkpoints",
+    )
+    _kill_sshd_and_sessions(cluster, 3)
+    _kill_node(run, workdir, 2)
 
 
 def _exit(workdir: Path, run: str, slot: int) -> dict[str, Any]:
@@ -59,13 +72,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoin
     opts = ["--detach", "--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5"]
     started = sshddp(cluster, tmp_path, "launch", *opts, "--grace", "2", inv, TRAIN, str(STEPS))
     assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
-    wait_until(
-        lambda: all(contains(remote_log(workdir, run, n), f"rank {n} step 7\n") for n in range(3)),
-        180,
-        "every rank past its first checkpoints",
-    )
-    assert _kill_sshd_and_sessions(cluster, 3) >= 0
-    _kill_node(run, workdir, 2)
+    _kill_h3_mid_run(cluster, workdir, run)
     wait_until(
         lambda: all(_exit(workdir, run, slot) for slot in (0, 1, 3)),
         300,
@@ -97,3 +104,32 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoin
     assert swap.startswith("sshddp: node 2: h3 quarantined until "), swap
     assert swap.endswith("; spare h4 takes its place"), swap
     run_no_leak("spm2")
+
+
+def test_with_no_spare_min_nodes_lets_the_run_go_on_with_fewer_nodes(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """3 nodes, no spare, ``min_nodes: 2``: node 2's host dies; the run goes on with nodes 0
+    and 1 (world size 2) from the last checkpoint."""
+    cluster = make_cluster(3)
+    inv, workdir = _inventory(tmp_path, free_port(), spares=None, min_nodes=2)
+    run = "spmin"
+    opts = ["--detach", "--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5"]
+    started = sshddp(cluster, tmp_path, "launch", *opts, "--grace", "2", inv, TRAIN, str(STEPS))
+    assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
+    _kill_h3_mid_run(cluster, workdir, run)
+    wait_until(lambda: _exit(workdir, run, 0) and _exit(workdir, run, 1), 300, "nodes 0, 1")
+    ends = [_exit(workdir, run, node) for node in (0, 1)]
+    assert all(e["state"] == "succeeded" and e["attempt"] == 2 for e in ends), ends
+    (why,) = ends[0]["earlier"]
+    assert why.startswith("node 2 (h3) lost ("), why
+    assert "; the run goes on with 2 node(s) (min_nodes 2): " in why, why
+    log = remote_log(workdir, run, 1).read_text()
+    (begin,) = [line for line in log.splitlines() if line.startswith("attempt 2 ")]
+    assert begin.startswith("attempt 2 rank 1 node 1 replaced [] starts at step "), log
+    assert int(begin.rsplit(" ", 1)[1]) >= 6, begin  # the checkpoint, not step 0
+    assert '"world": 2, "attempt": 2' in log, log
+    run_no_leak(run)
