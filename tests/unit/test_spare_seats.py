@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_plan import plan_of
+from test_plan import THREE_HOSTS, plan_of
 
 from cli_helpers import assert_clean_failure, sshddp
 from sshddp.errors import ExitCode, InventoryError
@@ -262,3 +262,25 @@ def test_min_nodes_reaches_the_spec_and_a_bad_one_exits_2(tmp_path: Any) -> None
     result = sshddp(["launch", "--dry-run", str(inv), "train.py"])
     assert_clean_failure(result, ExitCode.BAD_INPUT)
     assert f"{inv}:2: min_nodes: expected a whole number of nodes from 1 to 2" in result.err
+
+
+def test_with_restarts_the_spares_are_planned_as_waiting_supervisors() -> None:
+    text = THREE_HOSTS + "spares:\n  - {host: gpu-d, nproc: 2}\n"
+    plain = plan_of(LaunchOptions(script="t.py"), text)
+    assert [n.host.host for n in plain.nodes] == ["gpu-a", "gpu-b", "gpu-c"]  # no restarts
+    plan = plan_of(LaunchOptions(script="t.py", max_restarts=1), text)
+    spare = plan.nodes[3]
+    assert (spare.host.host, spare.spare, spare.node_rank, spare.host.index) == (
+        "gpu-d",
+        True,
+        3,
+        3,
+    )
+    assert [n.host.host for n in plan.running] == ["gpu-a", "gpu-b", "gpu-c"]
+    assert plan.world_size == 6 and spare.rundir.endswith("/n3")
+    spec = plan.spec(spare)
+    assert spec["spare"] is True and spec["node_rank"] == 3
+    assert spec["peers"]["nnodes"] == 3 and spec["peers"]["spares"] == ["gpu-d"]
+    assert spec["peers"]["hosts"] == ["gpu-a", "gpu-b", "gpu-c"]
+    assert spec["watch"]["nprocs"] == [2, 2, 2] and spec["torchrun"]["nnodes"] == 3
+    assert "spare" not in plan.spec(plan.nodes[0])
