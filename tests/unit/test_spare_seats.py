@@ -14,7 +14,7 @@ from cli_helpers import assert_clean_failure, sshddp
 from sshddp.errors import ExitCode, InventoryError
 from sshddp.model.inventory import parse_inventory
 from sshddp.model.plan import LaunchOptions
-from sshddp.model.state import NodeState, with_replaced
+from sshddp.model.state import NodeResult, NodeState, RunResult, replaced_in, with_replaced
 from sshddp.protocol import contract
 from sshddp.protocol import peer_messages as pm
 from sshddp.remote.node.node_events import (
@@ -284,3 +284,16 @@ def test_with_restarts_the_spares_are_planned_as_waiting_supervisors() -> None:
     assert spec["peers"]["hosts"] == ["gpu-a", "gpu-b", "gpu-c"]
     assert spec["watch"]["nprocs"] == [2, 2, 2] and spec["torchrun"]["nnodes"] == 3
     assert "spare" not in plan.spec(plan.nodes[0])
+
+
+def test_the_launch_marks_the_node_a_spare_took_replaced_and_the_run_succeeded() -> None:
+    nodes = [NodeResult(n, f"h{n + 1}") for n in range(4)]
+    for n in (0, 1):
+        nodes[n].apply({"state": "succeeded", "node_rank": n})
+    nodes[2].state = NodeState.UNREACHABLE  # its host is gone: the follower gave up
+    nodes[3].apply({"state": "succeeded", "node_rank": 2})  # the spare, seated as node 2
+    assert nodes[3].seat == 2 and nodes[0].seat is None
+    result = replaced_in(RunResult("r", nodes))
+    assert result.nodes[2].state is NodeState.REPLACED and result.ok
+    assert result.nodes[2].reason == "lost mid-run; h4 took its place"
+    assert not replaced_in(RunResult("r", nodes[:3])).ok  # no spare's word: not replaced

@@ -39,7 +39,7 @@ from sshddp.model.plan import (
     with_port,
 )
 from sshddp.model.ranksel import check_ranks
-from sshddp.model.state import NodeResult, NodeState, RunResult
+from sshddp.model.state import NodeResult, NodeState, RunResult, replaced_in
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import preflight, registry
 from sshddp.run.attempts import AttemptWatch
@@ -338,6 +338,7 @@ def _forget(run_id: str) -> None:
 def _recorded(result: RunResult, screen: Screen) -> RunResult:
     """Keep the run's end in the registry, for ps. A registry that cannot take it never
     hides the run's result: it is reported all the same, with a warning."""
+    result = replaced_in(result)  # a spare took a lost node's place mid-run
     if trace.on():
         trace.log.info("report: run %s, %s", result.run_id, _node_states(result))
     try:
