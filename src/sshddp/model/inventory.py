@@ -386,6 +386,10 @@ _HOST_KEYS = (
 _RUN_KEYS = ("transport", "share", "sync", "include")  #: under defaults, but the run's
 _DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), *_RUN_KEYS)
 _TOP_KEYS = ("defaults", "rendezvous", "hosts", "spares", "min_nodes")
+#: the top-level keys a Slurm job's inventory refuses, and why
+_SLURM_REFUSES = MappingProxyType(
+    {"spares": "are host names", "min_nodes": "counts the hosts listed by name"}
+)
 _RDZV_KEYS = ("port", "host")
 _HOSTFILE_KEYS = (
     "slots",
@@ -544,7 +548,7 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
             if key in top:
                 doc.fail(
                     _at(key, top[key][0]),
-                    f"{key} takes hosts by name; a Slurm job's nodes (hosts: {{slurm: ...}}) "
+                    f"{key} {_SLURM_REFUSES[key]}; a Slurm job's nodes (hosts: {{slurm: ...}}) "
                     "take none.",
                 )
         return Inventory(doc.source, (), rendezvous, slurm, share, sync, include)
