@@ -165,7 +165,7 @@ def test_a_fail_while_a_node_is_unreachable_ends_the_run() -> None:
     """Node 0 hears a fail from node 2 in attempt 1, attempts left, node 3 unreachable."""
     state = node(0, heard=frozenset({0, 1, 2}))
     new, actions = decide(state, Message(2, pm.fail(1, "rank 5 exited with code 1")))
-    why = "node(s) 3 cannot be reached"
+    why = "node(s) 3 cannot be reached and no spare can take its place"
     assert actions == [
         EndRun(f"node 2 (h3) failed: rank 5 exited with code 1; not restarted: {why}")
     ]
@@ -225,7 +225,7 @@ def test_a_nodes_state_from_its_spec() -> None:
     spec: Any = {"node_rank": 2, "restarts": 2, "peers": {"nnodes": 3, "hosts": ["a", "b", "c"]}}
     state = initial(spec)
     assert (state.rank, state.nnodes, state.max_attempts, state.name(2)) == (2, 3, 3, "node 2 (c)")
-    assert initial({"node_rank": 0}).name(5) == "node 5 (?)"  # type: ignore[typeddict-item]
+    assert initial({"node_rank": 0}).name(5) == "spare ?"  # type: ignore[typeddict-item]
 
 
 MESSAGES: list[pm.PeerMessage] = [

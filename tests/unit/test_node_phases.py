@@ -74,9 +74,10 @@ def steps(state: LoopState, *batches: Event | tuple[Event, ...]) -> tuple[LoopSt
 
 
 def test_every_phase_is_named_once_and_a_node_starts_starting() -> None:
-    assert len(set(PHASES)) == len(PHASES) == 7
+    assert len(set(PHASES)) == len(PHASES) == 8
     spec: Any = {"node_rank": 0}
     assert initial(spec).phase == STARTING and node().phase == STARTING
+    assert initial({**spec, "node_rank": 4, "spare": True}).phase == "spare"
     assert initial({**spec, "launcher": contract.LAUNCH_COMMAND}).launcher == "the launcher"
 
 
@@ -239,7 +240,12 @@ def test_node_0_decides_restarts_on_the_peers_it_was_told_of() -> None:
     state = node(0, attempts=3, heard=frozenset())
     state, _ = decide(state, PeerView(frozenset({0, 1, 2}), frozenset()))
     _, actions = decide(state, Message(2, pm.fail(1, "x")))
-    assert actions == [EndRun("node 2 (h3) failed: x; not restarted: node(s) 3 cannot be reached")]
+    assert actions == [
+        EndRun(
+            "node 2 (h3) failed: x; not restarted: node(s) 3 cannot be reached and no spare "
+            "can take its place"
+        )
+    ]
     state, _ = decide(state, PeerView(frozenset({0, 1, 2, 3}), frozenset({3})))
     _, actions = decide(state, Message(2, pm.fail(1, "x")))
     assert actions == [EndRun("node 2 (h3) failed: x; not restarted: node(s) 3 ended already")]

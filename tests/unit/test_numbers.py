@@ -41,6 +41,7 @@ TABLE: dict[tuple[str, str], list[str]] = {
     ("launch", "--init-timeout"): SECONDS_BAD,
     ("launch", "--stall-timeout"): SECONDS_BAD,
     ("launch", "--max-restarts"): COUNT_BAD,
+    ("launch", "--min-nodes"): [*COUNT_BAD, "0", "2"],  # the inventory has one host
     ("launch", "--nproc-per-node"): [*COUNT_BAD, "0"],
     ("launch", "--port"): ["nan", "inf", "0", "-1", "-5", "65535", HUGE],
     ("doctor", "--port"): ["nan", "inf", "0", "-1", "-5", "65535", HUGE],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,21 @@ def test_a_node_the_supervisors_lost_and_we_cannot_reach_is_quarantined() -> Non
     )
     found = model.verdicts(result, {})
     assert hosts(found) == {"h3": "lost"} and found[0].evidence == said
+
+
+def test_a_host_lost_mid_run_whose_node_a_spare_took_is_quarantined() -> None:
+    """The run succeeded on a spare: node 0's reason for the restart names the lost host."""
+    why = "node 2 (h3) lost (no heartbeat for 5 s); h4 took its place"
+    done = [replace(node(n, NodeState.SUCCEEDED), earlier=(why,)) for n in range(3)]
+    found = model.verdicts(run(*done), {})
+    assert hosts(found) == {"h3": "lost"} and found[0].evidence == why
+    failed = "node 1 (h2) failed: x; node 2 (h3) lost (not connected to node 0's supervisor)"
+    done = [replace(node(n, NodeState.SUCCEEDED), earlier=(failed,)) for n in range(3)]
+    assert hosts(model.verdicts(run(*done), {})) == {"h3": "lost"}
+    plain = [
+        replace(node(n, NodeState.SUCCEEDED), earlier=("node 1 (h2) failed: x",)) for n in range(3)
+    ]
+    assert model.verdicts(run(*plain), {}) == []
 
 
 def test_unreachable_alone_quarantines_nobody() -> None:
@@ -342,7 +358,6 @@ def test_a_run_s_end_quarantines_once_even_after_a_clear(state: Path) -> None:
 
 
 def test_the_run_s_quarantine_for_is_used_and_zero_quarantines_nobody(state: Path) -> None:
-    from dataclasses import replace
 
     registry.create(replace(record(), quarantine_for=0.0))
     states = [{"state": "lost", "reason": "the node's supervisor died"}, {"state": "stopped"}]

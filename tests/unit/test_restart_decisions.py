@@ -33,20 +33,19 @@ Root Cause (first observed failure):
 
 
 @pytest.mark.parametrize(
-    ("attempt", "heard", "ended", "abort", "says"),
+    ("attempt", "ended", "abort", "says"),
     [
-        (1, {0, 1, 2}, set(), None, ""),
-        (2, {0, 1, 2}, set(), None, ""),
-        (3, {0, 1, 2}, set(), None, "no attempts left (3 made)"),
-        (1, {0, 2}, set(), None, "node(s) 1 cannot be reached"),
-        (1, {0, 1, 2}, {2}, None, "node(s) 2 ended already"),
-        (1, {0, 1, 2}, set(), "interrupted", "the run is stopping: interrupted"),
+        (1, set(), None, ""),
+        (2, set(), None, ""),
+        (3, set(), None, "no attempts left (3 made)"),
+        (1, {2}, None, "node(s) 2 ended already"),
+        (1, set(), "interrupted", "the run is stopping: interrupted"),
     ],
 )
-def test_node_0_restarts_only_with_attempts_left_and_every_node_there(
-    attempt: int, heard: set[int], ended: set[int], abort: str | None, says: str
+def test_node_0_restarts_only_with_attempts_left_and_no_node_ended(
+    attempt: int, ended: set[int], abort: str | None, says: str
 ) -> None:
-    assert refusal(attempt, 3, 3, heard, ended, abort) == says
+    assert refusal(attempt, 3, ended, abort) == says
 
 
 def test_failure_text_names_the_rank_from_torchruns_summary_of_this_attempt(

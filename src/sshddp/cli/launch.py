@@ -110,6 +110,14 @@ REPORT_TAIL = 400  # lines of the failing node's log the report looks through
     help="After a failure, stop every node and start the whole run again, up to N times.",
 )
 @click.option(
+    "--min-nodes",
+    type=count(1, 100_000),
+    default=None,
+    metavar="K",
+    help="With --max-restarts: once a node is lost and no spare is left, go on with K or "
+    "more nodes (the inventory's min_nodes:).",
+)
+@click.option(
     "--grace",
     type=Seconds(min=0),
     default=defaults.GRACE,
@@ -296,6 +304,7 @@ def launch_options(
         log_dir=kw["log_dir"],
         name=kw["name"],
         max_restarts=kw["max_restarts"],
+        min_nodes=kw["min_nodes"] or 0,
         grace=kw["grace"],
         heartbeat_timeout=kw["heartbeat_timeout"],
         tty=kw["tty"],

@@ -137,6 +137,9 @@ class Inventory:
     #: ``spares:`` (or --spares): hosts that take a bad host's node rank at launch; a spare's
     #: ``index`` is its place in that list, not a node rank
     spares: tuple[Host, ...] = ()
+    #: ``min_nodes:``: the fewest nodes a run goes on with once a node is lost and no spare
+    #: is left (``--max-restarts``); 0: a lost node with no spare ends the run
+    min_nodes: int = 0
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -382,7 +385,11 @@ _HOST_KEYS = (
 )
 _RUN_KEYS = ("transport", "share", "sync", "include")  #: under defaults, but the run's
 _DEFAULT_KEYS = (*(key for key in _HOST_KEYS if key != "host"), *_RUN_KEYS)
-_TOP_KEYS = ("defaults", "rendezvous", "hosts", "spares")
+_TOP_KEYS = ("defaults", "rendezvous", "hosts", "spares", "min_nodes")
+#: the top-level keys a Slurm job's inventory refuses, and why
+_SLURM_REFUSES = MappingProxyType(
+    {"spares": "are host names", "min_nodes": "counts the hosts listed by name"}
+)
 _RDZV_KEYS = ("port", "host")
 _HOSTFILE_KEYS = (
     "slots",
@@ -537,11 +544,13 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     hosts = top.get("hosts")
     if hosts is not None and isinstance(hosts[1], yaml.MappingNode):
         slurm = _slurm_request(doc, hosts, defaults)
-        if "spares" in top:
-            doc.fail(
-                _at("spares", top["spares"][0]),
-                "spares are host names; a Slurm job's nodes (hosts: {slurm: ...}) take none.",
-            )
+        for key in ("spares", "min_nodes"):
+            if key in top:
+                doc.fail(
+                    _at(key, top[key][0]),
+                    f"{key} {_SLURM_REFUSES[key]}; a Slurm job's nodes (hosts: {{slurm: ...}}) "
+                    "take none.",
+                )
         return Inventory(doc.source, (), rendezvous, slurm, share, sync, include)
     if defaults.get("transport") == "srun":
         doc.fail(
@@ -554,7 +563,25 @@ def _parse_yaml(doc: _Doc, root: yaml.MappingNode) -> Inventory:
     inventory = _inventory(doc, pairs, rendezvous)
     spares = _yaml_spares(doc, top.get("spares"), defaults)
     spared = _with_spares(doc, inventory, spares, "spares")
-    return replace(spared, share=share, sync=sync, include=include)
+    least = _min_nodes(doc, top.get("min_nodes"), len(inventory.hosts))
+    return replace(spared, share=share, sync=sync, include=include, min_nodes=least)
+
+
+def _min_nodes(doc: _Doc, item: Optional[tuple[yaml.Node, yaml.Node]], count: int) -> int:
+    """``min_nodes: K``: a whole number from 1 to the number of hosts (0 when absent)."""
+    if item is None:
+        return 0
+    key_node, node = item
+    value = _construct(node) if isinstance(node, yaml.ScalarNode) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= count:
+        return value
+    shown = _show(str(node.value)) if isinstance(node, yaml.ScalarNode) else _kind(node)
+    doc.fail(
+        _value_where("min_nodes", key_node, node),
+        f"expected a whole number of nodes from 1 to {count} (the hosts listed), got {shown}; "
+        "it is the fewest nodes the run goes on with once a node is lost and no spare is "
+        "left (with --max-restarts), like torchrun's --nnodes MIN:MAX.",
+    )
 
 
 def _yaml_spares(

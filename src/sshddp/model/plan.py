@@ -61,6 +61,8 @@ class LaunchOptions:
     log_dir: str = defaults.LOG_DIR  #: local log root
     name: Optional[str] = None  #: run id chosen by the user
     max_restarts: int = 0  #: times the whole run starts again after a failure (the supervisors')
+    #: --min-nodes: the fewest nodes the run goes on with, no spare left (0: the inventory's)
+    min_nodes: int = 0
     grace: float = defaults.GRACE  #: seconds between SIGTERM and SIGKILL at teardown
     heartbeat_timeout: float = defaults.HEARTBEAT_TIMEOUT  #: silence that counts as lost
     tty: bool = False  #: ranks write to a pty (isatty() true) instead of a pipe
@@ -108,6 +110,10 @@ class NodePlan(NodeLayout):
     program: Program  #: what the node runs (through torchrun, or its own launcher)
     workspace: Optional[str] = None  #: the cwd when it outlives the run: code is linked in
     torchrun: Optional[TorchrunOptions] = None  #: torchrun's options; None: no torchrun
+    #: a spare (``--max-restarts``): staged and started like a node, its supervisor waits in
+    #: the run's mesh with no node rank (``node_rank`` is its slot there: N, N + 1, ...)
+    #: until node 0 gives it a lost node's
+    spare: bool = False
 
     @property
     def layout(self) -> NodeLayout:
@@ -141,6 +147,7 @@ class LaunchPlan:
     nonce: str = ""  #: random, one per launch: no two runs' node marks are ever the same
     watch: tuple[float, float, str] = (0.0, 0.0, defaults.ON_STALL)  #: init, stall, on-stall
     max_restarts: int = 0  #: times every node starts again together after a failure
+    min_nodes: int = 0  #: the fewest nodes a restart goes on with, no spare left (0: all)
     share: tuple[str, ...] = ()  #: paths in the ranks' cwd made node 0's on every node first
     end_with_caller: bool = False  #: the nodes stop when the launch's sessions end (the API)
 
@@ -170,8 +177,14 @@ class LaunchPlan:
         to, and the run directory with ``~`` expanded)."""
         return tuple(compose.node_argv(self.spec(node), node.host.python, node.rundir))
 
+    @property
+    def running(self) -> tuple[NodePlan, ...]:
+        """The nodes that run from the start (the spares wait)."""
+        return tuple(n for n in self.nodes if not n.spare)
+
     def spec(self, node: NodePlan) -> contract.SpecRecord:
         """What the node's spec.json holds (the host contract)."""
+        running = self.running
         spec: contract.SpecRecord = {
             "schema": contract.SCHEMA,
             "run_id": self.run_id,
@@ -181,11 +194,11 @@ class LaunchPlan:
             "grace": self.grace,
             "mark": self.mark(node),
             "peers": {
-                "nnodes": len(self.nodes),
+                "nnodes": len(running),
                 "addr": self.rdzv_addr,
                 "port": self.peer_port,
                 "timeout": self.heartbeat_timeout,
-                "hosts": [n.host.host for n in self.nodes],
+                "hosts": [n.host.host for n in running],
             },
             "tty": self.tty,
             "tty_size": list(self.tty_size),
@@ -194,10 +207,16 @@ class LaunchPlan:
                 "init_timeout": self.watch[0],
                 "stall_timeout": self.watch[1],
                 "on_stall": self.watch[2],
-                "nprocs": [n.nproc for n in self.nodes],
+                "nprocs": [n.nproc for n in running],
             },
             "restarts": self.max_restarts,
         }
+        if self.min_nodes:
+            spec["min_nodes"] = self.min_nodes
+        if len(running) < len(self.nodes):
+            spec["peers"]["spares"] = [n.host.host for n in self.nodes if n.spare]
+        if node.spare:
+            spec["spare"] = True
         if node.torchrun is not None:
             spec["torchrun"] = node.torchrun.record()
         return spec
@@ -238,6 +257,7 @@ def make_plan(
     for i, h in enumerate(hosts):
         figures = NodeFigures(i, len(hosts), nprocs[i], sum(nprocs), *rdzv)
         nodes.append(_node(options, code, h, figures, sum(nprocs[:i]), run_id))
+    nodes += _spares(inventory, options, code, run_id, rdzv, sum(nprocs))
     return LaunchPlan(
         run_id=run_id,
         nodes=tuple(nodes),
@@ -258,6 +278,7 @@ def make_plan(
         nonce=secrets.token_hex(6),
         watch=(options.init_timeout, options.stall_timeout, options.on_stall),
         max_restarts=options.max_restarts,
+        min_nodes=_least(inventory, options),
         share=normalized((*inventory.share, *options.share)),
         end_with_caller=options.end_with_caller,
     )
@@ -288,6 +309,37 @@ def _node(
         workspace=space,
         torchrun=_torchrun(options, figures, run_id),
     )
+
+
+def _least(inventory: Inventory, options: LaunchOptions) -> int:
+    """``--min-nodes`` (else the inventory's ``min_nodes``), within the hosts' count."""
+    least = options.min_nodes or inventory.min_nodes
+    if not 0 <= least <= len(inventory.hosts):
+        raise UsageError(
+            f"--min-nodes {least}: expected a whole number of nodes from 1 to "
+            f"{len(inventory.hosts)} (the inventory's hosts)"
+        )
+    return least
+
+
+def _spares(
+    inventory: Inventory,
+    options: LaunchOptions,
+    code: CodeSpec,
+    run_id: str,
+    rdzv: tuple[str, int],
+    world: int,
+) -> list[NodePlan]:
+    """The spares staged with the run, each waiting in slot N + i (with restarts only: a
+    spare takes a lost node's place in the run's next attempt)."""
+    if options.max_restarts <= 0 or options.launcher != "torchrun":
+        return []
+    count, out = len(inventory.hosts), []
+    for i, spare in enumerate(inventory.spares):
+        host = replace(spare, index=count + i)  # the pool keys its hosts by index
+        figures = NodeFigures(count + i, count, options.nproc_per_node or host.procs, world, *rdzv)
+        out.append(replace(_node(options, code, host, figures, world, run_id), spare=True))
+    return out
 
 
 def _program(options: LaunchOptions, code: CodeSpec, node: NodeFigures) -> Program:

@@ -7,7 +7,7 @@ the first failure (torch elastic's ``WorkerState`` / ``RunResult`` do the same).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -54,11 +54,14 @@ class NodeState(str, Enum):
     NOT_ANSWERING = contract.NOT_ANSWERING
     UNKNOWN = contract.UNKNOWN
     GONE = "gone"
+    #: its host was lost mid-run and a spare took its node rank (the spare's record says so)
+    REPLACED = "replaced"
 
     @property
     def final(self) -> bool:
         """The node has ended for good (its host says so, or holds nothing of it)."""
-        return self.value in contract.FINAL_STATES or self is NodeState.GONE
+        done = self.value in contract.FINAL_STATES
+        return done or self in (NodeState.GONE, NodeState.REPLACED)
 
     @property
     def bad(self) -> bool:
@@ -77,6 +80,37 @@ class NodeState(str, Enum):
             return cls(value)
         except ValueError:
             return cls.UNKNOWN
+
+
+def replaced_in(result: RunResult) -> RunResult:
+    """``result``, each node whose rank a spare took mid-run (the spare's record says so)
+    REPLACED, unless it ended well itself."""
+    seats = {n.seat: n.host for n in result.nodes if n.seat is not None}
+    nodes = [
+        replace(
+            n, state=NodeState.REPLACED, reason=f"lost mid-run; {seats[n.node_rank]} took its place"
+        )
+        if n.node_rank in seats and n.state is not NodeState.SUCCEEDED
+        else n
+        for n in result.nodes
+    ]
+    return replace(result, nodes=nodes)
+
+
+def with_replaced(ranks: Sequence[int], hosts: Sequence[str], states: list[Any]) -> list[Any]:
+    """``states`` (the exit or status records of the nodes planned with ``ranks``, on
+    ``hosts``), where a spare's record says it ran as another planned node's rank: that
+    node's host was lost mid-run and is REPLACED (its own record, if any, was cut short)."""
+    out = list(states)
+    for i, state in enumerate(states):
+        seat = state.get("node_rank") if isinstance(state, Mapping) else None
+        if not isinstance(seat, int) or seat == ranks[i] or seat not in ranks:
+            continue
+        lost = ranks.index(seat)
+        if not NodeState.of(out[lost].get("state")).final or out[lost].get("state") == "lost":
+            why = f"lost mid-run; {hosts[i]} took its place"
+            out[lost] = {"state": NodeState.REPLACED.value, "reason": why, "returncode": None}
+    return out
 
 
 @dataclass(frozen=True)
@@ -191,6 +225,9 @@ class NodeResult:
     attempts: int = 1  #: how many attempts the run may make: 1 + its restarts
     earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
     world: Optional[NodeWorld] = None  #: the worlds its processes joined, once it ended
+    #: the node rank its record says it ran as, where that is another's: a spare seated
+    #: mid-run in a lost node's place
+    seat: Optional[int] = None
     usage: Optional[NodeUsage] = None  #: what its GPUs did, once it ended (None: no GPU)
     #: global rank -> where its time went over the node's kept samples, once it ended
     waits: dict[int, Waits] = field(default_factory=dict)
@@ -207,6 +244,8 @@ class NodeResult:
         earlier = record.get("earlier")
         self.earlier = tuple(str(e) for e in earlier) if isinstance(earlier, list) else ()
         self.world = NodeWorld.of(record.get("world"))
+        seat = record.get("node_rank")
+        self.seat = seat if _is_int(seat) and seat != self.node_rank else None
         self.usage = NodeUsage.of(record.get("usage"))
         self.waits = waits_of_usage(record.get("usage"))
 
@@ -229,7 +268,8 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return all(n.state is NodeState.SUCCEEDED for n in self.nodes)
+        fine = (NodeState.SUCCEEDED, NodeState.REPLACED)
+        return all(n.state in fine for n in self.nodes)
 
     @property
     def undistributed(self) -> bool:

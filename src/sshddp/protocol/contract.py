@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, TypedDict
 
-SCHEMA = 9  #: 9: progress.json (ProgressRecord); NodeWatch and exit.json `still`; the
+SCHEMA = 10  #: 10: spec.json `spare` and `min_nodes`, PeersSpec `spares` (a spare's
+# supervisor waits in the mesh until node 0 gives it a node rank); SSHDDP_REPLACED
+# 9: progress.json (ProgressRecord); NodeWatch and exit.json `still`; the
 # stacks role LAUNCHER, and a node launcher's workers ranked by joined/p<pid>; RankSample
 # `stack` and `waits`, exit.json `usage.waits` (the straggler's evidence)
 # 8: exit.json `usage` (UsageRecord: the node's GPUs over its kept samples);
@@ -74,6 +76,8 @@ RUN_ID_VAR = "SSHDDP_RUN_ID"
 NODE_RANK_VAR = "SSHDDP_NODE_RANK"
 MARK_VAR = "SSHDDP_NODE_MARK"  #: teardown finds the node's processes by it
 ATTEMPT_VAR = "SSHDDP_ATTEMPT"  #: the run's attempt the process belongs to: 1, 2, ...
+#: the node ranks a spare took in this attempt ("2" or "1,3"; "" when none did)
+REPLACED_VAR = "SSHDDP_REPLACED"
 #: ``DEV:INO`` of the node's pipe: a rank whose stdout is that pipe moves it to OUTPUTS/<local
 #: rank> (``remote/rankside/ranksite.py``, which stands alone, repeats the name)
 OUTPUT_VAR = "SSHDDP_OUTPUT"
@@ -120,14 +124,20 @@ ON_STALL_STOP = "stop"  #: a stall stops the run
 ON_STALL_REPORT = "report"  #: a stall is reported (hang.json, supervisor.log); the run goes on
 
 
-class PeersSpec(TypedDict):
-    """How a node's supervisor reaches the others (node 0's is the hub)."""
-
+class _PeersSpec(TypedDict):
     nnodes: int
     addr: str  #: the hub's address (the rendezvous address)
     port: int  #: the hub's port (the rendezvous port + 1)
     timeout: float  #: seconds of silence after which a peer counts as lost
     hosts: list[str]  #: host names by node rank, for messages
+
+
+class PeersSpec(_PeersSpec, total=False):
+    """How a node's supervisor reaches the others (node 0's is the hub)."""
+
+    #: the spares' hosts (schema 10): spare i joins the mesh as slot ``nnodes + i`` and waits
+    #: there, with no node rank, until node 0 gives it a lost node's (``again``'s ``nodes``)
+    spares: list[str]
 
 
 class WatchSpec(TypedDict):
@@ -178,6 +188,12 @@ class SpecRecord(TypedDict, total=False):
     tty_size: list[int]  #: the pty's [columns, rows] with tty (schema 3)
     watch: WatchSpec  #: the watchdogs (schema 3); absent: none
     restarts: int  #: times the whole run may start again after a failure (schema 4); absent: 0
+    #: this supervisor is a spare (schema 10): ``node_rank`` is its mesh slot, and it starts
+    #: nothing until node 0 gives it a lost node's rank
+    spare: bool
+    #: the fewest nodes the run goes on with once no spare is left (schema 10); absent: 0,
+    #: a node lost without a spare ends the run
+    min_nodes: int
 
 
 class Secrets(TypedDict):

@@ -9,7 +9,10 @@ message is a JSON object whose ``"t"`` names its kind:
 - ``hang``: node 0's watchdog found the run hung: take the stacks, then ``action``;
 - ``fail``: the sender's attempt failed and it stopped (``--max-restarts``);
 - ``halt``: node 0 stops attempt ``attempt`` everywhere; ``halted``: the sender did;
-- ``again``: node 0 starts attempt ``attempt`` everywhere; ``bye``: node 0 leaves.
+- ``again``: node 0 starts attempt ``attempt`` everywhere; where the nodes changed (a spare
+  took a lost node's place, or the run goes on with fewer nodes), ``nodes`` lists the
+  supervisors by node rank (each by the slot it joined the mesh with: node ranks, then the
+  spares) and ``replaced`` the node ranks that are new; ``bye``: node 0 leaves.
 
 ``decode`` checks a message's kind and fields, and returns None for anything else: noise,
 logged as ``wire`` logs a line that fails its MAC, never obeyed.
@@ -23,6 +26,7 @@ from sshddp.protocol.contract import NodeWatch
 
 MAX_TEXT = 2000  #: characters of a reason a message carries
 MAX_WHY = 500  #: characters of a restart's reason (fail, halt, again)
+MAX_NODES = 100_000  #: entries of ``again``'s lists of nodes
 
 
 class Beat(TypedDict, total=False):
@@ -67,10 +71,15 @@ class Halted(TypedDict):
     attempt: int
 
 
-class Again(TypedDict):
+class _Again(TypedDict):
     t: Literal["again"]
     attempt: int
     reason: str
+
+
+class Again(_Again, total=False):
+    nodes: list[int]  #: the supervisors' mesh slots by node rank, where they changed
+    replaced: list[int]  #: the node ranks a spare took (with ``nodes``)
 
 
 class Bye(TypedDict):
@@ -111,8 +120,17 @@ def halted(attempt: int) -> Halted:
     return {"t": "halted", "attempt": attempt}
 
 
-def again(attempt: int, reason: str) -> Again:
-    return {"t": "again", "attempt": attempt, "reason": reason}
+def again(
+    attempt: int,
+    reason: str,
+    nodes: Optional[list[int]] = None,
+    replaced: Optional[list[int]] = None,
+) -> Again:
+    msg: Again = {"t": "again", "attempt": attempt, "reason": reason}
+    if nodes is not None:
+        msg["nodes"] = list(nodes)
+        msg["replaced"] = list(replaced or ())
+    return msg
 
 
 def bye() -> Bye:
@@ -171,7 +189,20 @@ def _restart(raw: dict[str, Any]) -> Optional[PeerMessage]:
         return None
     if tag == "fail":
         return fail(attempt, reason)
-    return halt(attempt, reason) if tag == "halt" else again(attempt, reason)
+    if tag == "halt":
+        return halt(attempt, reason)
+    nodes, replaced = _numbers(raw, "nodes"), _numbers(raw, "replaced")
+    if ("nodes" in raw and nodes is None) or ("replaced" in raw and replaced is None):
+        return None
+    return again(attempt, reason, nodes, replaced)
+
+
+def _numbers(raw: dict[str, Any], key: str) -> Optional[list[int]]:
+    value = raw.get(key)
+    if not isinstance(value, list) or len(value) > MAX_NODES:
+        return None
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    return list(value) if ok else None
 
 
 _READERS: dict[str, Callable[[dict[str, Any]], Optional[PeerMessage]]] = {

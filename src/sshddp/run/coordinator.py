@@ -46,7 +46,7 @@ from sshddp.model.plan import (
     with_port,
 )
 from sshddp.model.ranksel import check_ranks
-from sshddp.model.state import NodeResult, NodeState, RunResult
+from sshddp.model.state import NodeResult, NodeState, RunResult, replaced_in
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import preflight, registry
 from sshddp.run.attempts import AttemptWatch
@@ -164,7 +164,8 @@ class Launch:
         where = Path(plan.log_dir).absolute()
         logs, console = open_sinks(plan.layout, where, self.screen, self.mode.ranks, fresh=True)
         try:
-            with HostPool(inventory.hosts, ssh, self.mode.fanout) as pool:
+            hosts = [n.host for n in plan.nodes]  # the spares staged with it too
+            with HostPool(hosts, ssh, self.mode.fanout) as pool:
                 state = LaunchState(plan, pool, logs, console)
                 state.left_out += payload.left  # the report explains a rank missing one
                 try:
@@ -356,6 +357,7 @@ def _forget(run_id: str) -> None:
 def _recorded(result: RunResult, screen: Screen) -> RunResult:
     """Keep the run's end in the registry, for ps. A registry that cannot take it never
     hides the run's result: it is reported all the same, with a warning."""
+    result = replaced_in(result)  # a spare took a lost node's place mid-run
     if trace.on():
         trace.log.info("report: run %s, %s", result.run_id, _node_states(result))
     try:

@@ -21,7 +21,7 @@ from sshddp.errors import SshddpError, StateError
 from sshddp.hosts import calls
 from sshddp.hosts.pool import Outcome, open_transport
 from sshddp.hosts.transport import SshOptions, Transport
-from sshddp.model.state import NodeState
+from sshddp.model.state import NodeState, with_replaced
 from sshddp.protocol.contract import ExitRecord
 from sshddp.run import registry
 from sshddp.run.quarantine import ends as quarantine_ends
@@ -130,6 +130,8 @@ def ps(
     answers, silent = ask(todo, ssh_of, fanout, timeout + ANSWER_WINDOW)
     for record in todo:
         states = [answers[(record.run_id, n.node_rank)] for n in record.nodes]
+        ranks, hosts = [n.node_rank for n in record.nodes], [n.host.host for n in record.nodes]
+        states = with_replaced(ranks, hosts, states)  # a spare took a lost node's place
         finished = all(NodeState.of(s.get("state")).final for s in states)
         if finished:
             notes += _record(record, states)

@@ -46,6 +46,8 @@ HEALTH_CHECKS = ("health", "gpu_health", "xid", "ib", "dcgm")
 #: a health: command the shell could not find or run: the inventory's to fix, not the host
 _UNRUNNABLE = re.compile(r"` exited 12[67]:")
 _PEER_LOST = re.compile(r"^node (\d+) \(.*?\) lost\b")
+#: node 0's reason for a restart after a lost node: ``node 2 (h3) lost (no heartbeat...)``
+_LOST_MIDRUN = re.compile(r"(?:^|; (?:then )?)node \d+ \(([^()]+)\) lost \(")
 _NEVER_JOINED = re.compile(
     r"node (\d+) \([^)]*\): (?:never reported|[^;]*never called init_process_group)"
 )
@@ -67,9 +69,11 @@ class Verdict:
 def verdicts(result: RunResult, tails: Mapping[int, Sequence[str]]) -> list[Verdict]:
     """The hosts a run's end quarantines; ``tails``: the last lines of each failed node's
     log by node rank. None when the user ended the run (Ctrl-C, ``stop``)."""
-    if result.interrupted or result.ok or result.detached:
+    if result.interrupted or result.detached:
         return []
-    found: dict[str, Verdict] = {}
+    found = {v.host: v for v in _replaced(result.nodes)}
+    if result.ok:
+        return list(found.values())
     for node in result.nodes:
         verdict = _node_verdict(node, tails.get(node.node_rank, ()))
         if verdict is not None:
@@ -83,6 +87,16 @@ def verdicts(result: RunResult, tails: Mapping[int, Sequence[str]]) -> list[Verd
     if never is not None:
         found.setdefault(never.host, Verdict(never.host, "never joined", never.reason))
     return list(found.values())
+
+
+def _replaced(nodes: Sequence[NodeResult]) -> list[Verdict]:
+    """The hosts lost mid-run whose node a spare took (or the run went on without), as
+    node 0's reasons for a restart name them: their node rank is another host's now."""
+    out = []
+    for node in nodes:
+        for why in node.earlier:
+            out += [Verdict(m.group(1), "lost", why) for m in _LOST_MIDRUN.finditer(why)]
+    return out
 
 
 def _node_verdict(node: NodeResult, tail: Sequence[str]) -> Optional[Verdict]:

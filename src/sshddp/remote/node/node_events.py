@@ -10,8 +10,10 @@ moves it, and names how the node ended (``node_ends``). Nothing here does I/O: e
 decision is unit-tested without a process.
 
 Node 0 also decides the run's restarts (``RestartDecider``): a node whose attempt failed
-says so; with attempts left and every node there, node 0 halts the attempt everywhere,
-and once every node has halted, starts the next one everywhere.
+says so, and node 0's mesh says when a node is lost; with attempts left, node 0 halts the
+attempt everywhere, and once every node still there has halted, starts the next one
+everywhere, a waiting spare in each lost node's place (``seats``). A spare's supervisor
+waits in its own phase (SPARE) until node 0's ``again`` gives it a node rank.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sshddp.protocol import peer_messages as pm
 from sshddp.remote.node import node_ends
 from sshddp.remote.node.node_ends import Ending
 from sshddp.remote.node.restarts import refusal
+from sshddp.remote.node.seats import Seating, reseat
 
 # ------------------------------------------------------------------- phases
 
@@ -44,7 +47,9 @@ AWAITING = "awaiting"
 LINGERING = "lingering"
 #: the loop ends
 DONE = "done"
-PHASES = (STARTING, WATCHING, STOPPING, ENDED, AWAITING, LINGERING, DONE)
+#: a spare: no node rank, nothing started; it waits for node 0's word (a lost node's rank)
+SPARE = "spare"
+PHASES = (SPARE, STARTING, WATCHING, STOPPING, ENDED, AWAITING, LINGERING, DONE)
 
 # ------------------------------------------------------------------- events
 
@@ -142,6 +147,11 @@ class LetGo:
     """The other nodes no longer need this one (node 0's server relayed every end)."""
 
 
+@dataclass(frozen=True)
+class RunOver:
+    """Node 0 said goodbye: the run ended (a spare that waits goes, not needed)."""
+
+
 Event = Union[
     Exited,
     Signal,
@@ -156,6 +166,7 @@ Event = Union[
     TornDown,
     PeerView,
     LetGo,
+    RunOver,
 ]
 
 # ------------------------------------------------------------------- actions
@@ -237,17 +248,22 @@ class RestartDecider:
     current: int = 1  #: the attempt every node runs (or is about to start)
     halting: Optional[int] = None  #: the attempt being stopped everywhere
     why: str = ""  #: why it is: the failure that restarts the run
-    halted: frozenset[int] = frozenset()  #: the nodes that stopped it
+    halted: frozenset[int] = frozenset()  #: the nodes that stopped it (by mesh slot)
+    lost: frozenset[int] = frozenset()  #: the nodes lost meanwhile (by mesh slot)
 
 
 @dataclass(frozen=True)
 class LoopState:
     """What a node's supervisor knows, as its loop sees it."""
 
-    rank: int  #: the node's rank
-    nnodes: int = 1
+    rank: int  #: the node's slot in the mesh: its first node rank, or nnodes + i for spare i
+    nnodes: int = 1  #: the run's nodes at launch (the spares' slots follow theirs)
     max_attempts: int = 1  #: 1 + the run's restarts
-    names: tuple[str, ...] = ()  #: the nodes' hosts, by rank
+    names: tuple[str, ...] = ()  #: the hosts, by mesh slot: the nodes', then the spares'
+    spares: int = 0  #: how many spares wait in the mesh (slots nnodes...)
+    min_nodes: int = 0  #: the fewest nodes the run goes on with, no spare left (0: none fewer)
+    members: tuple[int, ...] = ()  #: the mesh slots by node rank, once they changed
+    replaced: tuple[int, ...] = ()  #: the node ranks a spare took in the next attempt
     launcher: str = "torchrun"  #: what the node runs, as its reasons name it
     phase: str = STARTING  #: where the node is in its life (``PHASES``)
     attempt: int = 1  #: the attempt this node runs
@@ -270,9 +286,18 @@ class LoopState:
     def restarts(self) -> bool:
         return self.max_attempts > 1
 
-    def name(self, rank: int) -> str:
-        host = self.names[rank] if rank < len(self.names) else "?"
-        return f"node {rank} ({host})"
+    def seated(self) -> tuple[int, ...]:
+        """The mesh slots by node rank."""
+        return self.members or tuple(range(self.nnodes))
+
+    def spare_slots(self) -> tuple[int, ...]:
+        return tuple(range(self.nnodes, self.nnodes + self.spares))
+
+    def name(self, slot: int) -> str:
+        """The node in mesh slot ``slot``, by its node rank and host (a spare's host alone)."""
+        host = self.names[slot] if slot < len(self.names) else "?"
+        members = self.seated()
+        return f"node {members.index(slot)} ({host})" if slot in members else f"spare {host}"
 
 
 Decision = Tuple[LoopState, List[Action]]
@@ -282,12 +307,17 @@ def initial(spec: contract.SpecRecord) -> LoopState:
     """A node's state before its first attempt."""
     peers: dict[str, Any] = dict(spec.get("peers") or {})
     runs_torchrun = spec.get("launcher", contract.LAUNCH_TORCHRUN) == contract.LAUNCH_TORCHRUN
+    spares = [str(h) for h in peers.get("spares") or ()]
     return LoopState(
         rank=int(spec["node_rank"]),
         nnodes=int(peers.get("nnodes", 1)),
         max_attempts=1 + max(0, int(spec.get("restarts") or 0)),
-        names=tuple(str(h) for h in peers.get("hosts") or ()),
+        names=(*(str(h) for h in peers.get("hosts") or ()), *spares),
+        spares=len(spares),
+        min_nodes=max(0, int(spec.get("min_nodes") or 0)),
         launcher="torchrun" if runs_torchrun else "the launcher",
+        phase=SPARE if spec.get("spare") else STARTING,
+        attempt=0 if spec.get("spare") else 1,
     )
 
 
@@ -309,6 +339,8 @@ def _apply(state: LoopState, event: Event) -> Decision:
     """One event: what the node now knows, and what it does at once."""
     if isinstance(event, Message):
         return _message(state, event.rank, event.msg)
+    if state.phase == SPARE:
+        return _spare(state, event)
     if isinstance(event, Hang):
         told = [Tell(pm.hang(event.kind, event.reason, event.action))] if state.rank == 0 else []
         return replace(state, stacks=True), [
@@ -326,8 +358,25 @@ def _apply(state: LoopState, event: Event) -> Decision:
     return _note(state, event), [Hurry()] if hurry and state.phase == STOPPING else []
 
 
+def _spare(state: LoopState, event: Event) -> Decision:
+    """A waiting spare hears only of the run's end and of node 0's word (no stacks: it
+    runs nothing)."""
+    if isinstance(event, RunOver):
+        return _finish(state, Ending(contract.SUCCEEDED, SPARE_UNUSED))
+    if isinstance(event, (Hang, StacksTaken, Exited, TornDown, Begun, LetGo)):
+        return state, []
+    return _note(state, event), []
+
+
+SPARE_UNUSED = "a spare: the run ended without needing it"
+
+
 def _advance(state: LoopState) -> Decision:
     """The phase that follows from what the node knows after a batch of events."""
+    if state.phase == SPARE and stopping(state):
+        return _finish(state, Ending(contract.STOPPED, node_ends.stop_words(state.abort)))
+    if state.phase == SPARE and state.go is not None and state.rank in state.seated():
+        return replace(state, phase=STARTING, attempt=state.go[0] - 1), [StartNext()]
     if state.phase == WATCHING and outcome(state) != WATCH:
         why = outcome(state)
         graceful = why == STOP and state.stop_signal != signal.SIGUSR1
@@ -390,12 +439,23 @@ def _note(state: LoopState, event: Event) -> LoopState:
         word = (event.msg["attempt"], event.msg["reason"])
         if event.msg["t"] == "halt":
             return replace(state, halt=word)
-        return replace(state, go=word)
+        return _seated(replace(state, go=word), event.msg)
     return state
 
 
+def _seated(state: LoopState, msg: pm.Again) -> LoopState:
+    """The nodes of the attempt node 0 starts, where its word changed them."""
+    if "nodes" not in msg:
+        return replace(state, replaced=())
+    return replace(state, members=tuple(msg["nodes"]), replaced=tuple(msg.get("replaced", ())))
+
+
 def _message(state: LoopState, rank: int, msg: pm.PeerMessage) -> Decision:
-    """Node 0 hears from node ``rank`` (itself for rank 0)."""
+    """Node 0 hears from the node in mesh slot ``rank`` (itself for rank 0)."""
+    if msg["t"] == "done" and rank not in state.seated():
+        return state, []  # a spare's end, or a lost node's word that came late
+    if msg["t"] == "done" and msg["state"] == contract.LOST and state.restarts:
+        return lost(state, rank, msg["reason"]) if state.rank == 0 else (state, [])
     if msg["t"] == "done":
         return state, [_ended(state, rank, msg)] if _ends_run(state, msg) else []
     if not state.restarts or state.rank != 0:
@@ -421,31 +481,88 @@ def _ended(state: LoopState, rank: int, msg: pm.Done) -> EndRun:
 
 
 def failed(state: LoopState, rank: int, attempt: int, reason: str) -> Decision:
-    """Node ``rank``'s attempt failed (and it stopped): restart everyone, or end the run."""
+    """Node ``rank``'s attempt failed (and it stopped): restart everyone, or end the run.
+    A node node 0 no longer hears from is lost: a spare takes its place, or the run ends."""
     d = state.decider
     if d.halting is not None or attempt != d.current:
         return stopped(state, rank, attempt) if d.halting == attempt else (state, [])
-    heard, ended = state.heard | {state.rank}, state.ended
-    why = refusal(attempt, state.max_attempts, state.nnodes, heard, ended, state.abort)
-    if why:
-        return state, [EndRun(f"{state.name(rank)} failed: {reason}; not restarted: {why}")]
-    d = replace(d, halting=attempt, halted=frozenset(), why=f"{state.name(rank)} failed: {reason}")
-    state = replace(state, decider=d, halt=(attempt, d.why))
-    state, actions = stopped(state, rank, attempt)
-    return state, [Tell(pm.halt(attempt, d.why)), *actions]
+    heard = state.heard | {state.rank}
+    gone = frozenset(s for s in state.seated() if s not in heard)
+    why = f"{state.name(rank)} failed: {reason}"
+    lost = [f"{state.name(s)} lost (not connected to node 0's supervisor)" for s in sorted(gone)]
+    state, actions = _halt(state, attempt, why, gone, "; ".join((why, *lost)))
+    if state.decider.halting != attempt:
+        return state, actions
+    state, more = stopped(state, rank, attempt)
+    return state, [*actions, *more]
+
+
+def lost(state: LoopState, slot: int, reason: str) -> Decision:
+    """Node 0's mesh lost the node in ``slot`` (``reason``: how): the attempt stops
+    everywhere and a spare takes its place, else the run ends."""
+    d = state.decider
+    if slot in d.lost:
+        return state, []
+    what = f"{state.name(slot)} lost ({reason})"
+    if d.halting is None:
+        return _halt(state, d.current, what, frozenset({slot}))
+    d = replace(d, lost=d.lost | {slot})
+    seating = _seating(state, d.lost)
+    if seating.refusal:
+        return state, [EndRun(f"{d.why}; then {what}; not restarted: {seating.refusal}")]
+    return _complete(replace(state, decider=d))
+
+
+def _halt(
+    state: LoopState, attempt: int, why: str, gone: frozenset[int], told: str = ""
+) -> Decision:
+    """Stop ``attempt`` everywhere for ``why`` (``told``: in full, the lost nodes named;
+    ``gone``: the nodes lost), or end the run when no next attempt can follow."""
+    members = state.seated()
+    ended = [members.index(s) for s in members if s in state.ended and s not in gone]
+    no = refusal(attempt, state.max_attempts, ended, state.abort)
+    if not no and gone:
+        no = _seating(state, gone).refusal
+    if no:
+        return state, [EndRun(f"{why}; not restarted: {no}")]
+    why = told or why
+    d = replace(state.decider, halting=attempt, halted=frozenset(), why=why, lost=gone)
+    state = replace(state, decider=d, halt=(attempt, why))
+    return state, [Tell(pm.halt(attempt, why))]
+
+
+def _seating(state: LoopState, lost: frozenset[int]) -> Seating:
+    heard = state.heard | {state.rank}
+    members, spares = state.seated(), state.spare_slots()
+    return reseat(members, lost, heard - state.ended, spares, state.min_nodes, state.names)
 
 
 def stopped(state: LoopState, rank: int, attempt: int) -> Decision:
-    """Node ``rank`` stopped attempt ``attempt``; once every node has: go again."""
+    """Node ``rank`` stopped attempt ``attempt``; once every node still there has: go again."""
     d = state.decider
     if d.halting != attempt:
         return state, []
-    d = replace(d, halted=d.halted | {rank})
-    if len(d.halted) < state.nnodes:
-        return replace(state, decider=d), []
-    d = replace(d, halting=None, current=attempt + 1)
-    state = replace(state, decider=d, go=(attempt + 1, d.why))
-    return state, [Tell(pm.again(attempt + 1, d.why))]
+    return _complete(replace(state, decider=replace(d, halted=d.halted | {rank})))
+
+
+def _complete(state: LoopState) -> Decision:
+    """Once every node not lost halted: the next attempt, a spare in each lost node's place."""
+    d = state.decider
+    assert d.halting is not None
+    if any(s not in d.halted and s not in d.lost for s in state.seated()):
+        return state, []
+    seating = _seating(state, d.lost) if d.lost else Seating(state.seated())
+    if seating.refusal:
+        return state, [EndRun(f"{d.why}; not restarted: {seating.refusal}")]
+    why = "; ".join((d.why, *seating.taken))
+    go = d.halting + 1
+    d = replace(d, halting=None, current=go, lost=frozenset())
+    state = replace(state, decider=d, go=(go, why))
+    if seating.members == state.seated() and not seating.replaced:
+        return replace(state, replaced=()), [Tell(pm.again(go, why))]
+    nodes, new = seating.members, seating.replaced
+    state = replace(state, members=nodes, replaced=new)
+    return state, [Tell(pm.again(go, why, list(nodes), list(new)))]
 
 
 # ------------------------------------------------------------------- what the node does next

@@ -18,6 +18,11 @@ MAX_PENDING connections that have yet to authenticate, each for one handshake de
 oldest: a node's supervisor answers the challenge at once, so strangers that hold their
 connections open (to crowd the port) are the ones that go, never a node of the run.
 A client that never reached the server says so in its exit record (``settle``).
+
+The spares of a run with restarts (spec.json ``spare``) are clients too: spare i joins as
+slot N + i and waits. With restarts, a node lost is not an abort here: node 0's loop hears
+of it (a ``done`` in the state LOST) and decides whether a spare takes its place (``seats``);
+``members`` (the slots by node rank) follows node 0's word.
 """
 
 from __future__ import annotations
@@ -28,9 +33,17 @@ import time
 from typing import Any, Callable, Optional
 
 from sshddp.protocol import peer_messages as pm
-from sshddp.protocol.contract import SUCCEEDED, NodeWatch, SpecRecord
+from sshddp.protocol.contract import LOST, SUCCEEDED, NodeWatch, SpecRecord
 from sshddp.remote.node import wire
-from sshddp.remote.node.node_events import Event, Hang, Message, Node0Said, PeerAbort, PeerView
+from sshddp.remote.node.node_events import (
+    Event,
+    Hang,
+    Message,
+    Node0Said,
+    PeerAbort,
+    PeerView,
+    RunOver,
+)
 from sshddp.remote.node.node_inbox import Inbox
 
 #: seconds a client's last try to connect may run past its deadline (connect and handshake)
@@ -65,7 +78,10 @@ class Peers:
         self.port = int(conf.get("port", 0))
         self.timeout = float(conf.get("timeout", 30))
         self.interval = min(1.0, self.timeout / 5.0)
-        self.names = list(conf.get("hosts") or [])
+        self.names = [*(conf.get("hosts") or []), *(conf.get("spares") or [])]
+        self.slots = self.nnodes + len(conf.get("spares") or [])  #: nodes, then the spares
+        self.members = list(range(self.nnodes))  #: the slots by node rank (node 0's word)
+        self.replaceable = int(spec.get("restarts") or 0) > 0  #: a lost node may be replaced
         self.abort: Optional[str] = None  # set once: why this node must stop
         self.inbox = inbox if inbox is not None else Inbox()
         self.watch_facts = facts
@@ -76,9 +92,16 @@ class Peers:
         self.pending = Pending()  # the server's: connections not yet authenticated
         self.lock = threading.Lock()
 
-    def name(self, rank: int) -> str:
-        host = self.names[rank] if rank < len(self.names) else "?"
-        return f"node {rank} ({host})"
+    def name(self, slot: int) -> str:
+        host = self.names[slot] if slot < len(self.names) else "?"
+        if slot not in self.members:
+            return f"spare {host}"
+        return f"node {self.members.index(slot)} ({host})"
+
+    def seat(self, nodes: list[int]) -> None:
+        """The slots by node rank from now on (node 0's ``again`` changed them)."""
+        with self.lock:
+            self.members = list(nodes)
 
     def start(self) -> None:
         """Start watching (in background threads)."""
@@ -128,7 +151,10 @@ class Peers:
         """Send node 0's supervisor ``msg`` (a client's)."""
 
     def tell_all(self, msg: pm.PeerMessage) -> None:
-        """Send ``msg`` to every other node (the server's)."""
+        """Send ``msg`` to every other node (the server's); an ``again`` that changes the
+        nodes changes who they are from now on."""
+        if msg["t"] == "again" and "nodes" in msg:
+            self.seat(msg["nodes"])
         for conn in self.links():
             conn.send(pm.encode(msg))
 
@@ -229,7 +255,7 @@ class PeerServer(Peers):
             wire.noise(peer, str(exc))
             return None
         with self.lock:
-            taken = not 0 < rank < self.nnodes or rank in self.conns
+            taken = not 0 < rank < self.slots or rank in self.conns
             if not taken:
                 self.conns[rank] = conn
                 late = self.abort
@@ -248,11 +274,12 @@ class PeerServer(Peers):
             return
         conn, rank = admitted
         sock.settimeout(self.timeout)
+        how = "its connection to node 0's supervisor dropped"
         while True:
             try:
                 msg = conn.receive()
             except socket.timeout:  # silence: the node counts as lost
-                msg = None
+                how, msg = f"no heartbeat for {self.timeout:.0f} s", None
             if msg is None:
                 break
             self._heard(rank, msg, peer)
@@ -261,8 +288,13 @@ class PeerServer(Peers):
                 del self.conns[rank]
         self._view()
         sock.close()
-        if rank not in self.done:
-            self.node_done(rank, "lost", f"{self.name(rank)} went silent or lost its supervisor")
+        if rank in self.done:
+            return
+        if self.replaceable:  # node 0's loop decides: a spare in its place, or the end
+            if self.record_done(rank, LOST, how):
+                self._post(Message(rank, pm.done(rank, LOST, how)))
+        else:
+            self.node_done(rank, LOST, f"{self.name(rank)} went silent or lost its supervisor")
 
     def _heard(self, rank: int, raw: wire.Message, peer: str) -> None:
         """A client's message: facts kept; a failure, a halt or an end goes to the loop (a
@@ -312,8 +344,9 @@ class PeerServer(Peers):
             return list(self.conns.values())
 
     def all_done(self) -> bool:
+        """Every node of the run (by the latest word on who they are) reported its end."""
         with self.lock:
-            return len(self.done) >= self.nnodes
+            return all(slot in self.done for slot in self.members)
 
     def report(self, state: str, reason: str) -> None:
         self.node_done(0, state, reason)
@@ -402,6 +435,7 @@ class PeerClient(Peers):
             if msg is None:
                 break
             if self._told(msg):
+                self._post(RunOver())
                 return  # node 0 is done and leaves; nothing is lost
         self._set_abort(f"lost the connection to {self.name(0)} (its host or supervisor is gone)")
 

@@ -3,14 +3,15 @@
 torchrun itself never restarts (it gets ``--max-restarts 0``): with the static rendezvous
 one node's torchrun restarting alone hangs or fails. Instead a node whose torchrun failed
 while attempts remain tells node 0's supervisor (a ``fail`` message, ``peer_messages``).
-Node 0 decides (``refusal``, and ``node_events.RestartDecider``: pure): every node must
-still be heard from and none may have ended for good, else the run ends as it did without
-restarts. Then every supervisor stops its node's processes (``halt``: the usual stop,
-torchrun's group and every process carrying the node's mark, workers included), and says
-so (``halted``; a node that failed has stopped already). Once every node has, node 0 says
-``again`` (attempt k + 1) and every node starts a fresh torchrun: same node ranks, same
-rendezvous endpoint, a fresh rendezvous round (torchrun's TCP store binds its port with
-SO_REUSEADDR, so node 0's new store takes the port at once).
+Node 0 decides (``refusal``, and ``node_events.RestartDecider``: pure): none may have
+ended for good, else the run ends as it did without restarts; a node node 0 no longer hears
+from is lost, and a waiting spare takes its place (``seats``), else the run ends. Then
+every supervisor stops its node's processes (``halt``: the usual stop, torchrun's group and
+every process carrying the node's mark, workers included), and says so (``halted``; a node
+that failed has stopped already). Once every node still there has, node 0 says ``again``
+(attempt k + 1) and every node starts a fresh torchrun: the same node ranks (a spare in a
+lost node's), the same rendezvous endpoint, a fresh rendezvous round (torchrun's TCP store
+binds its port with SO_REUSEADDR, so node 0's new store takes the port at once).
 
 node.log stays exactly what the ranks wrote; RUNDIR/attempts.json (``AttemptsRecord``)
 says where each attempt starts in it and why the one before ended. Every process of
@@ -39,23 +40,18 @@ _EXIT_RE = re.compile(rb"exitcode\s*:\s*(-?\d+)")
 def refusal(
     attempt: int,
     max_attempts: int,
-    nnodes: int,
-    heard: Collection[int],
     ended: Collection[int],
     abort: Optional[str],
 ) -> str:
-    """Why a failure in ``attempt`` does not restart the run ("" when it does). ``heard``:
-    the nodes node 0 still hears from (itself included); ``ended``: those that ended for
-    good."""
+    """Why a failure in ``attempt`` does not restart the run ("" when it does). ``ended``:
+    the node ranks that ended for good (a lost node is not among them: whether a spare
+    takes its place is ``seats.reseat``'s)."""
     if attempt >= max_attempts:
         return f"no attempts left ({max_attempts} made)"
     if abort is not None:
         return f"the run is stopping: {abort}"
     if ended:
         return "node(s) " + ", ".join(str(r) for r in sorted(ended)) + " ended already"
-    lost = [r for r in range(nnodes) if r not in heard]
-    if lost:
-        return "node(s) " + ", ".join(str(r) for r in lost) + " cannot be reached"
     return ""
 
 
@@ -103,9 +99,9 @@ class Restarts:
         if not self.enabled:
             return
         why = ""
-        if self.history:
-            assert go is not None
+        if go is not None:  # (a spare's first attempt is the one node 0 gave it)
             self.attempt, why = go
+        if self.history:
             output.reopen(spec)
             for name in listdir(os.path.join(self.rundir, contract.JOINED)):
                 unlink(os.path.join(self.rundir, contract.JOINED, name))
@@ -138,6 +134,23 @@ class Restarts:
     def summary(self) -> ExitRecord:
         """What exit.json says of the attempts (nothing without restarts)."""
         return summary(self.max_attempts, self.history)
+
+
+def seated_spec(spec: SpecRecord, members: tuple[int, ...], slot: int) -> SpecRecord:
+    """``spec`` as the attempt runs it where the nodes changed: the node rank of mesh slot
+    ``slot`` among ``members`` (the slots by node rank), torchrun's count of nodes, and the
+    world's shape by node rank (a spare runs as many processes as the node it replaced)."""
+    rank = members.index(slot)
+    seated: SpecRecord = {**spec, "node_rank": rank}
+    if "torchrun" in spec:
+        seated["torchrun"] = {**spec["torchrun"], "node_rank": rank, "nnodes": len(members)}
+    watch = spec.get("watch")
+    if watch is not None:
+        was = list(watch.get("nprocs") or [])
+        own = was[slot] if slot < len(was) else int(spec.get("torchrun", {}).get("nproc", 1))
+        nprocs = [was[m] if m < len(was) else own for m in members]
+        seated["watch"] = {**watch, "nprocs": nprocs}
+    return seated
 
 
 def stop_reason(rundir: str, default: str) -> str:

@@ -51,6 +51,7 @@ from sshddp.remote.node.node_events import (
     AWAITING,
     DONE,
     LINGERING,
+    SPARE,
     STOPPING,
     WATCHING,
     Action,
@@ -78,7 +79,7 @@ from sshddp.remote.node.node_events import (
 from sshddp.remote.node.node_inbox import Inbox
 from sshddp.remote.node.output import NodeOutput, node_output
 from sshddp.remote.node.peers import Peers, peers_for
-from sshddp.remote.node.restarts import WAIT_TICK, Restarts, stop_reason
+from sshddp.remote.node.restarts import WAIT_TICK, Restarts, seated_spec, stop_reason
 from sshddp.remote.node.standby import Spare
 
 IDLE_WAIT = 1.0  # the loop's longest sleep: output, signals, torchrun's exit and aborts wake it
@@ -102,6 +103,7 @@ class Supervisor:
         self.rundir = rundir
         self.parent = parent  #: the launch session it is bound to (over srun), if any
         self.spec: SpecRecord = read_json(os.path.join(rundir, contract.SPEC))
+        self.seated: SpecRecord = self.spec  #: the spec as the current attempt runs it
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.sampler: Optional[Sampler] = None  #: samples.jsonl, once the node's output is set up
         self.output: Optional[NodeOutput] = None
@@ -132,6 +134,8 @@ class Supervisor:
         self.env = node_env(self.rundir, self.spec, self.env)
         self.sampler = Sampler(self.rundir, self.spec)
         self.sampler.start()
+        if self.state.phase == SPARE:
+            return spare_waits(self.rundir, self.started)
         return self.spawn()
 
     def spawn(self) -> bool:
@@ -140,8 +144,11 @@ class Supervisor:
         assert self.output is not None
         self.restarts.begin(self.output, self.spec, self.state.go)
         self.watchdog.restart(self.peers.known)
-        env = {**self.env, **self.output.env, contract.ATTEMPT_VAR: str(self.restarts.attempt)}
-        fresh = functools.partial(start_torchrun, self.rundir, self.spec, env, self.output)
+        self.seated = seated_spec(self.spec, self.state.seated(), self.state.rank)
+        self.spare.argv = torchrun_argv(self.rundir, self.seated)
+        env = attempt_env({**self.env, **self.output.env}, self.seated, self.state.replaced)
+        env[contract.ATTEMPT_VAR] = str(self.restarts.attempt)
+        fresh = functools.partial(start_torchrun, self.rundir, self.seated, env, self.output)
         proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
         if proc is not None:
             self.proc = proc
@@ -162,8 +169,7 @@ class Supervisor:
             self._step()
 
     def _seen(self) -> list[Event]:
-        """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full
-        disk."""
+        """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full disk."""
         seen: list[Event] = []
         if self.state.phase == WATCHING and self.proc is not None and exited(self.proc):
             seen.append(Exited())
@@ -186,7 +192,7 @@ class Supervisor:
             if rc is not None:
                 self.escaped, self.stop = self.stop.escaped, None
                 self.inbox.post(TornDown(rc))
-        elif phase == AWAITING:
+        elif phase in (AWAITING, SPARE):
             self.inbox.sleep(WAIT_TICK)
         elif phase == LINGERING and self.peers.released():
             self.inbox.post(LetGo())
@@ -226,7 +232,7 @@ class Supervisor:
         self.spare.end()  # (a standby whose supervisor died leaves as its socket closes)
         if self.output is not None:
             self.output.unreserve()
-        node, facts = self.spec["node_rank"], exit_facts(self.rundir, self.spec, self.restarts)
+        node, facts = self.seated["node_rank"], exit_facts(self.rundir, self.seated, self.restarts)
         write_exit(
             self.rundir, node, self.started, end.state, end.rc, recorded, self.escaped, facts
         )
@@ -263,12 +269,29 @@ class Stopping:
         return None
 
 
+def attempt_env(
+    env: dict[str, str], seated: SpecRecord, replaced: tuple[int, ...]
+) -> dict[str, str]:
+    """``env`` for an attempt: the node rank it runs as, and the node ranks a spare took
+    (SSHDDP_REPLACED: "" when none did)."""
+    env[contract.NODE_RANK_VAR] = str(seated["node_rank"])
+    env[contract.REPLACED_VAR] = ",".join(str(r) for r in replaced)
+    return env
+
+
+def spare_waits(rundir: str, since: float) -> bool:
+    """A spare's state.json: its supervisor alone runs (the launch sees it started; ``ps``
+    and ``stop`` find it) until node 0 seats it."""
+    record_state(rundir, os.getpid(), since)
+    return True
+
+
 def on_signal(inbox: Inbox, signum: int, frame: Optional[FrameType]) -> None:
     """A signal handler: the loop hears of ``signum``."""
     inbox.post(Signal(signum))
 
 
-def record_state(rundir: str, pid: int, since: float, standby: bool) -> Optional[int]:
+def record_state(rundir: str, pid: int, since: float, standby: bool = False) -> Optional[int]:
     """state.json for torchrun ``pid``; its start time (None: it is gone already)."""
     started = start_time(pid)  # not reaped before teardown: it names torchrun
     record = state_record(pid, started, since, standby)

@@ -58,7 +58,10 @@ def swap_bad_hosts(
     if swapped is not inventory:
         for line in ends.after_swap(_gone(choice, unreachable, unhealthy), quarantine_for):
             say(line)
-    return swapped
+    # those left wait as the run's spares (--max-restarts): none bad, none taken already
+    taken = {(h.host, h.port) for h in swapped.hosts}
+    left = [s for s in spares if not spare_bad.get(s.host) and (s.host, s.port) not in taken]
+    return replace(swapped, spares=tuple(left))
 
 
 def _gone(choice: Choice, unreachable: dict[str, str], unhealthy: dict[str, str]) -> list[Verdict]:

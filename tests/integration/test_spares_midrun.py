@@ -1,0 +1,139 @@
+"""A spare takes a lost node's place mid-run, for real: 3 hosts and a spare (h4) on real sshd
+servers (the supervisors decide: the min_nodes case runs detached, with no coordinator),
+gloo all-reduces every step and rank 0 checkpoints every 3 steps. h3's host dies (its sshd
+and sessions gone, every process of its node SIGKILLed): node 0 halts the attempt, seats
+h4's waiting supervisor as node 2, and the run finishes on h1, h2, h4 from the last
+checkpoint, not from step 0. No process of the run survives on any host; h3 is
+quarantined, and the next launch of the inventory, h3's sshd back, leaves it out and says
+so."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from launch_helpers import finish, sshddp, start, wait_until
+from test_faults_infra import _kill_sshd_and_sessions, contains, remote_log
+from test_quarantine import _kill_node
+
+from sshddp_lab.sshd import SshdCluster
+
+TRAIN = Path(__file__).parent / "payloads" / "ckpt_train.py"
+STEPS = 40
+
+
+def _inventory(tmp: Path, port: int, **top: Any) -> tuple[Path, Path]:
+    workdir = tmp / "remote"
+    doc: dict[str, Any] = {
+        "defaults": {
+            "python": sys.executable,
+            "workdir": str(workdir),
+            "nproc": 1,
+            "env": {"GLOO_SOCKET_IFNAME": "lo"},
+        },
+        "rendezvous": {"port": port},
+        "hosts": ["h1", "h2", "h3"],
+        "spares": ["h4"],
+        **top,
+    }
+    doc = {k: v for k, v in doc.items() if v is not None}
+    inv = tmp / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv, workdir
+
+
+def _kill_h3_mid_run(cluster: SshdCluster, workdir: Path, run: str) -> None:
+    """Once every rank is past its first checkpoints: h3's sshd, sessions and node gone."""
+    wait_until(
+        lambda: all(contains(remote_log(workdir, run, n), f"rank {n} step 7\n") for n in range(3)),
+        180,
+        "every rank past its first checkpoints",
+    )
+    _kill_sshd_and_sessions(cluster, 3)
+    _kill_node(run, workdir, 2)
+
+
+def _exit(workdir: Path, run: str, slot: int) -> dict[str, Any]:
+    path = workdir / "runs" / run / f"n{slot}" / "exit.json"
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
+def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoint(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """Attached: the launch's report says attempt 2 of 2, that h3 was lost and h4 took its
+    place, names node 2 replaced and quarantines h3; exit 0."""
+    cluster = make_cluster(4)
+    inv, workdir = _inventory(tmp_path, free_port())
+    run = "spm"
+    opts = ["--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5", "--grace", "2"]
+    proc = start(cluster, tmp_path, "launch", *opts, str(inv), str(TRAIN), str(STEPS))
+    try:
+        _kill_h3_mid_run(cluster, workdir, run)
+        rc, err = finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0 and "Traceback" not in err, err
+    report = err[err.index(f"sshddp: run {run} succeeded") :]
+    assert "\nattempt 2 of 2\n  attempt 1 ended: node 2 (h3) lost (" in report, report
+    assert "; h4 took its place; every node restarted" in report, report
+    assert "lost mid-run; h4 took its place" in report, report  # node 2's row: replaced
+    said = [line for line in err.splitlines() if line.startswith("sshddp: quarantined")]
+    assert len(said) == 1 and said[0].startswith("sshddp: quarantined h3 until "), err
+    ends = {slot: _exit(workdir, run, slot) for slot in (0, 1, 3)}
+    assert all(e["state"] == "succeeded" for e in ends.values()), ends
+    assert ends[3]["node_rank"] == 2 and ends[3]["attempt"] == 2, ends[3]
+    spare_log = remote_log(workdir, run, 3).read_text()
+    (begin,) = [line for line in spare_log.splitlines() if " starts at step " in line]
+    assert begin.startswith("attempt 2 rank 2 node 2 replaced [2] starts at step "), spare_log
+    resumed = int(begin.rsplit(" ", 1)[1])
+    assert resumed >= 6, begin  # the checkpoint, not step 0
+    node0 = remote_log(workdir, run, 0).read_text()
+    assert f"attempt 2 rank 0 node 0 replaced [2] starts at step {resumed}" in node0, node0
+    assert '"world": 3, "attempt": 2' in node0 and f'"first": {resumed}' in node0, node0
+    run_no_leak(run)
+
+    # h3's sshd back up: the next launch of the inventory leaves it out and says so
+    cluster.start_host(3)
+    again = sshddp(cluster, tmp_path, "launch", "--name", "spm2", inv, TRAIN, str(STEPS))
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    (swap,) = [line for line in again.stderr.splitlines() if "takes its place" in line]
+    assert swap.startswith("sshddp: node 2: h3 quarantined until "), swap
+    assert swap.endswith("; spare h4 takes its place"), swap
+    run_no_leak("spm2")
+
+
+def test_with_no_spare_min_nodes_lets_the_run_go_on_with_fewer_nodes(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """3 nodes, no spare, ``min_nodes: 2``: node 2's host dies; the run goes on with nodes 0
+    and 1 (world size 2) from the last checkpoint."""
+    cluster = make_cluster(3)
+    inv, workdir = _inventory(tmp_path, free_port(), spares=None, min_nodes=2)
+    run = "spmin"
+    opts = ["--detach", "--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5"]
+    started = sshddp(cluster, tmp_path, "launch", *opts, "--grace", "2", inv, TRAIN, str(STEPS))
+    assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
+    _kill_h3_mid_run(cluster, workdir, run)
+    wait_until(lambda: _exit(workdir, run, 0) and _exit(workdir, run, 1), 300, "nodes 0, 1")
+    ends = [_exit(workdir, run, node) for node in (0, 1)]
+    assert all(e["state"] == "succeeded" and e["attempt"] == 2 for e in ends), ends
+    (why,) = ends[0]["earlier"]
+    assert why.startswith("node 2 (h3) lost ("), why
+    assert "; the run goes on with 2 node(s) (min_nodes 2): " in why, why
+    log = remote_log(workdir, run, 1).read_text()
+    (begin,) = [line for line in log.splitlines() if line.startswith("attempt 2 ")]
+    assert begin.startswith("attempt 2 rank 1 node 1 replaced [] starts at step "), log
+    assert int(begin.rsplit(" ", 1)[1]) >= 6, begin  # the checkpoint, not step 0
+    assert '"world": 2, "attempt": 2' in log, log
+    run_no_leak(run)
