@@ -4,6 +4,7 @@ user's bastion would sit there; each host has a workdir of its own (no shared di
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,15 +73,22 @@ class Lab:
         # outlive a command): a launch's bytes are the growth of their sum.
         self.counts = tmp / "counts"
         self.config = counted_config(cluster, self.counts)
+        self.launches = itertools.count(1)
 
     def launch(self) -> tuple[Result, str, int]:
-        """One launch: its result, run id and the bytes that went towards the hosts."""
+        """One launch: its result (its stderr followed by its trace), run id and the bytes
+        that went towards the hosts. The trace goes to a file of its own (SSHDDP_LOG): ``-v``
+        writes to the stream the first tracing command of this process installed, which in
+        a worker that ran other in-process commands first need not be this one's stderr."""
         before = total_up(str(self.counts)) if self.counts.exists() else 0
-        opts = ["--ssh-config", self.config, "--launcher", "node", "--no-check", "-v"]
+        opts = ["--ssh-config", self.config, "--launcher", "node", "--no-check"]
         opts += ["--log-dir", self.tmp / "logs", "--workdir", self.root]
-        result = sshddp(["launch", *opts, self.inv, self.root / "hashwork.py"])
+        log = self.tmp / f"trace-{next(self.launches)}.log"
+        environ = {**os.environ, "SSHDDP_LOG": str(log)}
+        result = sshddp(["launch", *opts, self.inv, self.root / "hashwork.py"], environ)
         assert "sshddp: run " in result.err and self.counts.exists(), result.explain()
         run_id = result.err.split("sshddp: run ", 1)[1].split(":", 1)[0]
+        result = replace(result, err=result.err + log.read_text())
         return result, run_id, total_up(str(self.counts)) - before
 
     def lines(self, run_id: str) -> list[dict[str, Any]]:

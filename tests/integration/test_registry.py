@@ -267,6 +267,7 @@ def test_ps_asks_every_unfinished_run_at_once_names_a_hung_host_and_records_ends
             "finished",
             "launching",
             "root_cause",
+            "code_delivery",
             "nodes",
         }
         assert set(row["nodes"][0]) == {
