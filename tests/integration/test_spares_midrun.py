@@ -1,11 +1,12 @@
 """A spare takes a lost node's place mid-run, for real: 3 hosts and a spare (h4) on real sshd
 servers (the supervisors decide: the min_nodes case runs detached, with no coordinator),
-gloo all-reduces every step and rank 0 checkpoints every 3 steps. h3's host dies (its sshd
-and sessions gone, every process of its node SIGKILLed): node 0 halts the attempt, seats
-h4's waiting supervisor as node 2, and the run finishes on h1, h2, h4 from the last
-checkpoint, not from step 0. No process of the run survives on any host; h3 is
-quarantined, and the next launch of the inventory, h3's sshd back, leaves it out and says
-so."""
+gloo all-reduces every step and rank 0 checkpoints every 3 steps, on node 0 alone: each
+host has its own workdir (no shared disk) and the checkpoint is ``--share``d. h3's host dies
+(its sshd and sessions gone, every process of its node SIGKILLed): node 0 halts the attempt,
+seats h4's waiting supervisor as node 2, hands its latest checkpoint to h2 and h4, and the
+run finishes on h1, h2, h4 from it, not from step 0. No process of the run survives on any
+host; h3 is quarantined, and the next launch of the inventory, h3's sshd back, leaves it
+out and says so."""
 
 from __future__ import annotations
 
@@ -25,39 +26,55 @@ TRAIN = Path(__file__).parent / "payloads" / "ckpt_train.py"
 STEPS = 40
 
 
-def _inventory(tmp: Path, port: int, **top: Any) -> tuple[Path, Path]:
-    workdir = tmp / "remote"
+class Workdirs:
+    """Each host its own workdir (no shared disk): mesh slot ``n``'s is host h(n+1)'s."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+
+    def __getitem__(self, slot: int) -> Path:
+        return self.tmp / f"remote-h{slot + 1}"
+
+
+def _inventory(tmp: Path, port: int, **top: Any) -> tuple[Path, Workdirs]:
+    workdirs = Workdirs(tmp)
     doc: dict[str, Any] = {
         "defaults": {
             "python": sys.executable,
-            "workdir": str(workdir),
             "nproc": 1,
             "env": {"GLOO_SOCKET_IFNAME": "lo"},
+            "share": ["ckpt.json"],  # rank 0 writes it on node 0 alone
         },
         "rendezvous": {"port": port},
-        "hosts": ["h1", "h2", "h3"],
-        "spares": ["h4"],
+        "hosts": [{"host": f"h{i}", "workdir": str(workdirs[i - 1])} for i in (1, 2, 3)],
+        "spares": [{"host": "h4", "workdir": str(workdirs[3])}],
         **top,
     }
     doc = {k: v for k, v in doc.items() if v is not None}
     inv = tmp / "inv.yaml"
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return inv, workdir
+    return inv, workdirs
 
 
-def _kill_h3_mid_run(cluster: SshdCluster, workdir: Path, run: str) -> None:
+def _kill_h3_mid_run(cluster: SshdCluster, workdirs: Workdirs, run: str) -> None:
     """Once every rank is past its first checkpoints: h3's sshd, sessions and node gone."""
     wait_until(
-        lambda: all(contains(remote_log(workdir, run, n), f"rank {n} step 7\n") for n in range(3)),
+        lambda: all(
+            contains(remote_log(workdirs[n], run, n), f"rank {n} step 7\n") for n in range(3)
+        ),
         180,
         "every rank past its first checkpoints",
     )
     _kill_sshd_and_sessions(cluster, 3)
-    _kill_node(run, workdir, 2)
+    _kill_node(run, workdirs[2], 2)
 
 
-def _exit(workdir: Path, run: str, slot: int) -> dict[str, Any]:
-    path = workdir / "runs" / run / f"n{slot}" / "exit.json"
+def supervisor_log(workdirs: Workdirs, run: str, slot: int) -> str:
+    return (workdirs[slot] / "runs" / run / f"n{slot}" / "supervisor.log").read_text()
+
+
+def _exit(workdirs: Workdirs, run: str, slot: int) -> dict[str, Any]:
+    path = workdirs[slot] / "runs" / run / f"n{slot}" / "exit.json"
     return dict(json.loads(path.read_text())) if path.exists() else {}
 
 
@@ -70,12 +87,12 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoin
     """Attached: the launch's report says attempt 2 of 2, that h3 was lost and h4 took its
     place, names node 2 replaced and quarantines h3; exit 0."""
     cluster = make_cluster(4)
-    inv, workdir = _inventory(tmp_path, free_port())
+    inv, workdirs = _inventory(tmp_path, free_port())
     run = "spm"
     opts = ["--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5", "--grace", "2"]
     proc = start(cluster, tmp_path, "launch", *opts, str(inv), str(TRAIN), str(STEPS))
     try:
-        _kill_h3_mid_run(cluster, workdir, run)
+        _kill_h3_mid_run(cluster, workdirs, run)
         rc, err = finish(proc, 300)
     finally:
         if proc.poll() is None:
@@ -87,15 +104,18 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_run_resumes_from_its_checkpoin
     assert "lost mid-run; h4 took its place" in report, report  # node 2's row: replaced
     said = [line for line in err.splitlines() if line.startswith("sshddp: quarantined")]
     assert len(said) == 1 and said[0].startswith("sshddp: quarantined h3 until "), err
-    ends = {slot: _exit(workdir, run, slot) for slot in (0, 1, 3)}
+    ends = {slot: _exit(workdirs, run, slot) for slot in (0, 1, 3)}
     assert all(e["state"] == "succeeded" for e in ends.values()), ends
     assert ends[3]["node_rank"] == 2 and ends[3]["attempt"] == 2, ends[3]
-    spare_log = remote_log(workdir, run, 3).read_text()
+    spare_log = remote_log(workdirs[3], run, 3).read_text()
     (begin,) = [line for line in spare_log.splitlines() if " starts at step " in line]
     assert begin.startswith("attempt 2 rank 2 node 2 replaced [2] starts at step "), spare_log
     resumed = int(begin.rsplit(" ", 1)[1])
-    assert resumed >= 6, begin  # the checkpoint, not step 0
-    node0 = remote_log(workdir, run, 0).read_text()
+    assert resumed >= 6, begin  # node 0's checkpoint, not step 0: h4 had none of its own
+    assert "sshddp supervisor: --share: ckpt.json from node 0 (" in supervisor_log(workdirs, run, 3)
+    node1 = remote_log(workdirs[1], run, 1).read_text()  # h2's own copy was the launch's
+    assert f"attempt 2 rank 1 node 1 replaced [2] starts at step {resumed}" in node1, node1
+    node0 = remote_log(workdirs[0], run, 0).read_text()
     assert f"attempt 2 rank 0 node 0 replaced [2] starts at step {resumed}" in node0, node0
     assert '"world": 3, "attempt": 2' in node0 and f'"first": {resumed}' in node0, node0
     run_no_leak(run)
@@ -119,19 +139,19 @@ def test_with_no_spare_min_nodes_lets_the_run_go_on_with_fewer_nodes(
     """3 nodes, no spare, ``min_nodes: 2``: node 2's host dies; the run goes on with nodes 0
     and 1 (world size 2) from the last checkpoint."""
     cluster = make_cluster(3)
-    inv, workdir = _inventory(tmp_path, free_port(), spares=None, min_nodes=2)
+    inv, workdirs = _inventory(tmp_path, free_port(), spares=None, min_nodes=2)
     run = "spmin"
     opts = ["--detach", "--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5"]
     started = sshddp(cluster, tmp_path, "launch", *opts, "--grace", "2", inv, TRAIN, str(STEPS))
     assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
-    _kill_h3_mid_run(cluster, workdir, run)
-    wait_until(lambda: _exit(workdir, run, 0) and _exit(workdir, run, 1), 300, "nodes 0, 1")
-    ends = [_exit(workdir, run, node) for node in (0, 1)]
+    _kill_h3_mid_run(cluster, workdirs, run)
+    wait_until(lambda: _exit(workdirs, run, 0) and _exit(workdirs, run, 1), 300, "nodes 0, 1")
+    ends = [_exit(workdirs, run, node) for node in (0, 1)]
     assert all(e["state"] == "succeeded" and e["attempt"] == 2 for e in ends), ends
     (why,) = ends[0]["earlier"]
     assert why.startswith("node 2 (h3) lost ("), why
     assert "; the run goes on with 2 node(s) (min_nodes 2): " in why, why
-    log = remote_log(workdir, run, 1).read_text()
+    log = remote_log(workdirs[1], run, 1).read_text()
     (begin,) = [line for line in log.splitlines() if line.startswith("attempt 2 ")]
     assert begin.startswith("attempt 2 rank 1 node 1 replaced [] starts at step "), log
     assert int(begin.rsplit(" ", 1)[1]) >= 6, begin  # the checkpoint, not step 0

@@ -57,8 +57,8 @@ USERS = "the user's own file or command, named by the user, read or run as the u
 ALLOWED = {
     ("host_fetch", "_send_dir"): USERS + " (`sshddp fetch PATH`)",
     ("host_fetch", "_send_file"): USERS + " (`sshddp fetch PATH`)",
-    ("host_share", "_digest"): USERS + " (--share PATH; a FIFO is refused first)",
-    ("host_share", "_send"): USERS + " (--share PATH, as _digest found it)",
+    ("host_share", "digest"): USERS + " (--share PATH; a FIFO is refused first)",
+    ("host_share", "_send"): USERS + " (--share PATH, as digest found it)",
     ("execute", "main"): USERS + " (`sshddp exec CMD`)",
     ("supervisor", "start_torchrun"): USERS + " (the node's command, composed from spec.json)",
     ("standby", "start"): USERS + " (the node's command, composed from spec.json)",

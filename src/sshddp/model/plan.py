@@ -213,6 +213,8 @@ class LaunchPlan:
         }
         if self.min_nodes:
             spec["min_nodes"] = self.min_nodes
+        if self.share and self.max_restarts:
+            spec["share"] = list(self.share)
         if len(running) < len(self.nodes):
             spec["peers"]["spares"] = [n.host.host for n in self.nodes if n.spare]
         if node.spare:

@@ -194,6 +194,9 @@ class SpecRecord(TypedDict, total=False):
     #: the fewest nodes the run goes on with once no spare is left (schema 10); absent: 0,
     #: a node lost without a spare ends the run
     min_nodes: int
+    #: ``--share`` paths (with restarts, schema 10): node 0 hands its latest copies to every
+    #: node whose copy differs before each attempt after the first (``restart_share``)
+    share: list[str]
 
 
 class Secrets(TypedDict):

@@ -27,6 +27,8 @@ from sshddp.protocol.contract import NodeWatch
 MAX_TEXT = 2000  #: characters of a reason a message carries
 MAX_WHY = 500  #: characters of a restart's reason (fail, halt, again)
 MAX_NODES = 100_000  #: entries of ``again``'s lists of nodes
+MAX_SHARED = 1000  #: files ``again``'s ``share`` may name
+_HEX = frozenset("0123456789abcdef")
 
 
 class Beat(TypedDict, total=False):
@@ -77,9 +79,23 @@ class _Again(TypedDict):
     reason: str
 
 
+class SharedFile(TypedDict):
+    path: str  #: relative to the ranks' working directory
+    size: int
+    sha256: str
+
+
+class ShareOffer(TypedDict):
+    """Node 0's ``--share`` files for the next attempt (``remote/node/restart_share.py``)."""
+
+    port: int  #: where node 0 serves them, on the rendezvous address
+    files: list[SharedFile]
+
+
 class Again(_Again, total=False):
     nodes: list[int]  #: the supervisors' mesh slots by node rank, where they changed
     replaced: list[int]  #: the node ranks a spare took (with ``nodes``)
+    share: ShareOffer  #: node 0's shared files: a node whose copy differs pulls it first
 
 
 class Bye(TypedDict):
@@ -131,6 +147,11 @@ def again(
         msg["nodes"] = list(nodes)
         msg["replaced"] = list(replaced or ())
     return msg
+
+
+def with_share(msg: Again, share: ShareOffer) -> Again:
+    """``msg`` saying where node 0 serves its shared files for the attempt."""
+    return {**msg, "share": share}
 
 
 def bye() -> Bye:
@@ -194,7 +215,36 @@ def _restart(raw: dict[str, Any]) -> Optional[PeerMessage]:
     nodes, replaced = _numbers(raw, "nodes"), _numbers(raw, "replaced")
     if ("nodes" in raw and nodes is None) or ("replaced" in raw and replaced is None):
         return None
-    return again(attempt, reason, nodes, replaced)
+    msg = again(attempt, reason, nodes, replaced)
+    if "share" not in raw:
+        return msg
+    share = _share(raw["share"])
+    return None if share is None else with_share(msg, share)
+
+
+def _share(raw: Any) -> Optional[ShareOffer]:
+    """A ``ShareOffer``: a port, and files each a plain relative path (no ``..``, not
+    absolute), a size and a SHA-256 in hex; None for anything else."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
+        return None
+    port, files = _number(raw, "port"), raw["files"]
+    if port is None or not 0 < port < 65536 or len(files) > MAX_SHARED:
+        return None
+    checked: list[SharedFile] = []
+    for item in files:
+        path = item.get("path") if isinstance(item, dict) else None
+        size, sha = (_number(item, "size"), item.get("sha256")) if path else (None, None)
+        if not isinstance(path, str) or size is None or size < 0 or not _hex64(sha):
+            return None
+        parts = path.replace("\\", "/").split("/")
+        if path.startswith("/") or ".." in parts or len(path) > MAX_TEXT:
+            return None
+        checked.append({"path": path, "size": size, "sha256": str(sha)})
+    return {"port": port, "files": checked}
+
+
+def _hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in _HEX for c in value)
 
 
 def _numbers(raw: dict[str, Any], key: str) -> Optional[list[int]]:

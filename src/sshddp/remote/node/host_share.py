@@ -45,7 +45,7 @@ def look(args: dict[str, Any]) -> Answer:
     more = False
     if args.get("list"):
         files, more = _listing(cwd, int(args["cap"]))
-    shares = {path: _digest(os.path.join(cwd, path)) for path in args.get("share") or ()}
+    shares = {path: digest(os.path.join(cwd, path)) for path in args.get("share") or ()}
     return {"files": files, "more": more, "share": shares}
 
 
@@ -74,7 +74,7 @@ def _is_file(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def _digest(path: str) -> Optional[Answer]:
+def digest(path: str) -> Optional[Answer]:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
             return {"error": "it is not a file (--share takes files)"}

@@ -264,6 +264,8 @@ class LoopState:
     min_nodes: int = 0  #: the fewest nodes the run goes on with, no spare left (0: none fewer)
     members: tuple[int, ...] = ()  #: the mesh slots by node rank, once they changed
     replaced: tuple[int, ...] = ()  #: the node ranks a spare took in the next attempt
+    #: node 0's ``--share`` files for the next attempt (its ``again``), to pull first
+    share: Optional[pm.ShareOffer] = None
     launcher: str = "torchrun"  #: what the node runs, as its reasons name it
     phase: str = STARTING  #: where the node is in its life (``PHASES``)
     attempt: int = 1  #: the attempt this node runs
@@ -445,6 +447,7 @@ def _note(state: LoopState, event: Event) -> LoopState:
 
 def _seated(state: LoopState, msg: pm.Again) -> LoopState:
     """The nodes of the attempt node 0 starts, where its word changed them."""
+    state = replace(state, share=msg.get("share"))
     if "nodes" not in msg:
         return replace(state, replaced=())
     return replace(state, members=tuple(msg["nodes"]), replaced=tuple(msg.get("replaced", ())))

@@ -63,6 +63,7 @@ from sshddp.remote.node.node_events import (
     Finish,
     Hurry,
     LetGo,
+    LoopState,
     Message,
     OutputFull,
     Say,
@@ -79,6 +80,7 @@ from sshddp.remote.node.node_events import (
 from sshddp.remote.node.node_inbox import Inbox
 from sshddp.remote.node.output import NodeOutput, node_output
 from sshddp.remote.node.peers import Peers, peers_for
+from sshddp.remote.node.restart_share import Handover
 from sshddp.remote.node.restarts import WAIT_TICK, Restarts, seated_spec, stop_reason
 from sshddp.remote.node.standby import Spare
 
@@ -118,6 +120,7 @@ class Supervisor:
         self.restarts = Restarts(rundir, self.spec)
         self.env: dict[str, str] = dict(secrets["env"]) if secrets else {}  #: then torchrun's
         self.spare = spare_for(rundir, self.spec)
+        self.handover = Handover(self.spec, self.peers.key)  #: --share files at a restart
 
     def start(self) -> bool:
         """Set up the node's output and start torchrun; False when it could not be started
@@ -149,7 +152,9 @@ class Supervisor:
         env = attempt_env({**self.env, **self.output.env}, self.seated, self.state.replaced)
         env[contract.ATTEMPT_VAR] = str(self.restarts.attempt)
         fresh = functools.partial(start_torchrun, self.rundir, self.seated, env, self.output)
-        proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
+        proc, failed = None, self.handover.refresh(self.state)  # (not got: the attempt fails)
+        if not failed:
+            proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
         if proc is not None:
             self.proc = proc
             started = record_state(self.rundir, proc.pid, self.started, self.spare.was_standby)
@@ -163,19 +168,11 @@ class Supervisor:
         self.start()
         self.peers.start()
         while self.state.phase != DONE:
-            self.state, actions = decide(self.state, *self._seen(), *self.inbox.take())
+            seen = loop_sees(self.state, self.proc, self.output)
+            self.state, actions = decide(self.state, *seen, *self.inbox.take())
             for action in actions:
                 self._act(action)
             self._step()
-
-    def _seen(self) -> list[Event]:
-        """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full disk."""
-        seen: list[Event] = []
-        if self.state.phase == WATCHING and self.proc is not None and exited(self.proc):
-            seen.append(Exited())
-        if self.output is not None and self.output.full and self.state.full is None:
-            seen.append(OutputFull(self.output.full))
-        return seen
 
     def _step(self) -> None:
         """The phase's I/O, until there may be something new to decide on (the launch
@@ -201,7 +198,7 @@ class Supervisor:
 
     def _act(self, action: Action) -> None:
         if isinstance(action, Tell):
-            self.peers.tell_all(action.msg)
+            self.peers.tell_all(self.handover.offered(action.msg))
         elif isinstance(action, EndRun):
             self.peers.broadcast_abort(action.reason)
         elif isinstance(action, TakeStacks):
@@ -229,6 +226,7 @@ class Supervisor:
         recorded = with_escaped(noted(reason, unwatched(self.peers, end.state)), self.escaped)
         if self.sampler is not None:
             self.sampler.stop()
+        self.handover.close()
         self.spare.end()  # (a standby whose supervisor died leaves as its socket closes)
         if self.output is not None:
             self.output.unreserve()
@@ -267,6 +265,18 @@ class Stopping:
         if not self.output.pump(self.run.wait(), self.wake.fd):
             self.wake.sleep(self.run.wait())
         return None
+
+
+def loop_sees(
+    state: LoopState, proc: Optional[subprocess.Popen[bytes]], output: Optional[NodeOutput]
+) -> list[Event]:
+    """What the loop sees itself, ahead of the inbox's events: torchrun's exit, a full disk."""
+    seen: list[Event] = []
+    if state.phase == WATCHING and proc is not None and exited(proc):
+        seen.append(Exited())
+    if output is not None and output.full and state.full is None:
+        seen.append(OutputFull(output.full))
+    return seen
 
 
 def attempt_env(
