@@ -119,6 +119,8 @@ def test_a_node_without_the_runs_key_gets_nothing_and_says_why(tmp_path: Path) -
 def test_nothing_is_served_without_files_a_key_or_another_node(tmp_path: Path) -> None:
     (tmp_path / "ckpt.json").write_text("{}")
     assert restart_share.offer(spec_for(tmp_path, nnodes=1), KEY, None) == (None, None)
+    alone = {k: v for k, v in spec_for(tmp_path).items() if k != "peers"}  # one node's spec
+    assert restart_share.offer(alone, KEY, None) == (None, None)
     assert restart_share.offer(spec_for(tmp_path), None, None) == (None, None)
     assert restart_share.offer(spec_for(tmp_path / "empty"), KEY, None) == (None, None)
     assert restart_share.offer({**spec_for(tmp_path), "share": []}, KEY, None) == (None, None)

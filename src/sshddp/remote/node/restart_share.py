@@ -65,9 +65,12 @@ def offer(
     attempt's server, stopped first); the server and what ``again`` says of it, or
     (None, None) when there is nothing to share."""
     close(previous)
-    paths, cwd, peers = list(spec.get("share") or ()), spec.get("cwd"), spec["peers"]
-    if not paths or not cwd or key is None or (peers["nnodes"] < 2 and not peers.get("spares")):
-        return None, None  # (a run of one node has no one to hand them to)
+    paths, cwd = list(spec.get("share") or ()), spec.get("cwd")
+    peers = spec.get("peers")
+    if not paths or not cwd or key is None or peers is None:
+        return None, None  # (a node with no peers has no one to hand them to)
+    if peers["nnodes"] < 2 and not peers.get("spares"):
+        return None, None
     files: list[pm.SharedFile] = []
     for path in paths:
         digest = host_share.digest(os.path.join(os.path.expanduser(cwd), path))
