@@ -102,6 +102,10 @@ PROGRAM_COMMAND = "command"  #: an executable and its arguments (LAUNCH_COMMAND)
 #: Every Python process of a node dumps its threads' stacks into STACKS on SIGRTMIN + this
 #: (``remote/rankside/ranksite.py``, which stands alone, repeats it as DUMP_SIGNAL_OFFSET).
 STACKS_SIGNAL_OFFSET = 6
+#: A process that called init_process_group also answers the node's samplers from a thread:
+#: a byte written to STACKS/<pid>-<start time> + this FIFO asks it (``ranksite`` repeats it
+#: as ASK_SUFFIX)
+STACKS_ASK_SUFFIX = ".ask"
 
 # The states a host reports for a node (see sshddp.model.state.NodeState).
 STARTING = "starting"
