@@ -21,7 +21,10 @@ environments the least recently asked for go, but never one a process here runs 
 path in the process's command line), and never by halves: the marker goes first.
 
 uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
-coordinator then sends the binary, zlib-compressed, after the modules on stdin.
+coordinator then hands it the binary, zlib-compressed, as it hands a launch its code
+(``remote/node/host_handoff.py``: kept under ``<workdir>/payloads/<sha256>``, checked), and
+calls again with {"uv_payload": {"sha256", "size"}}: uv is unpacked from that kept copy, hashed
+again as it is read, and made executable only once the whole copy passed.
 
 While it builds it says how far it got, one JSON line each: {"progress": "resolving" |
 "downloading" | "installing" | "done", "detail": the packages uv fetched, the
@@ -101,7 +104,7 @@ def _free_bytes(mount: str) -> int:
 
 def _sync(args: dict[str, Any]) -> dict[str, Any]:
     workdir = make_workdir(str(args["workdir"]))
-    uv = _uv(workdir, str(args["uv"]))
+    uv = _uv(workdir, str(args["uv"]), args.get("uv_payload"))
     if uv is None:
         return {"status": "need_uv", "platform": host_platform()}
     env = _uv_env(args.get("env") or {})
@@ -251,9 +254,10 @@ def env_key(digest: str, python: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def _uv(workdir: str, version: str) -> Optional[str]:
+def _uv(workdir: str, version: str, kept: Optional[dict[str, Any]]) -> Optional[str]:
     """Our uv of ``version``: already here (this user's, and no one else may change it:
-    ``Unsafe`` otherwise), or written from the binary on stdin."""
+    ``Unsafe`` otherwise), or installed from the kept copy ``kept`` names (its SHA-256 and
+    size: the compressed binary the coordinator handed here, ``host_handoff.py``)."""
     tools = hostpath.private_dir(os.path.join(workdir, "tools"), "the tools directory")
     folder = os.path.join(tools, "uv-" + version)
     path = os.path.join(folder, "uv")
@@ -261,18 +265,17 @@ def _uv(workdir: str, version: str) -> Optional[str]:
         hostpath.check_dir(folder, "uv's directory")
         if hostpath.executable(path, "uv"):
             return path
-    data = sys.stdin.buffer.read()
-    if not data:
+    if not kept:
         return None
     made = not os.path.lexists(folder)
     hostpath.private_dir(folder, "uv's directory")
     fd, temp = hostpath.temp_file(folder, ".uv-")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(zlib.decompress(data))
-        os.chmod(temp, 0o755)
+            _unpack_kept(workdir, str(kept["sha256"]), fh)
+        os.chmod(temp, 0o755)  # only once every byte came from a copy that passed its check
         hostpath.rename(temp, path)
-    except BaseException as exc:  # a full disk: nothing half-written stays
+    except BaseException as exc:  # a full disk, a changed copy: nothing half-written stays
         os.unlink(temp)
         if made:
             os.rmdir(folder)
@@ -280,6 +283,26 @@ def _uv(workdir: str, version: str) -> Optional[str]:
             exc.filename = path
         raise
     return path
+
+
+def _unpack_kept(workdir: str, sha256: str, out: Any) -> None:
+    """The kept copy of uv, decompressed into ``out`` as it is hashed: ``OSError`` (and the
+    copy removed) when it is not the one whose SHA-256 the coordinator computed."""
+    from sshddp.remote.node import host_handoff
+
+    kept = host_handoff.kept(workdir, sha256)
+    sha, unpack = hashlib.sha256(), zlib.decompressobj()
+    try:
+        with hostpath.open_read(kept, "the kept copy of uv") as fh:
+            for data in iter(lambda: fh.read(host_handoff.CHUNK), b""):
+                sha.update(data)
+                out.write(unpack.decompress(data))
+        out.write(unpack.flush())
+    except zlib.error:
+        pass  # a changed copy: its digest says so below
+    if sha.hexdigest() != sha256:
+        os.unlink(kept)
+        raise OSError(f"the kept copy of uv {kept} failed its SHA-256 check: removed; sync again")
 
 
 def _uv_env(extra: dict[str, Any]) -> dict[str, str]:
