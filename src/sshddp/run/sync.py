@@ -140,6 +140,7 @@ class Meter:
         self._lock = threading.Lock()
 
     def say(self, text: str) -> None:
+        trace.log.info("sync: %s", text)  # launch --sync prints no notes: -v shows them
         with self._lock:
             self.notes.append(text)
 

@@ -45,7 +45,6 @@ has, when none matches), "platform"}.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -61,7 +60,7 @@ import zlib
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from sshddp.remote import hostpath
-from sshddp.remote.common import emit, pid_alive
+from sshddp.remote.common import emit, os_error_said, pid_alive, size_said
 from sshddp.remote.workdir import Unsafe, make_workdir
 
 if TYPE_CHECKING:  # --offline's code is imported (compiled, on the host) only when asked for
@@ -77,29 +76,7 @@ def main(args: dict[str, Any]) -> None:
     except Unsafe as exc:
         emit({"status": "unsafe", "error": str(exc)})
     except OSError as exc:
-        emit({"status": "failed", "error": _os_error(exc, str(args["workdir"]))})
-
-
-def _os_error(exc: OSError, workdir: str) -> str:
-    """What went wrong writing under the workdir, naming the file and, when it is full,
-    the disk."""
-    where = exc.filename or workdir
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        mount = hostpath.mount_of(where)
-        free = _size(_free_bytes(mount))
-        return (
-            f"no space left on the disk at {mount} ({free} free) writing {where}: "
-            f"free some space there, or point `workdir:` of this host elsewhere"
-        )
-    return f"cannot write {where}: {exc.strerror or exc}"
-
-
-def _free_bytes(mount: str) -> int:
-    try:
-        got = os.statvfs(mount)
-    except OSError:
-        return 0
-    return got.f_bavail * got.f_frsize
+        emit({"status": "failed", "error": os_error_said(exc, str(args["workdir"]))})
 
 
 def _sync(args: dict[str, Any]) -> dict[str, Any]:
@@ -394,7 +371,7 @@ def _build(
         marker = {"key": key, "digest": args["digest"], "python": python, "uv": args["uv"]}
         with os.fdopen(hostpath.create(os.path.join(venv, MARKER)), "w") as fh:
             json.dump(marker, fh)
-        _progress("done", _size(_tree_bytes(venv)))
+        _progress("done", size_said(_tree_bytes(venv)))
         _place(venv, final)
         return ""
     finally:
@@ -450,14 +427,6 @@ def _tree_bytes(top: str) -> int:
             except OSError:
                 continue
     return total
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _place(venv: str, final: str) -> None:

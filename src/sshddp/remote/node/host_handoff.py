@@ -37,6 +37,7 @@ import time
 from typing import IO, Any, Dict
 
 from sshddp.remote import hostpath
+from sshddp.remote.common import os_error_said
 from sshddp.remote.node import host_share, wire
 from sshddp.remote.workdir import make_workdir
 
@@ -71,13 +72,15 @@ def answer(question: str, args: dict[str, Any], stream: IO[bytes]) -> Answer:
         if question == "payload-unserve":
             return {"stopped": stop_all()}
     except (OSError, ValueError, hostpath.Unsafe, wire.Refused) as exc:
-        return _failed(exc)
+        return _failed(exc, str(args.get("workdir") or ""))
     return {"error": f"unknown question {question!r}"}
 
 
-def _failed(exc: BaseException) -> Answer:
-    nospace = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return {"error": str(exc), "nospace": nospace}
+def _failed(exc: BaseException, where: str) -> Answer:
+    """The answer for ``exc``: a full disk is named, with what is free there."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return {"error": os_error_said(exc, where), "nospace": True}
+    return {"error": str(exc), "nospace": False}
 
 
 def whole(path: str, sha256: str, size: int) -> bool:
@@ -132,7 +135,7 @@ def take(args: dict[str, Any], stream: IO[bytes]) -> Answer:
                     problem = _write(fh, data)
                     sha.update(data)
         if problem is not None:
-            return _failed(problem)
+            return _failed(problem, path)
         if sha.hexdigest() != args["sha256"]:
             raise OSError(f"the copy arrived with SHA-256 {sha.hexdigest()}: refused")
         hostpath.rename(tmp, path)
