@@ -19,7 +19,7 @@ and then); one host gets it from here, and the hosts hand it on to each other
 authenticated with a key made for this command. Every copy is checked against the SHA-256
 computed here before it is kept; a host that cannot get it from its source gets it from
 here, and the console's note says so. The hosts' sessions are the launch's, or for a sync
-sessions of their own (``HostSession`` with nothing to probe), which only ask.
+sessions of their own that only answer the hand-off's questions (``host_handoff.main``).
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ class _Sync:
         what = f"uv {uv_version()}"
         audience = Audience(tuple(hosts), labels, f"sync-{uv.sha256[:12]}", what, "sync")
         handoff = Handoff(audience, uv, self.pool, secrets.token_hex(32), self.meter.say)
-        sessions = {h.index: HostSession(self.pool.transport(h), "", "", None) for h in hosts}
+        sessions = {h.index: _payload_session(self.pool.transport(h)) for h in hosts}
         try:
             handed = handoff.run(lambda h: sessions[h.index])
         finally:
@@ -273,6 +273,11 @@ class _Sync:
             elif outcome.value is not None:
                 problems[index] = outcome.value
         return problems
+
+
+def _payload_session(transport: Transport) -> HostSession:
+    """A session that only answers the hand-off's questions (``host_handoff.main``)."""
+    return HostSession(transport, "", "", None, entry="host_handoff")
 
 
 def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
