@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from importlib import metadata
@@ -151,4 +153,51 @@ def test_a_first_sync_sends_uv_once_and_a_tampered_kept_copy_is_refused_and_repl
     assert "handoff: h2 kept it from an earlier sync" in third.err, third.err[-3000:]
     assert sent < packed / 20, sent  # from h2, not from the laptop
     assert _sha(lab.uv(3)) == _sha(UV) and _sha(lab.kept(3)) == _sha(lab.kept(1))
+    lab.assert_no_process_left()
+
+
+def _kill_first_server(root: int, done: threading.Event) -> list[int]:
+    """SIGKILL the first hand-off server under sshd ``root``: a fork of a session (the same
+    command line as its parent's), as soon as it appears; the pids killed."""
+    while not done.is_set():
+        for pid in _descendants(root):
+            line = _cmdline(pid)
+            if "python" in line and line == _cmdline(_ppid(pid)):
+                os.kill(pid, signal.SIGKILL)
+                return [pid]
+        time.sleep(0.005)
+    return []
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+@pytest.mark.timeout(300)
+def test_hosts_whose_source_dies_get_uv_from_the_laptop_and_say_so(
+    ssh_env: SshdCluster, tmp_path: Path
+) -> None:
+    lab = Lab(ssh_env, tmp_path)
+    packed = len(_uv_packed(local_platform()))
+    done, killed = threading.Event(), []
+    root = ssh_env.sshd_pid(1) or 0
+    killer = threading.Thread(target=lambda: killed.extend(_kill_first_server(root, done)))
+    killer.start()
+    try:
+        result, sent = lab.sync()
+    finally:
+        done.set()
+        killer.join()
+    assert result.code == 0, result.explain()
+    assert killed, "h1's server was never seen"
+    said = result.err.splitlines()
+    notes = [ln for ln in said if ln.startswith("sshddp: note:") and "could not get the uv" in ln]
+    assert len(notes) == 3 and all("from h1" in n for n in notes), result.err[-3000:]
+    assert all(n.endswith("sent from this machine instead") for n in notes), notes
+    assert sent >= 4 * packed  # each its own copy from here
+    for i in HOSTS:
+        assert _sha(lab.uv(i)) == _sha(UV), i
     lab.assert_no_process_left()
