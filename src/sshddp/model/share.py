@@ -1,6 +1,7 @@
 """What goes from host to host. ``--share``: which files of the ranks' working directory
 node 0 hands to the other nodes before the ranks start, and what a launch without it warns
-about; and the hand-off tree of a payload every host needs (the ``--workdir`` archive).
+about; and the hand-off tree of a payload every host needs (the ``--workdir`` archive,
+sync's uv).
 
 Every node reports what it found once it staged (``remote/node/host_share.py``'s ``look``: the
 working directory's top-level files, names and sizes, and each shared path's size and

@@ -1,5 +1,5 @@
-"""A payload more than one host needs (a ``--workdir`` archive), kept once on each host and
-handed on from host to host, so that each byte leaves the coordinator once.
+"""A payload more than one host needs (a ``--workdir`` archive, sync's uv), kept once on
+each host and handed on from host to host, so that each byte leaves the coordinator once.
 
 The kept copy is ``<workdir>/payloads/<sha256>``: whole and checked, or absent. It arrives
 in a temporary file of an unguessable name beside it, is checked against the SHA-256 the
