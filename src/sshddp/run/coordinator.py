@@ -262,8 +262,7 @@ class Launch:
 
     def _delivery(self) -> Optional[dict[str, object]]:
         """How the code reached the hosts (the hand-off's record), or None (no hand-off)."""
-        delivery = self.boot.handoff.delivery if self.boot else None
-        return delivery.record([n.host.host for n in self.plan.nodes]) if delivery else None
+        return self.boot.handoff.record() if self.boot else None
 
 
 def attach(
