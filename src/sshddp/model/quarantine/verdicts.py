@@ -4,9 +4,9 @@ A host is quarantined when a run ends because of the node, never because of the 
 code: its node was lost (the host went down or was cut off: the coordinator's follow or the
 supervisors' heartbeat say so), its host could not be reached at launch (a connection that
 failed, not a key or a login refused), it was the only node that never joined the world
-(the init watchdog), or one of its ranks died of a hardware error (``HARDWARE``). A rank's
-own Python exception, Ctrl-C, ``sshddp stop`` and a stall of the ranks' code quarantine
-nobody.
+(the init watchdog), or one of its ranks died of a hardware error (``HARDWARE``, in
+``protocol/hardware.py``: the supervisors read it too). A rank's own Python exception,
+Ctrl-C, ``sshddp stop`` and a stall of the ranks' code quarantine nobody.
 """
 
 from __future__ import annotations
@@ -19,19 +19,7 @@ from typing import Optional
 from sshddp.model.checks import HostReport, Status
 from sshddp.model.escape import visible
 from sshddp.model.state import PEER_PREFIX, NodeResult, NodeState, RunResult
-
-#: What in a failing node's log shows a hardware fault, not the user's code: (name, pattern).
-HARDWARE: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("uncorrectable ECC error", re.compile(r"uncorrectable ECC", re.IGNORECASE)),
-    ("GPU Xid error", re.compile(r"\bXid\b[\s:(]")),
-    (
-        "NCCL unhandled system error on a local device",
-        re.compile(
-            r"unhandled system error.*(?:\bdevice\b|\bGPU\b|/dev/|\bNVML\b|\bibv_|\bmlx\d)",
-            re.IGNORECASE,
-        ),
-    ),
-)
+from sshddp.protocol.hardware import first_hardware_error
 
 #: What a launch's connection error says when the host itself was not there (a login or a
 #: host key refused is the user's to fix, not the host's).
@@ -111,11 +99,8 @@ def _node_verdict(node: NodeResult, tail: Sequence[str]) -> Optional[Verdict]:
 
 def hardware_error(lines: Sequence[str]) -> Optional[tuple[str, str]]:
     """The first hardware fault a log's lines show (its name, the line), else None."""
-    for line in lines:
-        for name, pattern in HARDWARE:
-            if pattern.search(line):
-                return name, visible(line.strip())[:200]
-    return None
+    hit = first_hardware_error(lines)
+    return None if hit is None else (hit[0], visible(hit[1])[:200])
 
 
 def _named_by_peers(nodes: Sequence[NodeResult]) -> list[tuple[int, str]]:
