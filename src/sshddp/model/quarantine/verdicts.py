@@ -19,6 +19,7 @@ from typing import Optional
 from sshddp.model.checks import HostReport, Status
 from sshddp.model.escape import visible
 from sshddp.model.state import PEER_PREFIX, NodeResult, NodeState, RunResult
+from sshddp.protocol.contract import SPARE_UNHEALTHY
 from sshddp.protocol.hardware import first_hardware_error
 
 #: What a launch's connection error says when the host itself was not there (a login or a
@@ -36,6 +37,11 @@ _UNRUNNABLE = re.compile(r"` exited 12[67]:")
 _PEER_LOST = re.compile(r"^node (\d+) \(.*?\) lost\b")
 #: node 0's reason for a restart after a lost node: ``node 2 (h3) lost (no heartbeat...)``
 _LOST_MIDRUN = re.compile(r"(?:^|; (?:then )?)node \d+ \(([^()]+)\) lost \(")
+#: node 0's reason for a restart after a rank died of a hardware error:
+#: ``node 2 (h3): rank 4 died of a hardware error (uncorrectable ECC error): `...```
+_HARDWARE_MIDRUN = re.compile(
+    r"(?:^|; )node \d+ \(([^()]+)\): (?:rank \d+|a rank) died of a hardware error \(([^()]+)\)"
+)
 _NEVER_JOINED = re.compile(
     r"node (\d+) \([^)]*\): (?:never reported|[^;]*never called init_process_group)"
 )
@@ -78,12 +84,18 @@ def verdicts(result: RunResult, tails: Mapping[int, Sequence[str]]) -> list[Verd
 
 
 def _replaced(nodes: Sequence[NodeResult]) -> list[Verdict]:
-    """The hosts lost mid-run whose node a spare took (or the run went on without), as
-    node 0's reasons for a restart name them: their node rank is another host's now."""
+    """The hosts lost mid-run, or whose rank died of a hardware error, whose node a spare
+    took (or the run went on without), as node 0's reasons for a restart name them: their
+    node rank is another host's now; and the spares that failed their health check when
+    node 0 needed them, as their own records say."""
     out = []
     for node in nodes:
         for why in node.earlier:
             out += [Verdict(m.group(1), "lost", why) for m in _LOST_MIDRUN.finditer(why)]
+            out += [Verdict(m[1], m[2], why) for m in _HARDWARE_MIDRUN.finditer(why)]
+        if node.reason.startswith(SPARE_UNHEALTHY):  # a spare's look when it was needed
+            sick = node.reason[len(SPARE_UNHEALTHY) :].split("; ")[0]
+            out.append(Verdict(node.host, "failed its health check", sick))
     return out
 
 
