@@ -223,8 +223,8 @@ class Supervisor:
         elif isinstance(action, Farewell):
             self.peers.farewell()
         elif isinstance(action, CheckHealth):
-            args = (self.inbox, self.spec, self.env, action.attempt)
-            threading.Thread(target=look_at_health, args=args, daemon=True).start()
+            look = (self.inbox, self.spec, self.env, action.attempt)
+            threading.Thread(target=look_at_health, args=look, daemon=True).start()
 
     def _finish(self, end: Ending) -> None:
         """Record the node's end (``asked``: in the asker's words, if any) and tell the others."""
