@@ -71,7 +71,7 @@ def _fault_past_step_7(tmp: Path, run: str, before: Callable[[], None] = lambda:
         "every rank past its first checkpoints",
     )
     before()
-    (workdir(tmp, 2) / "fault.now").write_text("")
+    (tmp / "fault.now").write_text("")
 
 
 def _exit(tmp: Path, run: str, slot: int) -> dict[str, Any]:
@@ -81,7 +81,18 @@ def _exit(tmp: Path, run: str, slot: int) -> dict[str, Any]:
 
 def _launch(cluster: SshdCluster, tmp: Path, run: str, inv: Path, fault: str, **kw: Any) -> Any:
     proc = start(
-        cluster, tmp, "launch", "--name", run, *OPTS, str(inv), str(TRAIN), STEPS, fault, "2"
+        cluster,
+        tmp,
+        "launch",
+        "--name",
+        run,
+        *OPTS,
+        str(inv),
+        str(TRAIN),
+        STEPS,
+        fault,
+        "2",
+        str(tmp / "fault.now"),
     )
     try:
         _fault_past_step_7(tmp, run, **kw)

@@ -1,13 +1,13 @@
-"""A DDP-like job that checkpoints and resumes, for the spares' mid-run test (gloo, CPU).
+"""A DDP-like job that checkpoints and resumes, for the spares' mid-run tests (gloo, CPU).
 
-ckpt_train.py STEPS [FAULT RANK]: every rank all-reduces once a step (0.2 s apart); rank 0 writes
-ckpt.json (the next step, atomically) every 3 steps. A rank starts from ckpt.json's step
-when the file is there (the script's ordinary "load the checkpoint if it exists"), and
-prints ``attempt A rank R node N replaced [X] starts at step S``, then ``rank R step S``
-each step, then a JSON summary once STEPS steps are done. With FAULT, rank RANK fails in
-attempt 1 once past step 7 and once the test made ``fault.now`` in its working directory:
-``ecc`` prints CUDA's uncorrectable ECC error to stderr and exits
-1 (as a rank whose GPU failed), ``raise`` raises a plain ValueError (the user's code).
+ckpt_train.py STEPS [FAULT RANK TRIGGER]: every rank all-reduces once a step (0.2 s apart);
+rank 0 writes ckpt.json (the next step, atomically) every 3 steps. A rank starts from
+ckpt.json's step when the file is there (the script's ordinary "load the checkpoint if it
+exists"), and prints ``attempt A rank R node N replaced [X] starts at step S``, then
+``rank R step S`` each step, then a JSON summary once STEPS steps are done. With FAULT, rank
+RANK fails in attempt 1 once past step 7 and once the test made the file TRIGGER: ``ecc``
+prints CUDA's uncorrectable ECC error to stderr and exits 1 (as a rank whose GPU failed),
+``raise`` raises a plain ValueError (the user's code).
 """
 
 import json
@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 STEPS = int(sys.argv[1])
-FAULT, FAULTY = (sys.argv[2], int(sys.argv[3])) if len(sys.argv) > 3 else ("", -1)
+FAULT, FAULTY, TRIGGER = (
+    (sys.argv[2], int(sys.argv[3]), sys.argv[4]) if len(sys.argv) > 4 else ("", -1, "")
+)
 CKPT = "ckpt.json"
 
 
@@ -39,7 +41,7 @@ def save(step: int) -> None:
 
 def fault(attempt: str, rank: int, step: int) -> None:
     """Rank FAULTY's failure in attempt 1, past step 7, once the test says so."""
-    if attempt != "1" or rank != FAULTY or step < 8 or not os.path.exists("fault.now"):
+    if attempt != "1" or rank != FAULTY or step < 8 or not os.path.exists(TRIGGER):
         return
     if FAULT == "ecc":
         print("RuntimeError: CUDA error: uncorrectable ECC error encountered", file=sys.stderr)
