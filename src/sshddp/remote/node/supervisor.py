@@ -311,8 +311,13 @@ def to_node_0(rank: int, inbox: Inbox, peers: Peers, msg: PeerMessage) -> None:
 
 
 def look_at_health(inbox: Inbox, spec: SpecRecord, env: dict[str, str], attempt: int) -> None:
-    """A spare's look at its health, asked by node 0 (a thread: the loop goes on)."""
-    inbox.post(HealthChecked(attempt, spare_health.problem(spec, env)))
+    """A spare's look at its health, asked by node 0 (a thread: the loop goes on). It
+    always answers: node 0 waits for it before the next attempt."""
+    try:
+        problem = spare_health.problem(spec, env)
+    except Exception as exc:  # a look that broke is no healthy answer; node 0 hears why
+        problem = f"its look at its health failed: {type(exc).__name__}: {exc}"
+    inbox.post(HealthChecked(attempt, problem))
 
 
 def on_signal(inbox: Inbox, signum: int, frame: Optional[FrameType]) -> None:
