@@ -240,3 +240,29 @@ def test_ps_marks_the_blamed_node_replaced_in_its_own_words() -> None:
     ]
     out = with_replaced([0, 2, 3], ["h1", "h3", "h4"], states)
     assert out[1] == {"state": "replaced", "reason": said, "returncode": None}
+
+
+DATA = Path(__file__).parent / "data" / "health"
+
+
+def _smi(name: str) -> dict[str, Any]:
+    return {"exit": 0, "timed_out": False, "output": (DATA / name).read_text()}
+
+
+def test_a_spare_judges_its_look_as_the_launch_does() -> None:
+    """The facts a spare's look gathers (``host_health``, the launch's subset), judged by
+    the preflight's own judges: a failing ``health:`` command, a broken GPU in recorded
+    ``nvidia-smi -q`` answers; a healthy pair, or a CPU host with no command, passes."""
+    from sshddp.remote.node.spare_health import judged
+
+    failed = {"exit": 1, "timed_out": False, "output": ""}
+    assert judged({"command": failed}, "test -f /ok", 8.0) == "`test -f /ok` exited 1: no output"
+    assert judged({"command": None}, "", 8.0) == ""
+    healthy_gpus = {"command": None, "smi": _smi("smi-q-h100-healthy.txt"), "gpu_dev_count": 2}
+    assert judged(healthy_gpus, "", 8.0, 2) == ""
+    broken = judged({"smi": _smi("smi-q-a100-broken.txt"), "gpu_dev_count": 1}, "", 8.0)
+    assert broken, "a broken A100 answers unhealthy"
+    missing = judged(healthy_gpus, "", 8.0, 4)
+    assert missing == "2 GPU(s) answer, the inventory expects 4", missing
+    hung = {"smi": {"exit": None, "timed_out": True, "output": ""}, "gpu_dev_count": 8}
+    assert "did not answer in time" in judged(hung, "", 8.0)

@@ -24,10 +24,10 @@ from sshddp import defaults
 from sshddp.model import cudadriver, health, rankenv
 from sshddp.model.commands import endpoint, quote_path
 from sshddp.model.envvars import MASK, EnvPairs, hide_url_credentials
-from sshddp.model.health import gpus
 from sshddp.model.imports import ScriptImports
 from sshddp.model.inventory import Host
 from sshddp.model.plan import LaunchPlan
+from sshddp.protocol import gpu_health as gpus
 
 LOW_DISK = 1 << 30
 START_HEADROOM = 1 << 20  # spec, supervisor, state files and the first lines of node.log

@@ -204,7 +204,8 @@ class SpecRecord(TypedDict, total=False):
     #: node whose copy differs before each attempt after the first (``restart_share``)
     share: list[str]
     #: a spare's look at its health when node 0 needs it (``remote/node/spare_health``):
-    #: {"command": the inventory's ``health:``, "timeout": s, "keep": bytes of output kept}
+    #: {"command": the inventory's ``health:`` or None, "timeout": s, "keep": bytes of
+    #: output kept, "gpus": the inventory's ``gpus`` or None}
     health: dict[str, Any]
 
 
