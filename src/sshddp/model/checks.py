@@ -1273,7 +1273,7 @@ def _slurm_gpu_problems(host: Host, f: Facts) -> list[tuple[str, str]]:
     return problems
 
 
-# --- doctor --health (model/health.py judges the facts) -----------------------------------
+# --- doctor --health (model/health and protocol/gpu_health judge the facts) ---------------
 
 
 def _as_finding(check: str, problems: Sequence[health.Problem]) -> Optional[Finding]:
