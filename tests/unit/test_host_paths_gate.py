@@ -93,7 +93,7 @@ ALLOWED = {
     ("rankout", "_rank_pty"): READS_BACK_THE_RUN,
     ("ranksite", "_open_dump"): READS_BACK_THE_RUN,
     ("ranksite", "_write_joined"): READS_BACK_THE_RUN,
-    ("restarts", "failure_text"): READS_BACK_THE_RUN,
+    ("restarts", "_tail"): READS_BACK_THE_RUN,
 }
 
 

@@ -219,6 +219,13 @@ class LaunchPlan:
             spec["peers"]["spares"] = [n.host.host for n in self.nodes if n.spare]
         if node.spare:
             spec["spare"] = True
+        if node.spare:  # its look at its health when node 0 needs it
+            spec["health"] = {
+                "command": node.host.health,
+                "timeout": defaults.HEALTH_TIMEOUT,
+                "keep": defaults.HEALTH_OUTPUT,
+                "gpus": node.host.gpus,
+            }
         if node.torchrun is not None:
             spec["torchrun"] = node.torchrun.record()
         return spec

@@ -120,6 +120,12 @@ STALLED = "stalled"  #: stopped by a watchdog: the world never formed, or no out
 #: may go on once it is resumed
 NOT_ANSWERING = "not-answering"
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED, LOST, STALLED)
+#: how the reason of a node that a spare replaced mid-run, its host alive (a rank died of a
+#: hardware error), begins: node 0's reason for the restart follows
+REPLACED_PREFIX = "replaced mid-run: "
+#: how the reason of a spare whose look at its health failed when node 0 needed it begins
+#: (the coordinator quarantines its host): what the look found follows
+SPARE_UNHEALTHY = "a spare that failed its health check when needed: "
 
 # What the watchdogs decided (HangRecord.kind).
 HANG_INIT = "init"  #: the world did not form within the init timeout
@@ -201,6 +207,10 @@ class SpecRecord(TypedDict, total=False):
     #: ``--share`` paths (with restarts, schema 10): node 0 hands its latest copies to every
     #: node whose copy differs before each attempt after the first (``restart_share``)
     share: list[str]
+    #: a spare's look at its health when node 0 needs it (``remote/node/spare_health``):
+    #: {"command": the inventory's ``health:`` or None, "timeout": s, "keep": bytes of
+    #: output kept, "gpus": the inventory's ``gpus`` or None}
+    health: dict[str, Any]
 
 
 class Secrets(TypedDict):

@@ -43,6 +43,7 @@ from sshddp.remote.common import (
     read_json,
     start_time,
 )
+from sshddp.remote.node import spare_health
 from sshddp.remote.node.bound import session_gone
 from sshddp.remote.node.host_watchdog import Watchdog, nccl_env
 from sshddp.remote.node.joined import node_world
@@ -56,16 +57,19 @@ from sshddp.remote.node.node_events import (
     WATCHING,
     Action,
     Begun,
+    CheckHealth,
     EndRun,
     Event,
     Exited,
     Farewell,
     Finish,
+    HealthChecked,
     Hurry,
     LetGo,
     LoopState,
     Message,
     OutputFull,
+    Reply,
     Say,
     SessionGone,
     Signal,
@@ -209,16 +213,18 @@ class Supervisor:
             self.stop = Stopping(self, action.graceful, self.proc, self.output)
         elif isinstance(action, Hurry) and self.stop is not None:
             self.stop.run.hurry()
-        elif isinstance(action, Say) and self.state.rank == 0:
-            self.inbox.post(Message(0, word_for(action, self.restarts)))  # node 0's own word
-        elif isinstance(action, Say):
-            self.peers.tell_node_0(word_for(action, self.restarts))
+        elif isinstance(action, (Say, Reply)):
+            word = word_for(action, self.restarts) if isinstance(action, Say) else action.msg
+            to_node_0(self.state.rank, self.inbox, self.peers, word)
         elif isinstance(action, StartNext):
             self.spawn()
         elif isinstance(action, Finish):
             self._finish(action.end)
         elif isinstance(action, Farewell):
             self.peers.farewell()
+        elif isinstance(action, CheckHealth):
+            look = (self.inbox, self.spec, self.env, action.attempt)
+            threading.Thread(target=look_at_health, args=look, daemon=True).start()
 
     def _finish(self, end: Ending) -> None:
         """Record the node's end (``asked``: in the asker's words, if any) and tell the others."""
@@ -296,6 +302,24 @@ def spare_waits(rundir: str, since: float) -> bool:
     return True
 
 
+def to_node_0(rank: int, inbox: Inbox, peers: Peers, msg: PeerMessage) -> None:
+    """Tell node 0's supervisor ``msg`` (node 0's own word: a post to its own inbox)."""
+    if rank == 0:
+        inbox.post(Message(0, msg))
+    else:
+        peers.tell_node_0(msg)
+
+
+def look_at_health(inbox: Inbox, spec: SpecRecord, env: dict[str, str], attempt: int) -> None:
+    """A spare's look at its health, asked by node 0 (a thread: the loop goes on). It
+    always answers: node 0 waits for it before the next attempt."""
+    try:
+        problem = spare_health.problem(spec, env)
+    except Exception as exc:  # a look that broke is no healthy answer; node 0 hears why
+        problem = f"its look at its health failed: {type(exc).__name__}: {exc}"
+    inbox.post(HealthChecked(attempt, problem))
+
+
 def on_signal(inbox: Inbox, signum: int, frame: Optional[FrameType]) -> None:
     """A signal handler: the loop hears of ``signum``."""
     inbox.post(Signal(signum))
@@ -311,10 +335,11 @@ def record_state(rundir: str, pid: int, since: float, standby: bool = False) -> 
 
 def word_for(say: Say, restarts: Restarts) -> PeerMessage:
     """What node 0 hears of an attempt that ended: halted, or failed (and what failed,
-    from the attempt's output)."""
+    from the attempt's output); either way, where the output shows a rank died of a
+    hardware error, which (node 0 then replaces the node)."""
     if say.word == "halted":
-        return halted(say.attempt)
-    return fail(say.attempt, restarts.failure(say.reason))
+        return halted(say.attempt, restarts.hardware())
+    return fail(say.attempt, restarts.failure(say.reason), restarts.hardware())
 
 
 def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:
