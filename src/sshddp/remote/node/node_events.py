@@ -167,6 +167,14 @@ class HealthChecked:
 
 
 @dataclass(frozen=True)
+class Fetched:
+    """Node 0's ``--share`` files for attempt ``attempt`` are here (``failed``: why not)."""
+
+    attempt: int
+    failed: str = ""
+
+
+@dataclass(frozen=True)
 class RunOver:
     """Node 0 said goodbye: the run ended (a spare that waits goes, not needed)."""
 
@@ -188,6 +196,7 @@ Event = Union[
     RunOver,
     HealthAsked,
     HealthChecked,
+    Fetched,
 ]
 
 # ------------------------------------------------------------------- actions
@@ -219,6 +228,15 @@ class TakeStacks:
 @dataclass(frozen=True)
 class StartNext:
     """Start the next attempt's torchrun (node 0 said go), then post ``Begun``."""
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Get node 0's ``--share`` files (its ``again`` offered them) before the attempt starts:
+    a thread of its own, so that a stop is heard meanwhile (a checkpoint of many GB takes
+    minutes); then post ``Fetched``."""
+
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -283,6 +301,7 @@ Action = Union[
     Farewell,
     CheckHealth,
     Reply,
+    Fetch,
 ]
 
 # ------------------------------------------------------------------- state
@@ -336,6 +355,7 @@ class LoopState:
     heard: frozenset[int] = frozenset()  #: node 0's: the nodes it hears from (``PeerView``)
     ended: frozenset[int] = frozenset()  #: node 0's: the nodes that reported their end
     sick: str = ""  #: a spare's: what its last look at its health found ("" healthy)
+    fetching: bool = False  #: node 0's ``--share`` files are being fetched (``Fetch``)
 
     @property
     def restarts(self) -> bool:
@@ -394,6 +414,8 @@ def _apply(state: LoopState, event: Event) -> Decision:
     """One event: what the node now knows, and what it does at once."""
     if isinstance(event, Message):
         return _message(state, event.rank, event.msg)
+    if isinstance(event, Fetched):
+        return _fetched(state, event)
     if state.phase == SPARE:
         return _spare(state, event)
     if isinstance(event, Hang):
@@ -442,7 +464,12 @@ def _advance(state: LoopState) -> Decision:
         words = spare_words(state, node_ends.stop_words(state.abort))
         return _finish(state, Ending(contract.STOPPED, words))
     if state.phase == SPARE and state.go is not None and state.rank in state.seated():
-        return replace(state, phase=STARTING, attempt=state.go[0] - 1), [StartNext()]
+        return _start_next(replace(state, attempt=state.go[0] - 1))
+    if state.phase == STARTING and state.fetching and stopping(state):
+        end = state.end  # the last attempt's (a seated spare has none)
+        if end is None:
+            end = Ending(contract.STOPPED, node_ends.stop_words(state.abort))
+        return _finish(replace(state, fetching=False), _final(state, end))
     if state.phase == WATCHING and outcome(state) != WATCH:
         why = outcome(state)
         graceful = why == STOP and state.stop_signal != signal.SIGUSR1
@@ -459,8 +486,30 @@ def _advance(state: LoopState) -> Decision:
             assert state.go is not None
             return _finish(state, Ending(contract.STOPPED, contract.REPLACED_PREFIX + state.go[1]))
         if going(state):
-            return replace(state, phase=STARTING), [StartNext()]
+            return _start_next(state)
     return state, []
+
+
+def _start_next(state: LoopState) -> Decision:
+    """Start the attempt node 0 said go to: first, where its ``again`` offered node 0's
+    ``--share`` files to a node other than 0, get them."""
+    if state.rank != 0 and state.share is not None:
+        assert state.go is not None
+        return replace(state, phase=STARTING, fetching=True), [Fetch(state.go[0])]
+    return replace(state, phase=STARTING), [StartNext()]
+
+
+def _fetched(state: LoopState, event: Fetched) -> Decision:
+    """The files are here: the attempt starts; not got: it fails, saying why (a rank must
+    not resume from an older checkpoint than the others'). Late (the node stopped
+    meanwhile): nothing."""
+    if not state.fetching:
+        return state, []
+    state = replace(state, fetching=False)
+    if event.failed:
+        state = replace(state, attempt=event.attempt)
+        return _finish(state, node_ends.not_started(event.failed, state.rc, event.attempt))
+    return state, [StartNext()]
 
 
 def _attempt_end(state: LoopState, rc: int) -> Ending:

@@ -53,6 +53,7 @@ from sshddp.remote.node.node_events import (
     DONE,
     LINGERING,
     SPARE,
+    STARTING,
     STOPPING,
     WATCHING,
     Action,
@@ -62,6 +63,8 @@ from sshddp.remote.node.node_events import (
     Event,
     Exited,
     Farewell,
+    Fetch,
+    Fetched,
     Finish,
     HealthChecked,
     Hurry,
@@ -156,9 +159,7 @@ class Supervisor:
         env = attempt_env({**self.env, **self.output.env}, self.seated, self.state.replaced)
         env[contract.ATTEMPT_VAR] = str(self.restarts.attempt)
         fresh = functools.partial(start_torchrun, self.rundir, self.seated, env, self.output)
-        proc, failed = None, self.handover.refresh(self.state)  # (not got: the attempt fails)
-        if not failed:
-            proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
+        proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
         if proc is not None:
             self.proc = proc
             started = record_state(self.rundir, proc.pid, self.started, self.spare.was_standby)
@@ -193,7 +194,7 @@ class Supervisor:
             if rc is not None:
                 self.escaped, self.stop = self.stop.escaped, None
                 self.inbox.post(TornDown(rc))
-        elif phase in (AWAITING, SPARE):
+        elif phase in (AWAITING, SPARE, STARTING):  # (STARTING: node 0's files come)
             self.inbox.sleep(WAIT_TICK)
         elif phase == LINGERING and self.peers.released():
             self.inbox.post(LetGo())
@@ -222,6 +223,9 @@ class Supervisor:
             self._finish(action.end)
         elif isinstance(action, Farewell):
             self.peers.farewell()
+        elif isinstance(action, Fetch):
+            get = (self.handover, self.state, self.inbox, action.attempt)
+            threading.Thread(target=fetch_share, args=get, daemon=True, name="share").start()
         elif isinstance(action, CheckHealth):
             look = (self.inbox, self.spec, self.env, action.attempt)
             threading.Thread(target=look_at_health, args=look, daemon=True).start()
@@ -308,6 +312,16 @@ def to_node_0(rank: int, inbox: Inbox, peers: Peers, msg: PeerMessage) -> None:
         inbox.post(Message(0, msg))
     else:
         peers.tell_node_0(msg)
+
+
+def fetch_share(handover: Handover, state: LoopState, inbox: Inbox, attempt: int) -> None:
+    """Node 0's ``--share`` files for ``attempt``, fetched where this node's copies differ
+    (a thread: the loop hears a stop meanwhile). It always answers."""
+    try:
+        failed = handover.refresh(state)
+    except Exception as exc:  # a fetch that broke: the attempt fails, saying why
+        failed = f"could not get node 0's --share files: {type(exc).__name__}: {exc}"
+    inbox.post(Fetched(attempt, failed))
 
 
 def look_at_health(inbox: Inbox, spec: SpecRecord, env: dict[str, str], attempt: int) -> None:
