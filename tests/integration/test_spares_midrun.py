@@ -157,3 +157,44 @@ def test_with_no_spare_min_nodes_lets_the_run_go_on_with_fewer_nodes(
     assert int(begin.rsplit(" ", 1)[1]) >= 6, begin  # the checkpoint, not step 0
     assert '"world": 2, "attempt": 2' in log, log
     run_no_leak(run)
+
+
+def test_with_sync_a_spare_seated_mid_run_runs_its_ranks_in_the_synced_env(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """``--sync`` gives the staged spare the environment too (before it is staged): once
+    seated as node 2, its rank runs the synced environment's Python, as the others do."""
+    from test_sync import make_project
+
+    cluster = make_cluster(4)
+    cache = tmp_path / "uv-cache"
+    inv, workdirs = _inventory(tmp_path, free_port())
+    doc = yaml.safe_load(inv.read_text())
+    doc["defaults"]["env"]["UV_CACHE_DIR"] = str(cache)  # one cache: torch unpacked once
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    project = make_project(tmp_path / "proj", ["torch==2.13.0"], cache)
+    run = "spsync"
+    opts = ["--name", run, "--sync", str(project), "--max-restarts", "1"]
+    opts += ["--heartbeat-timeout", "5", "--grace", "2"]
+    proc = start(cluster, tmp_path, "launch", *opts, str(inv), str(TRAIN), str(STEPS))
+    try:
+        _kill_h3_mid_run(cluster, workdirs, run)
+        rc, err = finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0 and "Traceback" not in err, err
+    assert "sshddp: sync: env " in err and " on all 4 host(s)" in err, err  # the spare's too
+    assert "; h4 took its place; every node restarted" in err, err
+    for slot, rank in ((0, 0), (1, 1), (3, 2)):
+        log = remote_log(workdirs[slot], run, slot).read_text()
+        (said,) = [
+            line for line in log.splitlines() if line.startswith(f"attempt 2 rank {rank} py")
+        ]
+        python = Path(said.split(" python ", 1)[1])
+        assert python.is_relative_to(workdirs[slot] / "envs"), said  # the synced env's
+        assert python != Path(sys.executable), said
+    run_no_leak(run)

@@ -201,7 +201,9 @@ class RunRecord:
             NodeLayout(n.host, n.node_rank, n.nproc, first[n.node_rank], n.rundir, n.cwd)
             for n in self.nodes
         )
-        return RunLayout(self.run_id, self.log_dir, nodes, self.grace)
+        # a spare's ranks come after the run's world (``plan._spares``)
+        spares = frozenset(n.node_rank for n in nodes if n.first_rank >= self.world_size)
+        return RunLayout(self.run_id, self.log_dir, nodes, self.grace, spares)
 
 
 def record_json(record: RunRecord) -> dict[str, Any]:
