@@ -60,7 +60,7 @@ from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.registry import Launcher, RunRecord
 from sshddp.run.runstate import LaunchState, RunState
 from sshddp.run.scriptcheck import script_imports
-from sshddp.run.sinks import Screen, open_sinks
+from sshddp.run.sinks import Screen, open_sinks, seat_spares
 from sshddp.run.teardown import Teardown
 from sshddp.run.winch import forward_resizes
 
@@ -287,6 +287,7 @@ def attach(
         if len(gone) == len(layout.nodes):
             return _all_gone(record, gone, screen)
         logs, console = open_sinks(layout, Path(record.log_dir), screen, ranks)
+        seat_spares(layout, logs, console, found)  # a spare seated mid-run: as its node
         state = RunState(layout.only(r for r in found if r not in gone), pool, logs, console)
         for rank, status in found.items():  # a detach before a node's first line: not pending
             if rank in state.results and status and status.get("state") == NodeState.RUNNING.value:
