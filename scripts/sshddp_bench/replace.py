@@ -250,7 +250,7 @@ def replace_table(r: ReplaceRow) -> list[str]:
         f"{'met' if ok else 'NOT met'} (worst {max(halt.values, default=float('nan')):.2f} s). "
         "A SIGKILLed supervisor's connection to node 0's closes at once, so node 0 learns of "
         "the loss without waiting for the heartbeat timeout; a host that goes silent with its "
-        "connections open is found after the timeout (section *Node loss*).",
+        "connections open is found after the timeout (the `nodeloss` case, SIGSTOP).",
     ]
     return out
 
