@@ -226,7 +226,9 @@ def test_with_no_spare_min_nodes_lets_the_run_go_on_with_fewer_nodes(
     assert why.startswith("node 2 (h3) lost ("), why
     assert "; the run goes on with 2 node(s) (min_nodes 2): " in why, why
     log = remote_log(workdirs[1], run, 1).read_text()
-    (begin,) = [line for line in log.splitlines() if line.startswith("attempt 2 ")]
+    (begin,) = [
+        line for line in log.splitlines() if line.startswith("attempt 2 ") and " starts " in line
+    ]
     assert begin.startswith("attempt 2 rank 1 node 1 replaced [] starts at step "), log
     assert int(begin.rsplit(" ", 1)[1]) >= 6, begin  # the checkpoint, not step 0
     assert '"world": 2, "attempt": 2' in log, log
