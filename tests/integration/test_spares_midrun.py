@@ -204,6 +204,41 @@ def _named_as_the_node_it_took(
     assert nodes[3]["host"] == "h4" and nodes[3]["took"] == 2, nodes  # who replaced whom
 
 
+def test_attach_after_the_replacement_shows_the_spare_as_the_node_it_took(
+    make_cluster: Callable[..., SshdCluster],
+    tmp_path: Path,
+    free_port: Callable[[], int],
+    run_no_leak: Callable[..., None],
+) -> None:
+    """Detached: h3 dies, h4 is seated as node 2; ``attach`` then follows h4 as node 2
+    (``[2 h4]``, ``node2-h4.log`` byte for byte its host's log) to the run's end."""
+    cluster = make_cluster(4)
+    inv, workdirs = _inventory(tmp_path, free_port())
+    run = "spatt"
+    opts = ["--detach", "--name", run, "--max-restarts", "1", "--heartbeat-timeout", "5"]
+    started = sshddp(cluster, tmp_path, "launch", *opts, "--grace", "2", inv, TRAIN, "60")
+    assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
+    _kill_h3_mid_run(cluster, workdirs, run)
+    spare_log = remote_log(workdirs[3], run, 3)
+    wait_until(lambda: contains(spare_log, "rank 2 step "), 120, "h4 running rank 2")
+    attached = subprocess.run(
+        [*SSHDDP, "attach", run],
+        cwd=tmp_path,
+        env=cli_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert attached.returncode == 0 and "Traceback" not in attached.stderr, attached.stderr
+    lines = attached.stdout.splitlines()
+    assert "[2 h4] attempt 2 rank 2 node 2 replaced [2] starts at step " in attached.stdout
+    assert not [line for line in lines if line.startswith("[3 ")], attached.stdout
+    local = tmp_path / "sshddp-logs" / run
+    assert (local / "node2-h4.log").read_bytes() == spare_log.read_bytes()
+    assert not (local / "node3-h4.log").exists()
+    run_no_leak(run)
+
+
 def test_with_no_spare_min_nodes_lets_the_run_go_on_with_fewer_nodes(
     make_cluster: Callable[..., SshdCluster],
     tmp_path: Path,

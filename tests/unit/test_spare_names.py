@@ -159,3 +159,19 @@ def test_sync_leaves_out_a_spare_that_got_no_environment() -> None:
         "sshddp: sync: spare h5: unreachable: connection refused; it is left out of this run"
     ]
     assert _synced_spares(spares, [], ">=3.11") == (spares, [])
+
+
+def test_attach_leaves_out_a_lost_host_whose_rank_a_spare_holds() -> None:
+    from sshddp.errors import HostUnreachable
+    from sshddp.run.coordinator import _replaced
+
+    refused = HostUnreachable("h3", "connection refused")
+    found = {0: {"state": "running"}, 1: {"state": "running"}, 3: {"node_rank": 2}}
+    got = _replaced(layout(), found, {2: refused})  # type: ignore[arg-type]
+    assert got == {2: {"state": "replaced", "reason": "lost mid-run; h4 took its place"}}
+    try:
+        _replaced(layout(), {**found, 3: {"state": "running"}}, {2: refused})  # type: ignore[arg-type]
+    except HostUnreachable as exc:
+        assert "cannot reach every host of the run: " in exc.message
+    else:
+        raise AssertionError("a node out of reach that no spare holds fails the attach")
