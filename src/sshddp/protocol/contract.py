@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, TypedDict
 
-SCHEMA = 10  #: 10: spec.json `spare` and `min_nodes`, PeersSpec `spares` (a spare's
+SCHEMA = 11  #: 11: attempts.json's AttemptRecord `node_rank`, so a seated spare's status
+# and exit.json say which node rank it holds
+# 10: spec.json `spare` and `min_nodes`, PeersSpec `spares` (a spare's
 # supervisor waits in the mesh until node 0 gives it a node rank); SSHDDP_REPLACED
 # 9: progress.json (ProgressRecord); NodeWatch and exit.json `still`; the
 # stacks role LAUNCHER, and a node launcher's workers ranked by joined/p<pid>; RankSample
@@ -329,6 +331,7 @@ class AttemptRecord(TypedDict):
     started: float  #: epoch seconds
     reason: str  #: why the attempt before it ended ("" for the first)
     standby: bool  #: its torchrun was a standby (``standby_messages``), not a fresh one
+    node_rank: int  #: the node rank it runs as (a spare's: the lost node's it took)
 
 
 class AttemptsRecord(TypedDict):
@@ -539,8 +542,9 @@ class TopRecord(TypedDict):
     """What the ``top`` call answers for one node."""
 
     schema: int
-    node_rank: int
+    node_rank: int  #: the node rank it runs as (a seated spare's: the one it took; schema 11)
     state: str  #: the node's state (RUNNING, or how it ended)
+    attempt: Optional[int]  #: the attempt it runs (with restarts; schema 11)
     sample: Optional[SampleRecord]  #: the latest sample, None before the first
     tails: dict[str, str]  #: local rank -> the last bytes of its output (bars included)
     #: local rank -> [[when, its latest span's last bytes then], ...] over the last minute,

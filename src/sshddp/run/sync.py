@@ -442,18 +442,42 @@ def _launch_exit_code(results: list[HostSync]) -> ExitCode:
 
 
 def synced(
-    inventory: Inventory, path: str, ssh: SshOptions, fanout: int
-) -> tuple[Inventory, list[HostSync]]:
+    inventory: Inventory, path: str, ssh: SshOptions, fanout: int, spares: bool = False
+) -> tuple[Inventory, list[HostSync], list[str]]:
     """``inventory`` with every host's ``python`` its synced environment's, once synced;
-    ``SyncFailed`` naming every host that has none."""
+    ``SyncFailed`` naming every host that has none. With ``spares`` (the launch stages
+    them, to take a lost node's place mid-run) its spares are synced too, in the same
+    fan-out: a spare that gets no environment is left out, and the last list says so."""
     if not inventory.hosts:
         raise UsageError("--sync / sync: needs the inventory's hosts known before the launch")
     project = load_project(path)
-    results = sync_hosts(inventory, project, ssh, fanout)
+    count = len(inventory.hosts)
+    staged = [replace(s, index=count + i) for i, s in enumerate(inventory.spares if spares else ())]
+    results = sync_hosts(
+        replace(inventory, hosts=inventory.hosts + tuple(staged)), project, ssh, fanout
+    )
+    results, spare_results = results[:count], results[count:]
     pythons = model.pythons(results)
     if pythons is None:
         bad = [model.line(r, project.python) for r in results if not r.status.ok]
         message = f"sync of {path} failed:\n" + "\n".join(bad)
         raise SyncFailed(message, _launch_exit_code(results))
     hosts = tuple(replace(h, python=pythons[h.index]) for h in inventory.hosts)
-    return replace(inventory, hosts=hosts), results
+    kept, left = _synced_spares(inventory.spares, spare_results, project.python)
+    return replace(inventory, hosts=hosts, spares=kept), results + spare_results, left
+
+
+def _synced_spares(
+    spares: tuple[Host, ...], results: list[HostSync], wanted: str
+) -> tuple[tuple[Host, ...], list[str]]:
+    """The spares that got the environment (each with its interpreter), and a line for each
+    that did not (left out: a spare seated mid-run must run the run's environment)."""
+    if not results:
+        return spares, []
+    kept = tuple(replace(s, python=r.python) for s, r in zip(spares, results) if r.status.ok)
+    left = [
+        f"sshddp: sync: spare {model.line(r, wanted)}; it is left out of this run"
+        for r in results
+        if not r.status.ok
+    ]
+    return kept, left

@@ -3,11 +3,12 @@
 ckpt_train.py STEPS [FAULT RANK TRIGGER]: every rank all-reduces once a step (0.2 s apart);
 rank 0 writes ckpt.json (the next step, atomically) every 3 steps. A rank starts from
 ckpt.json's step when the file is there (the script's ordinary "load the checkpoint if it
-exists"), and prints ``attempt A rank R node N replaced [X] starts at step S``, then
-``rank R step S`` each step, then a JSON summary once STEPS steps are done. With FAULT, rank
-RANK fails in attempt 1 once past step 7 and once the test made the file TRIGGER: ``ecc``
-prints CUDA's uncorrectable ECC error to stderr and exits 1 (as a rank whose GPU failed),
-``raise`` raises a plain ValueError (the user's code).
+exists"), and prints ``attempt A rank R node N replaced [X] starts at step S`` and
+``attempt A rank R python PATH`` (its interpreter), then ``rank R step S`` each step, then
+a JSON summary once STEPS steps are done. With FAULT, rank RANK fails in attempt 1 once
+past step 7 and once the test made the file TRIGGER: ``ecc`` prints CUDA's uncorrectable
+ECC error to stderr and exits 1 (as a rank whose GPU failed), ``raise`` raises a plain
+ValueError (the user's code).
 """
 
 import json
@@ -58,6 +59,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     first = start_step()
     print(f"attempt {attempt} rank {rank} node {node} replaced [{replaced}] starts at step {first}")
+    print(f"attempt {attempt} rank {rank} python {sys.executable}", flush=True)
     t = torch.tensor([0.0])
     for step in range(first, STEPS):
         fault(attempt, rank, step)

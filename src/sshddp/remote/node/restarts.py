@@ -130,9 +130,11 @@ class Restarts:
         log = os.path.join(self.rundir, contract.LOG)
         return hardware_text(log, self.history[-1]["offset"] if self.history else 0)
 
-    def begin(self, output: NodeOutput, spec: SpecRecord, go: Optional[tuple[int, str]]) -> None:
-        """Record the start of the next attempt (``go``: which, and why; None: the first)
-        and give it a fresh output."""
+    def begin(
+        self, output: NodeOutput, spec: SpecRecord, go: Optional[tuple[int, str]], node_rank: int
+    ) -> None:
+        """Record the start of the next attempt (``go``: which, and why; None: the first),
+        run as ``node_rank``, and give it a fresh output."""
         if not self.enabled:
             return
         why = ""
@@ -150,6 +152,7 @@ class Restarts:
                 "started": time.time(),
                 "reason": why,
                 "standby": False,
+                "node_rank": node_rank,
             }
         )
 

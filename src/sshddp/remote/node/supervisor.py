@@ -152,9 +152,9 @@ class Supervisor:
         """Start the attempt's torchrun (``Spare``: the standby's, if one waits); False when
         it could not start. The world forms anew, so the watchdog watches from now."""
         assert self.output is not None
-        self.restarts.begin(self.output, self.spec, self.state.go)
-        self.watchdog.restart(self.peers.known)
         self.seated = seated_spec(self.spec, self.state.seated(), self.state.rank)
+        self.restarts.begin(self.output, self.spec, self.state.go, self.seated["node_rank"])
+        self.watchdog.restart(self.peers.known)
         self.spare.argv = torchrun_argv(self.rundir, self.seated)
         env = attempt_env({**self.env, **self.output.env}, self.seated, self.state.replaced)
         env[contract.ATTEMPT_VAR] = str(self.restarts.attempt)
