@@ -16,9 +16,9 @@ from typing import Any, Callable
 import yaml
 
 from cli_helpers import Result, sshddp
+from handoff_faults import kill_server
 from sshddp.model.plan import CodeSpec, workspace_dir
 from sshddp_lab.sshd import SshdCluster
-from test_handoff import kill_server
 
 SHAREHASH = Path(__file__).parent / "payloads" / "sharehash.py"
 MB = 1 << 20
