@@ -1,6 +1,7 @@
 """``--share`` on the coordinator: once every node staged and before any starts, node 0's
-copy of each shared file goes to the nodes whose copy differs, straight from node 0 over
-the rendezvous port (``remote/node/host_share.py``), never through this machine; and a launch whose
+copy of each shared file goes to the nodes whose copy differs, from node 0 over the
+rendezvous port (``remote/node/host_share.py``), never through this machine (from 1 MB and
+to more than one node, down the hand-off's tree: ``ShareTree``); and a launch whose
 working directory holds files on node 0 that other nodes lack (rank 0's checkpoint, with
 no shared disk) warns, naming them and ``--share``.
 
