@@ -7,11 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 import yaml
 
 from cli_helpers import Result, sshddp
+from handoff_faults import kill_server
 from sshddp_lab.countproxy import total_up
 from sshddp_lab.sshd import SshdCluster
 
@@ -154,35 +153,6 @@ def test_a_40_mb_workdir_leaves_the_laptop_once_and_a_second_launch_sends_none_o
     assert sent < size / 20, sent  # from node 0, not from the laptop
     assert all(line["data"] == lab.expected() for line in lab.lines(run_id))
     run_no_leak(run_id)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _ppid(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def kill_server(rundirs: str, done: threading.Event) -> list[int]:
-    """SIGKILL the hand-off server of the session whose command line names ``rundirs``:
-    the fork of that session (same command line, the session its parent), as soon as it
-    appears; the pids killed."""
-    killed: list[int] = []
-    while not done.is_set() and not killed:
-        for name in os.listdir("/proc"):
-            pid = int(name) if name.isdigit() else 0
-            if pid and rundirs in _cmdline(pid) and rundirs in _cmdline(_ppid(pid)):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        time.sleep(0.005)
-    return killed
 
 
 @pytest.mark.timeout(300)

@@ -8,10 +8,12 @@ namespace cannot reach (its loopback is its own): a sync without --offline fails
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,14 @@ def sync(cluster: NetnsCluster, inv: Path, folder: Path, *more: str) -> Result:
     return sshddp(["sync", "--ssh-config", str(cluster.ssh_config), *more, str(inv), str(folder)])
 
 
+def traced_sync(cluster: NetnsCluster, inv: Path, folder: Path, *more: str) -> Result:
+    """A sync whose stderr is followed by its trace (``SSHDDP_LOG``, a file of its own)."""
+    log = inv.parent / "trace.log"
+    argv = ["sync", "--ssh-config", str(cluster.ssh_config), *more, str(inv), str(folder)]
+    result = sshddp(argv, {**os.environ, "SSHDDP_LOG": str(log)})
+    return replace(result, err=result.err + log.read_text())
+
+
 def tx_bytes(interface: str) -> int:
     return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
 
@@ -90,7 +100,7 @@ def test_offline_hosts_get_the_wheels_once_from_here_and_pass_them_on(
     assert_clean_failure(online, ExitCode.SYNC_FAILED)  # no host reaches the index
 
     before = tx_bytes(netns_cluster.net.bridge)
-    result = sync(netns_cluster, inv, folder, "--offline")
+    result = traced_sync(netns_cluster, inv, folder, "--offline")
     sent_on_the_wire = tx_bytes(netns_cluster.net.bridge) - before
     assert result.code == 0, result.explain()
     key = keys(result)["h1"]
@@ -110,10 +120,38 @@ def test_offline_hosts_get_the_wheels_once_from_here_and_pass_them_on(
     # this machine on the wire (with SSH's, TCP's and Ethernet's framing)
     assert size <= sent <= 1.05 * size, result.explain()
     assert sent_on_the_wire <= 1.2 * size, (sent_on_the_wire, size)
+    # the seed (h1) hands them to the first host, which hands them on (the hand-off's tree)
+    assert "sync: h2 got the wheels from h1" in result.err, result.err[-3000:]
+    assert "sync: h3 got the wheels from h2" in result.err
+    assert "could not get the wheels" not in result.err
 
     again = sync(netns_cluster, inv, folder, "--offline")
     assert again.code == 0, again.explain()
     assert [x.split()[1] for x in again.out.splitlines()] == ["ready"] * 3
+
+
+@pytest.mark.slow
+def test_a_host_that_cannot_reach_its_parent_in_the_tree_gets_the_wheels_from_the_seed(
+    netns_cluster: NetnsCluster, tmp_path: Path, http_index: str
+) -> None:
+    """h2 hands the wheels on to h3 in the tree, but its address leads nowhere (TEST-NET-1):
+    h3 gets them from the seed, h1, and the note says so."""
+    folder = project(tmp_path, http_index)
+    inv = inventory(netns_cluster, tmp_path)
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"][1]["addr"] = "192.0.2.1"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = traced_sync(netns_cluster, inv, folder, "--offline")
+    assert result.code == 0, result.explain()
+    note = "note: h3 could not get the wheels from h2: the wheels did not arrive: cannot reach h2"
+    assert note in result.err and "sent from h1 instead" in result.err, result.err[-3000:]
+    assert "sync: h3 got the wheels from h1" in result.err
+    key = keys(result)["h1"]
+    assert keys(result) == {"h1": key, "h2": key, "h3": key}
+    python = netns_cluster.home(3) / "w" / "envs" / key / "bin" / "python"
+    code = "import numpy, six; print(numpy.__version__, six.__version__)"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2.2.6", "1.17.0"]
 
 
 @pytest.mark.slow

@@ -74,3 +74,12 @@ def test_a_sync_names_its_hosts_and_its_payload() -> None:
     assert d.record(["h1", "h2"], ["h1", "h2"])["got"] == {"h1": "this machine", "h2": "h1"}
     note = fallback_note(1, 0, ["h1", "h2"], "refused", "uv 0.9.5")
     assert note == "h2 could not get the uv 0.9.5 from h1: refused; sent from this machine instead"
+
+
+def test_a_share_tree_names_node_0_as_the_origin_its_nodes_fall_back_to() -> None:
+    labels = ["node 1 (h2)", "node 2 (h3)"]  # the receivers: node 0 is the origin, not in it
+    note = fallback_note(1, 0, labels, "refused", "--share files", "node 0 (h1)")
+    assert note == (
+        "node 2 (h3) could not get the --share files from node 1 (h2): refused; "
+        "sent from node 0 (h1) instead"
+    )

@@ -56,7 +56,7 @@ def test_a_kept_copy_that_changed_is_named_and_removed(tmp_path: Path) -> None:
     work = tmp_path / "w"
     host_handoff.answer("payload-take", what(work), io.BytesIO(DATA))
     kept = work / host_handoff.FOLDER / SHA
-    kept.write_bytes(b"x" + DATA[1:])
+    kept.write_bytes(bytes([DATA[0] ^ 1]) + DATA[1:])  # changed, whatever DATA's first byte
     said = host_handoff.answer("payload-have", what(work), io.BytesIO())
     assert said["have"] is False and "failed its SHA-256 check" in said["bad"]
     assert leftovers(work) == []

@@ -277,10 +277,16 @@ def source_name(source: int, labels: Sequence[str]) -> str:
 
 
 def fallback_note(
-    node: int, source: int, labels: Sequence[str], why: Optional[str], what: str = "code"
+    node: int,
+    source: int,
+    labels: Sequence[str],
+    why: Optional[str],
+    what: str = "code",
+    origin: str = "this machine",
 ) -> str:
-    """The note when a host could not get the payload from its source in the tree."""
+    """The note when a host could not get the payload from its source in the tree, and got
+    it from the tree's ``origin`` instead."""
     return (
         f"{labels[node]} could not get the {what} from {source_name(source, labels)}: {why}; "
-        "sent from this machine instead"
+        f"sent from {origin} instead"
     )

@@ -1,6 +1,7 @@
 """``--share`` on the coordinator: once every node staged and before any starts, node 0's
-copy of each shared file goes to the nodes whose copy differs, straight from node 0 over
-the rendezvous port (``remote/node/host_share.py``), never through this machine; and a launch whose
+copy of each shared file goes to the nodes whose copy differs, from node 0 over the
+rendezvous port (``remote/node/host_share.py``), never through this machine (from 1 MB and
+to more than one node, down the hand-off's tree: ``ShareTree``); and a launch whose
 working directory holds files on node 0 that other nodes lack (rank 0's checkpoint, with
 no shared disk) warns, naming them and ``--share``.
 
@@ -98,7 +99,8 @@ class Share:
     def _send(
         self, transfers: tuple[Transfer, ...], session: Callable[[NodePlan], HostSession]
     ) -> HostResults[Problem]:
-        """Node 0 listens; every node that lacks a file fetches it; node 0 stops."""
+        """Node 0 listens; every node that lacks a file gets it, from node 0 or, when they
+        are many and the files large, down the hand-off's tree; node 0 stops."""
         plan = self.state.plan
         first = plan.nodes[0]
         common = {
@@ -113,31 +115,151 @@ class Share:
         if served.get("error"):
             return _one(first, str(served["error"]))
         receivers = [n for n in plan.nodes if any(n.node_rank in t.to for t in transfers)]
-
-        def pull(node: NodePlan) -> Problem:
-            files = [
-                {"path": t.path, "size": t.size, "sha256": t.sha256}
-                for t in transfers
-                if node.node_rank in t.to
-            ]
-            order = {"ask": "pull", "cwd": node.cwd, "files": files, "rank": node.node_rank}
-            answer = session(node).ask({**order, **common})
-            return None if answer.get("ok") else f"--share: {answer.get('error')}"
-
+        tree = None
+        if len(receivers) > 1 and sum(t.size for t in transfers) >= MIN_BYTES:
+            tree = ShareTree(self, transfers, receivers, common, session)
         try:
-            pulled = self.state.pool.map(pull, receivers)
+            if tree is not None:
+                pulled = tree.run()
+            else:
+                pulled = self.state.pool.map(
+                    partial(self._pull, transfers, common, session), receivers
+                )
         finally:
             sent = session(first).ask({"ask": "unserve"})
         if all(o.ok and o.value is None for o in pulled.values()):
-            self._sent(transfers, sent)
+            self._sent(transfers, sent, tree)
         return pulled
 
-    def _sent(self, transfers: tuple[Transfer, ...], sent: dict[str, Any]) -> None:
+    def _pull(
+        self,
+        transfers: tuple[Transfer, ...],
+        common: dict[str, Any],
+        session: Callable[[NodePlan], HostSession],
+        node: NodePlan,
+    ) -> Problem:
+        """``node``'s files from node 0."""
+        answer = session(node).ask(pull_order(transfers, common, node))
+        return None if answer.get("ok") else f"--share: {answer.get('error')}"
+
+    def _sent(
+        self, transfers: tuple[Transfer, ...], sent: dict[str, Any], tree: Optional[ShareTree]
+    ) -> None:
         for t in transfers:
             to = ", ".join(str(r) for r in t.to)
             self.say(f"sshddp: --share {t.path}: node 0's copy ({t.size} bytes) sent to node {to}")
         files, total = sent.get("files"), sent.get("sent")
-        self.say(f"sshddp: --share: node 0 sent {files} file(s), {total} bytes in all")
+        handed = "; the nodes handed them on to each other" if tree is not None else ""
+        self.say(f"sshddp: --share: node 0 sent {files} file(s), {total} bytes in all{handed}")
+
+
+def pull_order(
+    transfers: tuple[Transfer, ...], common: dict[str, Any], node: NodePlan
+) -> dict[str, Any]:
+    """The order that has ``node`` fetch the files it lacks from node 0 (``common``'s
+    address and port)."""
+    files = [
+        {"path": t.path, "size": t.size, "sha256": t.sha256}
+        for t in transfers
+        if node.node_rank in t.to
+    ]
+    return {"ask": "pull", "cwd": node.cwd, "files": files, "rank": node.node_rank, **common}
+
+
+class ShareTree:
+    """``--share``'s files down the hand-off's tree (``model.tree``, fan-out
+    ``HANDOFF_FANOUT``) with node 0 as its origin, as this machine is the workdir's: node 0
+    sends them to the first node that lacks them, and every node hands them on to its
+    children from its own files, checked as they arrived (``relay``), so node 0 sends one
+    copy, not one a node. A node that cannot get them from its parent gets them from node
+    0 instead, and the console's note says so."""
+
+    def __init__(
+        self,
+        share: Share,
+        transfers: tuple[Transfer, ...],
+        receivers: list[NodePlan],
+        common: dict[str, Any],
+        session: Callable[[NodePlan], HostSession],
+    ) -> None:
+        self.share = share
+        self.transfers = transfers
+        self.receivers = receivers  #: in tree order: the first gets them from node 0
+        self.common = common  #: node 0's server's address and port, the run's key, ...
+        self.session = session
+        self.tree = model.tree([False] * len(receivers), defaults.HANDOFF_FANOUT)
+        hosts = [n.host.host for n in share.state.plan.nodes]
+        self.labels = [model.node_labels(hosts)[n.node_rank] for n in receivers]
+        self.origin = model.node_labels(hosts)[0]
+        self._ready = [threading.Event() for _ in receivers]
+        self._served: dict[int, tuple[str, int]] = {}  #: a relay's address and port
+        self.got: dict[int, int] = {}  #: each receiver's source (a position, or LAPTOP)
+
+    def run(self) -> HostResults[Problem]:
+        """Every receiver's problem, if any (by host index)."""
+        routes = {r.node: r.source for r in self.tree.routes}
+        todo = [self.receivers[r.node] for r in self.tree.routes]
+        try:
+            got = self.share.state.pool.map(partial(self._deliver, routes), todo)
+        finally:
+            for pos in self._served:  # a session that failed: its end ends its server
+                _quietly(partial(self.session(self.receivers[pos]).ask, UNSERVE))
+        for pos, source in sorted(self.got.items()):
+            came = self.origin if source == model.LAPTOP else self.labels[source]
+            trace.log.info("share: %s got the --share files from %s", self.labels[pos], came)
+        return got
+
+    def _deliver(self, routes: dict[int, int], node: NodePlan) -> Problem:
+        pos = self.receivers.index(node)
+        try:
+            problem = self._fetch(node, pos, routes[pos])
+            if problem is None and self.tree.children(pos):
+                self._relay(node, pos)
+            return problem
+        finally:
+            self._ready[pos].set()  # its children go on: from it, or from node 0
+
+    def _fetch(self, node: NodePlan, pos: int, source: int) -> Problem:
+        if source != model.LAPTOP:
+            self._ready[source].wait()
+            answer = self._from(node, source)
+            if answer.get("ok"):
+                self.got[pos] = source
+                return None
+            why = str(answer.get("error"))
+            note = model.fallback_note(pos, source, self.labels, why, "--share files", self.origin)
+            self.share.say(f"sshddp: note: {note}")
+        answer = self.session(node).ask(pull_order(self.transfers, self.common, node))
+        if answer.get("ok"):
+            self.got[pos] = model.LAPTOP
+            return None
+        return f"--share: {answer.get('error')}"
+
+    def _from(self, node: NodePlan, source: int) -> dict[str, Any]:
+        """``node``'s files from the relay at ``source``."""
+        where = self._served.get(source)
+        if where is None:
+            return {"error": "it has no copy to hand on"}
+        order = pull_order(self.transfers, self.common, node)
+        order.update(addr=where[0], port=where[1], source=self.labels[source])
+        order["connect_timeout"] = CONNECT_TIMEOUT  # it listens already: refused, it is gone
+        return self.session(node).ask(order)
+
+    def _relay(self, node: NodePlan, pos: int) -> None:
+        """A server of ``node``'s copies for its children, if it can start one."""
+        order = {"ask": "relay", "cwd": node.cwd, "paths": [t.path for t in self.transfers]}
+        order.update(key=self.common["key"], run=self.common["run"])
+        order["timeout"] = self.common["timeout"]
+        answer = _quietly(lambda: self.session(node).ask(order)) or {}
+        if answer.get("port"):
+            addr = node_addr(node.host, self.share.state.pool.options)
+            self._served[pos] = (addr, int(answer["port"]))
+            trace.log.info("share: %s serves on %s:%s", self.labels[pos], addr, answer["port"])
+        elif answer.get("error"):
+            trace.log.info("share: %s cannot hand on: %s", self.labels[pos], answer["error"])
+
+
+UNSERVE = {"ask": "unserve"}
 
 
 def _one(node: NodePlan, problem: str) -> HostResults[Problem]:

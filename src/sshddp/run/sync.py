@@ -31,12 +31,13 @@ from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import SshOptions, Transport
+from sshddp.model import share as share_model
 from sshddp.model import sync as model
 from sshddp.model.commands import python_command
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.sync import HostSync, Progress, Project, SyncStatus
 from sshddp.run import syncuv
-from sshddp.run.share import Audience, Bytes, Handoff
+from sshddp.run.share import CONNECT_TIMEOUT, Audience, Bytes, Handoff
 from sshddp.run.syncwheels import Wheels
 
 #: what a sync says of a host while it builds: (the host's index, its name, how far)
@@ -282,7 +283,8 @@ def _payload_session(transport: Transport) -> HostSession:
 
 def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
     """--offline: the wheels from here to the first host of ``needing`` (the seed), which
-    hands them on to the others over TCP while it builds; every one's outcome."""
+    hands them on over TCP while it builds, the origin of the others' tree (``_WheelTree``);
+    every one's outcome."""
     assert sync.wheels is not None
     seed, rest = needing[0], needing[1:]
     start = time.monotonic()
@@ -291,24 +293,151 @@ def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
     args = sync.args(seed, {"seed": order})
     channel = _Channel(transport, args, sync.wheels.stream(), sync.meter)
     said = sync.said(seed)
-    port = None
-    for progress in channel.progress:
-        if progress.phase == "serving":  # its port, for the others: not the user's business
-            port = int(progress.detail)
-            said(Progress("handing on", f"{len(sync.wheels.listed)} wheels to {len(rest)} host(s)"))
-            break
-        said(progress)
+    port = _serving(channel, said)
+    if port is not None:
+        said(Progress("handing on", f"{len(sync.wheels.listed)} wheels to {len(rest)} host(s)"))
     results = []
     if port is not None:
-        pull = dict(order, addr=seed.addr or seed.host, port=port, source=seed.host)
-        pulled = sync.pool.map(lambda h: sync.one(h, {"pull": dict(pull, rank=h.index)}), rest)
-        results = pulled.in_order(rest, _unreachable)
+        origin = dict(order, addr=seed.addr or seed.host, port=port, source=seed.host)
+        results = _WheelTree(sync, order, origin, rest).run()
     answer = channel.answer(said)
     results.append(model.outcome(seed.index, seed.host, answer, time.monotonic() - start))
     if port is None:
         error = f"{seed.host} could not hand on the wheels"
         results += [HostSync(h.index, h.host, SyncStatus.FAILED, error=error) for h in rest]
     return results
+
+
+def _serving(channel: _Channel, said: Callable[[Progress], None]) -> Optional[int]:
+    """The port a host serving the wheels says it listens on (its progress until then
+    said), or None when its call ended first."""
+    for progress in channel.progress:
+        if progress.phase == "serving":  # its port, for the others: not the user's business
+            return int(progress.detail)
+        said(progress)
+    return None
+
+
+class _WheelTree:
+    """--offline's wheels from the seed (the origin, as this machine is for a payload) to
+    the other hosts down the hand-off's tree (``model/share.py``, fan-out 4): the seed
+    hands them to the first host, and each host that has children in the tree serves its
+    checked copy (its call stays open, as the seed's, until they have theirs), so no host
+    sends more than 4 copies. A host that cannot get them from its parent gets them from
+    the seed, named in a note."""
+
+    def __init__(
+        self, sync: _Sync, order: dict[str, Any], origin: dict[str, Any], hosts: list[Host]
+    ) -> None:
+        self.sync = sync
+        self.order = order  #: the key and run id every server of this sync serves with
+        self.origin = origin  #: where the seed serves them
+        self.hosts = hosts
+        self.tree = share_model.tree([False] * len(hosts), defaults.HANDOFF_FANOUT)
+        self.routes = {r.node: r.source for r in self.tree.routes}
+        self._ready = [threading.Event() for _ in hosts]
+        self._served: dict[int, dict[str, Any]] = {}  #: a relay's pull order for its children
+        self._open: dict[int, tuple[_Channel, float]] = {}  #: relays' calls, still open
+
+    def run(self) -> list[HostSync]:
+        """Every host's outcome: the leaves' once they are done, then the relays'."""
+        todo = [self.hosts[r.node] for r in self.tree.routes]
+        done = self.sync.pool.map(self._one, todo).in_order(todo, _unreachable)
+        relays = [self.hosts[pos] for pos in self._open]
+        closed = self.sync.pool.map(self._close, relays).in_order(relays, _unreachable)
+        return [r for r in done if r is not None] + closed
+
+    def _one(self, host: Host) -> Optional[HostSync]:
+        pos = self.hosts.index(host)
+        try:
+            source = self.routes[pos]
+            if source != share_model.LAPTOP:
+                self._ready[source].wait()
+            if self.tree.children(pos):
+                return self._relay(host, pos, source)
+            return self._leaf(host, pos, source)
+        finally:
+            self._ready[pos].set()  # its children go on: from it, or from the seed
+
+    def _leaf(self, host: Host, pos: int, source: int) -> HostSync:
+        start = time.monotonic()
+        if source in self._served:
+            pull = dict(self._served[source], rank=host.index)
+            result = self.sync.one(host, {"pull": pull}, start=start)
+            if not _wheels_missing(result):
+                self._got(host, source, result)
+                return result
+            self._fallback(host, source, result.error)
+        elif source != share_model.LAPTOP:
+            self._fallback(host, source, "it has no copy to hand on")
+        result = self.sync.one(host, {"pull": dict(self.origin, rank=host.index)}, start=start)
+        self._got(host, share_model.LAPTOP, result)
+        return result
+
+    def _relay(self, host: Host, pos: int, source: int) -> Optional[HostSync]:
+        """A host with children: its call pulls, then serves until its children are done
+        (``_close`` ends it); its outcome when it ended before serving."""
+        start = time.monotonic()
+        port: Optional[int] = None
+        if source in self._served:
+            port, channel = self._serve(host, self._served[source])
+            if port is None:
+                result = self._outcome(host, channel, start)
+                if not _wheels_missing(result):
+                    return result
+                self._fallback(host, source, result.error)
+        elif source != share_model.LAPTOP:
+            self._fallback(host, source, "it has no copy to hand on")
+        if port is None:
+            source = share_model.LAPTOP
+            port, channel = self._serve(host, self.origin)
+            if port is None:
+                return self._outcome(host, channel, start)
+        trace.log.info("sync: %s serves the wheels on port %s", host.host, port)
+        self._got(host, source, None)
+        self._served[pos] = dict(self.order, addr=host.addr or host.host, port=port)
+        self._served[pos].update(source=host.host, connect_timeout=CONNECT_TIMEOUT)
+        self._open[pos] = (channel, start)
+        return None
+
+    def _serve(self, host: Host, pull: dict[str, Any]) -> tuple[Optional[int], _Channel]:
+        """A call that pulls the wheels by ``pull``, then serves them: its port (None when
+        it ended first) and the call."""
+        args = self.sync.args(host, {"pull": dict(pull, rank=host.index), "seed": self.order})
+        transport = self.sync.pool.transport(host)
+        transport.connect()
+        channel = _Channel(transport, args, [], self.sync.meter)
+        return _serving(channel, self.sync.said(host)), channel
+
+    def _close(self, host: Host) -> HostSync:
+        channel, start = self._open[self.hosts.index(host)]
+        return self._outcome(host, channel, start)
+
+    def _outcome(self, host: Host, channel: _Channel, start: float) -> HostSync:
+        answer = channel.answer(self.sync.said(host))
+        return model.outcome(host.index, host.host, answer, time.monotonic() - start)
+
+    def _fallback(self, host: Host, source: int, why: str) -> None:
+        """The note for a host that gets the wheels from the seed after all."""
+        seed = self.origin["source"]
+        self.sync.meter.say(
+            f"sshddp: note: {host.host} could not get the wheels from {self.hosts[source].host}: "
+            f"{why}; sent from {seed} instead"
+        )
+
+    def _got(self, host: Host, source: int, result: Optional[HostSync]) -> None:
+        if result is not None and _wheels_missing(result):
+            return
+        came = self.hosts[source].host if source in self._served else self.origin["source"]
+        trace.log.info("sync: %s got the wheels from %s", host.host, came)
+
+
+def _wheels_missing(result: HostSync) -> bool:
+    """Whether a host's sync failed because its wheels did not arrive (a retry from the
+    seed may mend it), not at the build."""
+    return result.status is SyncStatus.FAILED and "the wheels did not arrive" in (
+        result.error or ""
+    )
 
 
 class _Channel:

@@ -30,11 +30,12 @@ While it builds it says how far it got, one JSON line each: {"progress": "resolv
 "downloading" | "installing" | "done", "detail": the packages uv fetched, the
 environment's size once done}.
 
-With ``offline`` ({"wheels": [{"name", "size", "sha256"}], "seed": the key and run id the
-seed serves with, or "pull": where and how to get them from the seed}) uv installs with no
-index, from the lock's wheels under the workdir (``wheelpass.py``): a host without them
-answers ``need_wheels``; the seed says ``serving PORT`` (a progress line) and answers once
-stdin closes.
+With ``offline`` ({"wheels": [{"name", "size", "sha256"}], "seed": the key and run id to
+serve them with, "pull": where and how to get them from the seed or another host}) uv
+installs with no index, from the lock's wheels under the workdir (``wheelpass.py``): a
+host without them answers ``need_wheels``; a host told to serve them (the seed, or a host
+that hands them on in the tree: "pull" and "seed" both) says ``serving PORT`` (a progress
+line) once it has them, and answers once stdin closes.
 
 Answers one JSON line last: {"status": "ready" | "built" | "need_uv" | "need_wheels" |
 "no_python" | "failed",

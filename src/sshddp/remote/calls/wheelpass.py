@@ -1,11 +1,12 @@
 """``sshddp sync --offline`` on a host: the wheels a lock needs, kept under the workdir,
-as they came from this machine once (to one host, the seed) or from the seed.
+as they came from this machine once (to one host, the seed) or from another host.
 
 The wheels of a lock are ``<workdir>/wheels/<digest>``, complete once it holds
 ``WHEELS_MARKER``; they arrive in a temporary directory beside it that is renamed into
 place, so an interrupted transfer leaves nothing a later sync uses. The seed reads them
 from stdin (a JSON line [{"name", "size", "sha256"}, ...], then each file's bytes in that
-order) and hands them on to the other hosts with ``--share``'s server (``host_share.py``: the
+order) and hands them on (as does every host with children in the hand-off's tree,
+``run/sync.py``'s ``_WheelTree``) with ``--share``'s server (``host_share.py``: the
 supervisors' handshake with a key made for this sync, each file checked against the
 SHA-256 this machine computed), so each byte crosses this machine's link once.
 """

@@ -25,7 +25,7 @@ session that answers these questions alone: the lines both ways are ``session_me
 as ``host_session.py``'s (``clock`` first, then an ``answer`` to each ``ask``); EOF ends it,
 its servers with it. It ships a quarter of the launch session's code.
 
-A server is a process of its own, forked off the session (``host_share.Server``: the
+A server is a process of its own, forked off the session (``host_share.fork_server``: the
 supervisors' handshake with the run's key, then the raw bytes, checked by the receiver), so
 a server that dies costs its receivers a retry, never the session; it ends when told, when
 the session ends or at the go, and after its ``timeout`` in any case.
@@ -36,8 +36,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import signal
-import socket
 import sys
 import time
 from typing import IO, Any, Dict
@@ -202,59 +200,15 @@ def serve(args: dict[str, Any]) -> Answer:
     if sock is None:
         raise OSError(f"cannot listen to hand on the payload: {why}")
     port = int(sock.getsockname()[1])
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        _server(sock, path, args, parent)  # never returns
-    sock.close()
-    _SERVERS.append(pid)
-    return {"port": port, "pid": pid}
-
-
-def _server(sock: socket.socket, path: str, args: dict[str, Any], parent: int) -> None:
-    """The forked server: off the session's stdin and stdout, every other descriptor but
-    its socket closed (the probe's reserved ports among them); it serves until killed, until
-    the session is gone, or until its timeout."""
-    try:
-        _quiet(sock.fileno())
-        order = {"cwd": os.path.dirname(path), "paths": [os.path.basename(path)]}
-        order.update(key=args["key"], run=args["run"], timeout=args["timeout"])
-        server = host_share.Server(order, sock)
-        deadline = time.time() + float(args["timeout"])
-        while os.getppid() == parent and time.time() < deadline:
-            time.sleep(0.2)
-        server.stop()
-    finally:
-        os._exit(0)
-
-
-def _quiet(keep: int) -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
-        if name.isdigit() and int(name) > 2 and int(name) != keep:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass
+    order = {"cwd": os.path.dirname(path), "paths": [os.path.basename(path)]}
+    order.update(key=args["key"], run=args["run"], timeout=args["timeout"])
+    _SERVERS.append(host_share.fork_server(order, sock))
+    return {"port": port, "pid": _SERVERS[-1]}
 
 
 def stop_all() -> int:
     """Stop this session's servers (each waited for): how many there were."""
-    count = 0
-    while _SERVERS:
-        pid = _SERVERS.pop()
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
-        count += 1
-    return count
+    return host_share.stop_servers(_SERVERS)
 
 
 def prune(folder: str) -> None:

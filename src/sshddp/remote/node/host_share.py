@@ -9,18 +9,26 @@ node lacks node 0's version, the launch session (``host_session.py``) takes thes
         rendezvous port (proven reachable by the preflight, free until torchrun starts)
     {"ask": "pull", "cwd", "files": [{"path", "size", "sha256"}], "addr", "port", "run",
         "rank", "key", "timeout"}  another node: fetch each file from node 0
-    {"ask": "unserve"}  node 0: stop listening; the answer counts what was sent
+    {"ask": "relay", "cwd", "paths", "run", "key", "timeout"}  a node that holds node 0's
+        version of every path (checked as it arrived): hand them on to the nodes below it
+        in the tree, from its own files, on a port of its own (-> {"port", "pid"})
+    {"ask": "unserve"}  node 0: stop listening; the answer counts what was sent (a relay:
+        its server stops)
 
 Connections open with the supervisors' handshake (``wire.py``: both sides prove they hold
 the run's key, which came on the session's stdin); node 0 serves only the shared paths.
 The bytes themselves travel raw and are checked by the receiver against the digest node 0
-reported over SSH, then renamed over the old file: a node never holds half a file.
+reported over SSH, then renamed over the old file: a node never holds half a file. A relay
+serves the files it holds in place (no second copy on its disk); its server is a process of
+its own (``fork_server``), so one that dies costs its receivers a retry from node 0, never
+the node's session.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import stat
 import threading
@@ -33,6 +41,9 @@ from sshddp.remote.node import wire
 CHUNK = 1 << 20  #: bytes hashed, read or sent at a time
 CONNECT_TIMEOUT = 2.0  #: seconds one connect attempt waits
 RESOLVE_WAIT = 10.0  #: seconds a name that the resolver cannot answer for yet is retried
+#: seconds a relay's server lives at most (a net only: the start or the session's end stops
+#: it first); a many-GB checkpoint to its children may take minutes
+RELAY_LIFETIME = 3600.0
 Answer = Dict[str, Any]
 
 
@@ -96,6 +107,7 @@ class Shares:
 
     def __init__(self) -> None:
         self.server: Optional[Server] = None
+        self.relays: list[int] = []  #: the pids of this node's relay servers
 
     def __enter__(self) -> Shares:
         return self
@@ -103,6 +115,7 @@ class Shares:
     def __exit__(self, *exc: object) -> None:
         if self.server is not None:
             self.server.stop()
+        stop_servers(self.relays)
 
     def answer(self, order: dict[str, Any]) -> Answer:
         ask = order.get("ask")
@@ -110,13 +123,82 @@ class Shares:
             if ask == "serve":
                 self.server = Server(order)
                 return {"serving": True}
+            if ask == "relay":
+                return self._relay(order)
             if ask == "unserve":
+                stop_servers(self.relays)
                 return self.server.stop() if self.server else {"sent": 0, "files": 0}
             if ask == "pull":
                 return pull(order)
-        except (OSError, wire.Refused, ValueError) as exc:
+        except (OSError, wire.Refused, ValueError, hostpath.Unsafe) as exc:
             return {"error": str(exc)}
         return {"error": f"unknown question {ask!r}"}
+
+    def _relay(self, order: dict[str, Any]) -> Answer:
+        cwd = os.path.expanduser(order["cwd"])
+        for path in order["paths"]:
+            hostpath.check_file(os.path.join(cwd, path), "a --share file to hand on")
+        sock, why = wire.listen("", 0)
+        if sock is None:
+            raise OSError(f"cannot listen to hand on the shared files: {why}")
+        port = int(sock.getsockname()[1])
+        self.relays.append(fork_server(dict(order, cwd=cwd, lifetime=RELAY_LIFETIME), sock))
+        return {"port": port, "pid": self.relays[-1]}
+
+
+def fork_server(order: dict[str, Any], sock: socket.socket) -> int:
+    """A ``Server`` of ``order["paths"]`` under ``order["cwd"]`` on ``sock`` (listening),
+    in a process forked off this session: its pid. ``sock`` is closed here."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _forked(order, sock, parent)  # never returns
+    sock.close()
+    return pid
+
+
+def _forked(order: dict[str, Any], sock: socket.socket, parent: int) -> None:
+    """The forked server: off the session's stdin and stdout, every other descriptor but
+    its socket closed (the probe's reserved ports among them); it serves until killed, until
+    the session is gone, or until its ``lifetime`` (else its ``timeout``)."""
+    try:
+        _quiet(sock.fileno())
+        server = Server(order, sock)
+        deadline = time.time() + float(order.get("lifetime") or order["timeout"])
+        while os.getppid() == parent and time.time() < deadline:
+            time.sleep(0.2)
+        server.stop()
+    finally:
+        os._exit(0)
+
+
+def _quiet(keep: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        if name.isdigit() and int(name) > 2 and int(name) != keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+
+
+def stop_servers(pids: list[int]) -> int:
+    """Stop the forked servers ``pids`` (each waited for, the list emptied): how many."""
+    count = 0
+    while pids:
+        pid = pids.pop()
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        count += 1
+    return count
 
 
 class Server:
