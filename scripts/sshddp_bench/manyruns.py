@@ -38,6 +38,10 @@ from sshddp_bench.harness import (
 #: ones missed their 20 s start (2 runs at 256 hosts, 1 and 8 nodes); real hosts start theirs
 #: on their own cores
 LAB_HOSTS, LAB_FANOUT = 64, 16
+#: past LAB_HOSTS hosts ps has this --connect-timeout: its answers are due within the connect
+#: timeout plus 10 s from its start, for every host together (run/ps.py), and at 256 hosts
+#: this lab's ps took 24 s (load average 40): 53 of 256 live nodes were named unreachable
+LAB_PS_TIMEOUT = 30
 GONE_S = 60.0  #: seconds every process of a stopped run has to end
 PER_HOST_MS = 5.0  #: coordinator CPU a host may cost (issue 47's finding threshold)
 
@@ -81,6 +85,8 @@ def bench_size(b: Bench, n: int, reps: int) -> RunsSize:
         )
         runs: dict[str, list[Finished]] = {"ps": [], "pdsh_ps": [], "pdsh_true": []}
         ps_argv = [*b.sshddp, "ps", "--json", "--ssh-config", b.ssh_config, name]
+        if n > LAB_HOSTS:
+            ps_argv[2:2] = ["--connect-timeout", str(LAB_PS_TIMEOUT)]
         for rep in range(reps):
             for what in order(tuple(runs), rep):
                 if what == "ps":
@@ -201,9 +207,11 @@ METHOD = f"""\
   true`; then `sshddp stop NAME` once, and the seconds until no process carrying the run's
   id is left on any host. CPU is user+sys of the command and the children it reaped; RSS
   the coordinator's peak (VmHWM). The launch and stop are measured once a count (a run is
-  launched and stopped once). Past {LAB_HOSTS} hosts the launch has `--fanout {LAB_FANOUT}`:
-  the lab's hosts share 2 cores and one /proc (each node's sampler scans all of it every 5
-  s), and 32 supervisors starting at once beside 200 running ones missed their 20 s start.
+  launched and stopped once). Past {LAB_HOSTS} hosts the launch has `--fanout {LAB_FANOUT}`
+  (the lab's hosts share 2 cores: 32 supervisors starting at once beside 200 running ones
+  missed their 20 s start) and ps `--connect-timeout {LAB_PS_TIMEOUT}` (ps waits for every
+  answer until the connect timeout plus 10 s from its start, for all hosts together: at 256
+  lab hosts it takes longer than the default's 20 s).
 """
 
 CASE: Case[tuple[RunsSize, ...]] = Case(

@@ -25,6 +25,7 @@ from sshddp_bench import (
     manyruns,
     nodeloss,
     ps,
+    rescan,
     restart,
     scale,
     slurm,
@@ -73,6 +74,8 @@ CASES: tuple[Case[Any], ...] = (
     sync.OFFLINE_CASE,
     api.CASE,
     manyruns.CASE,
+    rescan.CASE,
+    sync.MANY_CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 
