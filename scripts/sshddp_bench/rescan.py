@@ -48,7 +48,7 @@ def fillers(n: int) -> list[int]:
     """``n`` unmarked sleeping processes outside this process's tree (their shell exits)."""
     if n == 0:
         return []
-    script = f"i=0; while [ $i -lt {n} ]; do sleep 600 & echo $!; i=$((i+1)); done"
+    script = f"i=0; while [ $i -lt {n} ]; do sleep 600 >/dev/null 2>&1 & echo $!; i=$((i+1)); done"
     out = subprocess.run(["sh", "-c", script], capture_output=True, check=True).stdout
     return [int(p) for p in out.split()]
 
@@ -84,6 +84,11 @@ def bench_rescan(b: Bench, reps: int) -> tuple[RescanSize, ...]:
     mark = b.name("rescan")
     node = node_tree(mark)
     try:
+        deadline = time.monotonic() + 10
+        while internals.scan_every_process(mark) != RANKS + 1:  # its shell forks them
+            if time.monotonic() > deadline:
+                raise BenchError(f"rescan: the node's {RANKS} ranks did not start")
+            time.sleep(0.05)
         return tuple(bench_size(mark, n, reps) for n in FILLERS)
     finally:
         os.killpg(node.pid, 9)
