@@ -10,7 +10,8 @@ hosts, so the limit is the laptop's uplink as a whole, shared by all connections
 per connection would flatter ``tar | ssh``); what comes back is not limited, and neither is
 what the hosts send each other (the cluster's own network: the hand-off). Each host has a
 workdir of its own, so every host needs its copy. sshddp is timed from its start to the last
-host's ``code.sha256`` (stored, unpacked, its SHA-256 checked); ``tar | ssh`` to its exit.
+host's kept copy (``<workdir>/payloads/<sha256>``: whole, its SHA-256 checked, before it is
+unpacked); ``tar | ssh`` to its exit (unpacked).
 Not a case of the suite: its ``tar | ssh`` at 16 hosts alone takes 16 copies' time.
 """
 
@@ -25,30 +26,51 @@ from pathlib import Path
 
 import yaml
 
-from sshddp_bench.harness import Bench, BenchError, expect_rc, order, running_bench
+from sshddp_bench.harness import Bench, BenchError, Watched, expect_rc, order, running_bench
 from sshddp_bench.machine import load_average
 from sshddp_bench.wan import Relay, relayed_config
-from sshddp_bench.workdir import make_workdir, staged_at
+from sshddp_bench.workdir import make_workdir
 
 
 def inventory(b: Bench, name: str, n: int, port: int) -> tuple[Path, list[Path]]:
-    """The bench's inventory of h1..hN with a workdir per host; and each node's run dir."""
+    """The bench's inventory of h1..hN with a workdir per host; and those workdirs."""
     inv = b.inventory(name, n, 1, port)
     data = yaml.safe_load(inv.read_text())
     homes = [b.tmp / "work" / name / f"h{i}" for i in range(1, n + 1)]
     for host, home in zip(data["hosts"], homes):
         host["workdir"] = str(home)
     inv.write_text(yaml.safe_dump(data))
-    return inv, [h / "runs" / name / f"n{k}" for k, h in enumerate(homes)]
+    return inv, homes
+
+
+def kept_at(homes: list[Path], proc: Watched) -> float:
+    """perf_counter when the last host's kept copy (``payloads/<sha256>``, renamed into place
+    once whole and checked) appeared (polled every 10 ms)."""
+    left = list(homes)
+    while left:
+        left = [h for h in left if not any(len(p.name) == 64 for p in _listed(h / "payloads"))]
+        if left and proc.done.is_set():
+            raise BenchError(f"sshddp exited before {left[0]} kept its copy")
+        if left:
+            time.sleep(0.01)
+    return time.perf_counter()
+
+
+def _listed(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
 
 
 def ship_sshddp(b: Bench, root: Path, n: int) -> float:
     """Seconds from the start of ``launch --workdir`` to the last host's code checked."""
     port, name = b.port(), b.name("up")
-    inv, rundirs = inventory(b, name, n, port)
+    inv, homes = inventory(b, name, n, port)
     argv = b.launch_argv(name, port, inv, "latency", options=["--no-check", "--workdir", str(root)])
+    argv[argv.index(str(b.rank_script))] = str(root / "rank.py")  # the copy inside the workdir
     proc = b.start(argv, stdout_null=True)
-    at = staged_at([d / "code.sha256" for d in rundirs], proc)
+    at = kept_at(homes, proc)
     expect_rc(proc.finish(), 0, f"launch --workdir ({n} hosts)")
     shutil.rmtree(b.tmp / "work" / name, ignore_errors=True)
     return at - proc.t0
