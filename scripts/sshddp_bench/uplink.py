@@ -93,6 +93,8 @@ def ship_tar(b: Bench, root: Path, n: int) -> float:
 
 
 def cell(values: list[float]) -> str:
+    if not values:
+        return "not run"
     return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
 
@@ -128,10 +130,10 @@ def main() -> None:
                         got[how].append(ship_tar(b, root, 1 if how == "one" else n))
             one = statistics.median(got["one"])
             ratio = statistics.median(got["sshddp"]) / one
-            tar = statistics.median(got["tar"]) / one
+            tar = f"{statistics.median(got['tar']) / one:.1f}x" if got["tar"] else "n/a"
             print(
                 f"| {n} | {cell(got['one'])} | {cell(got['sshddp'])} | {ratio:.2f}x "
-                f"| {cell(got['tar'])} | {tar:.1f}x | {load_average()} |",
+                f"| {cell(got['tar'])} | {tar} | {load_average()} |",
                 flush=True,
             )
             time.sleep(1)
