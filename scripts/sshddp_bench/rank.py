@@ -14,6 +14,11 @@ argument says:
   ``TORCHELASTIC_RESTART_COUNT``) the last rank prints ``FAIL <time>`` after 1 s and exits
   1, the others sleep; in a later one every rank prints ``AGAIN <rank> <time>`` at once,
   then sleeps 1 s and exits 0;
+* ``replace [fail]``: in the first attempt rank 0 writes ``ckpt.bin`` (1 MiB: the
+  ``--share`` file) and every rank sleeps (with ``fail``, the last rank prints ``FAIL
+  <time>`` after 1 s and exits 1); in a later one every rank prints ``AGAIN <rank>
+  <time>`` at once, joins gloo's process group, prints ``JOINED <rank> <time>``, then
+  leaves it and exits 0;
 * ``steps N``: gloo's process group, then N steps of a 256x256 matmul and an all-reduce
   of 64 Ki floats, after 20 untimed ones; rank 0 prints ``STEPS <steps per second>``;
 * ``print RATE SECONDS``: each rank prints RATE lines a second for SECONDS, one flushed
@@ -26,8 +31,8 @@ from __future__ import annotations
 LINE = b"sshddp benchmark log line ".ljust(63, b".") + b"\n"
 
 RANK_SCRIPT = f'''\
-"""sshddp benchmark rank: READY at import, then latency / teardown / sleep / flood / steps /
-print (see sshddp_bench/rank.py)."""
+"""sshddp benchmark rank: READY at import, then latency / teardown / sleep / flood / replace /
+steps / print (see sshddp_bench/rank.py)."""
 import os
 import sys
 import time
@@ -66,6 +71,23 @@ elif mode == "restart":
         sys.exit(1)
     else:
         time.sleep(300)
+elif mode == "replace" and os.environ.get("SSHDDP_ATTEMPT", "1") == "1":
+    if rank == 0:
+        with open("ckpt.bin", "wb") as fh:
+            fh.write(os.urandom(1 << 20))
+    if sys.argv[2:] == ["fail"] and rank == world - 1:
+        time.sleep(1.0)
+        print("FAIL %.6f" % time.time(), flush=True)
+        sys.exit(1)
+    time.sleep(300)
+elif mode == "replace":
+    print("AGAIN %d %.6f" % (rank, time.time()), flush=True)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    print("JOINED %d %.6f" % (rank, time.time()), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 elif mode == "flood" and (rank == 0 or sys.argv[3:] == ["all"]):
     chunk = {LINE!r} * (1 << 20 >> 6)
     out = sys.stdout.buffer

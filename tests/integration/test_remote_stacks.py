@@ -285,3 +285,105 @@ def test_a_supervisor_can_collect_in_process_from_a_thread(node: Node) -> None:
     (rank,) = by_role(answer, contract.RANK)
     assert rank["pid"] == node.rank.pid and rank["source"] == "faulthandler"
     assert "recv_in_c" in funcs(rank)[0]
+
+
+#: torch.distributed's module as far as the ranks' sitecustomize cares: it wraps
+#: init_process_group when this loads (a real torch takes seconds, and Python 3.8 has none)
+FAKE_C10D = """
+def init_process_group(*args, **kwargs):
+    pass
+
+def get_rank():
+    return 3
+
+def get_world_size():
+    return 4
+"""
+
+CHURN = """
+import faulthandler, os, signal, threading, time
+import torch.distributed.distributed_c10d as c10d
+
+def work():
+    sum(range(100))
+
+def churn():  # threads made and ended all the time: where faulthandler's signal handler crashes
+    while True:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+c10d.init_process_group("gloo")
+# no dump handler left: the signal cannot be what answers
+faulthandler.unregister(signal.SIGRTMIN + %d)
+signal.signal(signal.SIGRTMIN + %d, signal.SIG_IGN)
+with open("ready", "w") as fh:
+    fh.write("ready")
+churn()
+"""
+
+
+def test_the_samplers_ask_a_thread_never_a_signal_and_churn_crashes_nothing(
+    tmp_path: Path, python: str
+) -> None:
+    """The samplers that run unasked (``top``'s, the stall watchdog's) ask each rank's
+    stacks thread (``by_request``), never faulthandler's signal handler: with threads made
+    and ended all the time, that handler crashes CPython 3.11 (SIGSEGV within a few hundred
+    signals, seen in CI under accelerate). Asked 300 times, the rank answers every time
+    with its main thread's stack, and lives."""
+    from sshddp.remote.calls.host_stacks import collect
+
+    node = Node.__new__(Node)
+    node.python = python
+    node.rundir = tmp_path / "runs" / "r1" / "n0"
+    (node.rundir / contract.SITE).mkdir(parents=True)
+    (node.rundir / contract.SITE / "sitecustomize.py").write_text(
+        shipped.source("sshddp.remote.rankside.ranksite")
+    )
+    node.mark = f"r1/n0-{tmp_path.name}-{os.getpid()}"
+    spec = {"run_id": "r1", "node_rank": 0, "mark": node.mark}
+    (node.rundir / contract.SPEC).write_text(json.dumps(spec))
+    node.cwd = tmp_path / "cwd"
+    package = node.cwd / "torch" / "distributed"
+    package.mkdir(parents=True)
+    (node.cwd / "torch" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "distributed_c10d.py").write_text(FAKE_C10D)
+    offset = contract.STACKS_SIGNAL_OFFSET
+    (node.cwd / "churn.py").write_text(CHURN % (offset, offset))
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": f"{node.rundir / contract.SITE}{os.pathsep}{node.cwd}",
+        contract.MARK_VAR: node.mark,
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+    }
+    node.rank = subprocess.Popen(
+        [python, "churn.py"], cwd=node.cwd, env=env, start_new_session=True
+    )
+    try:
+        node.wait_for("ready")
+        answered = 0
+        for _ in range(300):
+            (rank,) = by_role(
+                collect(str(node.rundir), only={node.rank.pid}, unasked=True), contract.RANK
+            )
+            assert node.rank.poll() is None, f"the rank died ({node.rank.returncode})"
+            if rank["threads"]:
+                answered += 1
+                main = rank["threads"][0]  # the oldest: the main thread
+                assert main["frames"][0]["func"] == "<module>", rank["raw"]
+                assert "churn" in {f["func"] for f in main["frames"]}
+                assert "sshddp-stacks" not in rank["raw"] and "_serve" not in rank["raw"]
+        assert answered >= 290  # a sample may miss while the churn holds the GIL
+        signalled = collect(str(node.rundir), only={node.rank.pid})  # the signal: refused
+        (rank,) = by_role(signalled, contract.RANK)
+        assert rank["threads"] == [] and "dump handler" in rank["error"]
+        pid = node.rank.pid
+        assert [p.name for p in (node.rundir / contract.STACKS).glob(f"{pid}-*.ask")]
+    finally:
+        node.close()
+    collect(str(node.rundir))  # prunes what the gone process left: its dump file and FIFO
+    assert not [p.name for p in (node.rundir / contract.STACKS).glob(f"{pid}-*")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sshddp.model.share import LAPTOP, Delivery, Route, fallback_note, tree
+from sshddp.model.share import LAPTOP, Delivery, Route, fallback_note, node_labels, tree
 
 
 def test_with_no_kept_copy_one_host_gets_it_from_this_machine_and_hands_it_on() -> None:
@@ -57,10 +57,20 @@ def test_the_delivery_says_bytes_and_who_got_it_from_whom() -> None:
         "got": {"h1": "this machine", "h3": "this machine"},
         "fallbacks": {"h3": "connection refused"},
     }
-    lines = d.lines(hosts)
+    lines = d.lines(node_labels(hosts))
     assert "node 0 (h1) got it from this machine" in lines
     assert "node 1 (h2) kept it from an earlier launch" in lines
     assert lines[-1] == "200 bytes left this machine for 100 bytes of code (2.00x)"
-    note = fallback_note(2, 0, hosts, "connection refused")
+    note = fallback_note(2, 0, node_labels(hosts), "connection refused")
     assert note.startswith("node 2 (h3) could not get the code from node 0 (h1)")
     assert note.endswith("sent from this machine instead")
+
+
+def test_a_sync_names_its_hosts_and_its_payload() -> None:
+    d = Delivery(10, 10, {0: LAPTOP, 1: 0}, (), {}, what="uv 0.9.5", earlier="sync")
+    lines = d.lines(["h1", "h2"])
+    assert lines[:2] == ["h1 got it from this machine", "h2 got it from h1"]
+    assert lines[-1] == "10 bytes left this machine for 10 bytes of uv 0.9.5 (1.00x)"
+    assert d.record(["h1", "h2"], ["h1", "h2"])["got"] == {"h1": "this machine", "h2": "h1"}
+    note = fallback_note(1, 0, ["h1", "h2"], "refused", "uv 0.9.5")
+    assert note == "h2 could not get the uv 0.9.5 from h1: refused; sent from this machine instead"

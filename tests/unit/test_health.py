@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 from sshddp.model import health
 from sshddp.model.checks import Context, HostFacts, Status, evaluate
-from sshddp.model.health import gpus
 from sshddp.model.inventory import Host
+from sshddp.protocol import gpu_health as gpus
 from sshddp.run import preflight
 
 DATA = Path(__file__).parent / "data" / "health"

@@ -63,6 +63,8 @@ ALLOWED = {
     ("supervisor", "start_torchrun"): USERS + " (the node's command, composed from spec.json)",
     ("standby", "start"): USERS + " (the node's command, composed from spec.json)",
     ("common", "try_lock"): "O_NOFOLLOW, in the run directory: a link is refused",
+    ("host_stacks", "_request"): "O_NOFOLLOW, in the run directory, then fstat: a FIFO of ours",
+    ("ranksite", "_answer_samplers"): "mkfifo, O_NOFOLLOW in the run directory, then fstat",
     ("common", "publish_json"): "link() never follows its target: it fails on what is there",
     ("workspace", "_place"): "link() never follows its target: it fails on what is there",
     ("network", "_ip_json"): SYSTEM,
@@ -91,7 +93,7 @@ ALLOWED = {
     ("rankout", "_rank_pty"): READS_BACK_THE_RUN,
     ("ranksite", "_open_dump"): READS_BACK_THE_RUN,
     ("ranksite", "_write_joined"): READS_BACK_THE_RUN,
-    ("restarts", "failure_text"): READS_BACK_THE_RUN,
+    ("restarts", "_tail"): READS_BACK_THE_RUN,
 }
 
 

@@ -108,7 +108,7 @@ def test_node_launcher_command_is_expanded_per_node() -> None:
 def test_torchrun_spec_says_torchrun_and_max_restarts_is_torchruns_only() -> None:
     p = plan(LaunchOptions(script="t.py"))
     assert p.spec(p.nodes[0])["launcher"] == contract.LAUNCH_TORCHRUN
-    assert contract.SCHEMA == 10
+    assert contract.SCHEMA == 11
     with pytest.raises(UsageError, match="--max-restarts is torchrun's"):
         plan(LaunchOptions(script="t.py", launcher="node", max_restarts=2))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -20,6 +20,9 @@ from sshddp.remote.node.node_events import (
     EndRun,
     Event,
     Exited,
+    Fetch,
+    Fetched,
+    Finish,
     Hang,
     LoopState,
     Message,
@@ -30,9 +33,11 @@ from sshddp.remote.node.node_events import (
     SessionGone,
     Signal,
     StacksTaken,
+    StartNext,
     TakeStacks,
     TearDown,
     Tell,
+    TornDown,
     decide,
     going,
     initial,
@@ -270,3 +275,37 @@ def test_reasons_are_cut_short() -> None:
     long = pm.decode({"t": "halt", "attempt": 1, "reason": "y" * 9000})
     assert long is not None and long["t"] == "halt" and len(long["reason"]) == pm.MAX_WHY
     assert len(pm.abort("z" * 9000)["reason"]) == pm.MAX_TEXT
+
+
+SHARE: pm.ShareOffer = {"port": 4000, "files": [{"path": "c.pt", "size": 9, "sha256": "ab" * 32}]}
+
+
+def awaiting(rank: int, share: Optional[pm.ShareOffer] = SHARE) -> tuple[LoopState, list[Action]]:
+    """Node ``rank`` whose attempt 1 failed, told by node 0 to start attempt 2 (its ``again``
+    offering ``share``)."""
+    again = pm.again(2, "node 2 (h3) failed")
+    word = pm.with_share(again, share) if share else again
+    return run(node(rank, phase="watching"), Exited(), TornDown(1), Node0Said(word))
+
+
+def test_node_0s_files_are_fetched_first_and_a_stop_is_heard_meanwhile() -> None:
+    """A node other than 0 gets node 0's --share files in a thread (``Fetch``): the attempt's
+    torchrun starts once they are here (``Fetched``); a stop meanwhile ends the node at once,
+    without waiting for a transfer of many GB; a fetch that failed fails the attempt."""
+    state, actions = awaiting(1)
+    assert state.fetching and state.phase == "starting" and actions[-1] == Fetch(2)
+    new, actions = decide(state, Fetched(2))
+    assert actions == [StartNext()] and not new.fetching
+    stopped, actions = decide(state, Signal(signal.SIGTERM))
+    assert [type(a) for a in actions] == [Finish] and not stopped.fetching
+    assert stopped.phase == "lingering"
+    assert decide(stopped, Fetched(2)) == (stopped, [])  # late: nothing
+    failed, actions = decide(state, Fetched(2, "could not get node 0's --share files: x"))
+    (finish,) = actions
+    assert isinstance(finish, Finish) and "could not get node 0's --share files" in str(finish.end)
+    assert failed.attempt == 2
+
+
+def test_node_0_and_an_offer_of_nothing_start_at_once() -> None:
+    for state, actions in (awaiting(0), awaiting(1, share=None)):
+        assert actions[-1] == StartNext() and not state.fetching

@@ -12,3 +12,9 @@ def test_the_dump_signal_is_the_one_the_collector_sends() -> None:
     text = shipped.source("sshddp.remote.rankside.ranksite")
     offset = re.search(r"^DUMP_SIGNAL_OFFSET = (\d+)", text, re.M)
     assert offset is not None and int(offset.group(1)) == contract.STACKS_SIGNAL_OFFSET
+
+
+def test_the_stacks_fifo_is_the_one_the_samplers_write() -> None:
+    text = shipped.source("sshddp.remote.rankside.ranksite")
+    suffix = re.search(r'^ASK_SUFFIX = "(.+?)"', text, re.M)
+    assert suffix is not None and suffix.group(1) == contract.STACKS_ASK_SUFFIX

@@ -57,6 +57,11 @@ def run(state: LoopState, *events: Event) -> tuple[LoopState, list[Any]]:
     return state, done
 
 
+def healthy(attempt: int, *slots: int) -> list[Event]:
+    """The spares in ``slots`` answer node 0's ``check``: healthy."""
+    return [Message(slot, pm.health(attempt, "")) for slot in slots]
+
+
 def test_the_first_spare_heard_takes_the_lost_nodes_rank() -> None:
     seating = reseat((0, 1, 2), {2}, {0, 1, 3, 4}, (3, 4), 0, NAMES)
     assert seating == Seating((0, 1, 3), (2,), ("h4 took its place",))
@@ -120,10 +125,12 @@ def test_node_0_halts_a_lost_node_and_seats_a_spare_once_the_others_halted() -> 
         Message(2, pm.done(2, LOST, "no heartbeat for 5 s")),
     )
     why = "node 2 (h3) lost (no heartbeat for 5 s)"
-    assert actions == [Tell(pm.halt(1, why))] and state.halt == (1, why)
+    assert actions == [Tell(pm.halt(1, why)), Tell(pm.check(1))] and state.halt == (1, why)
     state, actions = run(state, Message(1, pm.fail(1, "rank 2 exited with code 1")))
     assert actions == []  # a node that failed for the lost one counts as halted
     state, actions = run(state, Message(0, pm.halted(1)))
+    assert actions == []  # the spares' answers to node 0's check are awaited
+    state, actions = run(state, *healthy(1, 3, 4))
     told = f"{why}; h4 took its place"
     assert actions == [Tell(pm.again(2, told, [0, 1, 3], [2]))]
     assert (state.go, state.members, state.replaced) == ((2, told), (0, 1, 3), (2,))
@@ -141,6 +148,8 @@ def test_a_fail_first_then_the_loss_still_seats_a_spare() -> None:
         PeerView(frozenset({0, 1, 3, 4}), frozenset({2})),
         Message(2, pm.done(2, LOST, "its connection to node 0's supervisor dropped")),
     )
+    assert actions == [Tell(pm.check(1))]
+    state, actions = run(state, *healthy(1, 3, 4))
     assert len(actions) == 1 and actions[0].msg["nodes"] == [0, 1, 3]
     assert actions[0].msg["reason"].endswith("h4 took its place")
 
@@ -149,8 +158,8 @@ def test_a_fail_while_a_node_is_unreachable_seats_a_spare() -> None:
     state = node0(heard=frozenset({0, 1, 3, 4}))
     state, actions = run(state, Message(1, pm.fail(1, "x")))
     why = "node 1 (h2) failed: x; node 2 (h3) lost (not connected to node 0's supervisor)"
-    assert actions[0] == Tell(pm.halt(1, why))
-    state, actions = run(state, Message(0, pm.halted(1)))
+    assert actions == [Tell(pm.halt(1, why)), Tell(pm.check(1))]
+    state, actions = run(state, Message(0, pm.halted(1)), *healthy(1, 3, 4))
     assert actions == [Tell(pm.again(2, f"{why}; h4 took its place", [0, 1, 3], [2]))]
 
 

@@ -41,7 +41,7 @@ from sshddp.model.allocation import check_not_in_step
 from sshddp.model.envvars import parse_env_pairs
 from sshddp.model.inventory import Inventory
 from sshddp.model.launchers import LAUNCHERS
-from sshddp.model.plan import LaunchOptions
+from sshddp.model.plan import LaunchOptions, stages_spares
 from sshddp.model.report import doctor_table, run_report
 from sshddp.model.state import RunResult
 from sshddp.model.sync import summary as sync_summary
@@ -253,8 +253,11 @@ def launch_on(
         )
     project = project_path(kw["sync_project"], inv)
     if project is not None and not kw["dry_run"]:  # a dry run connects to nothing
-        inv, synced_hosts = synced(inv, project, ssh, kw["fanout"])
-        terminal.err(sync_summary(synced_hosts))
+        spares = stages_spares(options)  # a spare seated mid-run runs the same environment
+        inv, synced_hosts, left = synced(inv, project, ssh, kw["fanout"], spares)
+        terminal.err(sync_summary([r for r in synced_hosts if r.status.ok]))  # left: below
+        for line in left:
+            terminal.err(line)
     try:
         result = coordinator.launch(inv, options, ssh, _mode(kw), terminal, secrets)
     except PreflightFailed as failed:

@@ -61,6 +61,10 @@ def sync(ctx: click.Context, args: tuple[str, ...], **kw: Any) -> None:
             )
         finally:
             board.close()
+    for note in meter.notes:
+        terminal.err(note)
+    for what, record in meter.uv:
+        terminal.err(model.handed_line(what, record))
     for result in sorted(results, key=lambda r: r.node):
         terminal.out(model.line(result, project.python))
     terminal.err(model.summary(results))

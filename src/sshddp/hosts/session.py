@@ -37,8 +37,11 @@ class HostSession:
         run_id: str,
         rundir: str,
         probe: Optional[dict[str, Any]],
+        entry: str = "host_session",
     ) -> None:
-        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing."""
+        """``run_id`` and ``rundir`` are empty for a doctor run, which starts nothing.
+        ``entry``: the host's side; ``host_handoff`` for a command that only hands payloads
+        on (it answers ``ask`` alone)."""
         self.transport = transport
         # The session forks the node's supervisor, so both show what the host's process list
         # should tell of them: the run id in their environment, the node's run dir in argv.
@@ -49,7 +52,7 @@ class HostSession:
         # The first clock sample runs from here to the session's first line: the host reads
         # this header before it looks at its clock, so the interval holds that moment.
         self._sent = time.time()
-        self.proc.write(shipped.header("host_session", {"probe": probe}))
+        self.proc.write(shipped.header(entry, {"probe": probe}))
         #: the host's clock from that sample ({"offset", "rtt"}, as ``clock``); None until the
         #: first answer was read, or if the session never ran (its first line was not one)
         self.first_clock: Optional[dict[str, float]] = None

@@ -24,10 +24,10 @@ from sshddp import defaults
 from sshddp.model import cudadriver, health, rankenv
 from sshddp.model.commands import endpoint, quote_path
 from sshddp.model.envvars import MASK, EnvPairs, hide_url_credentials
-from sshddp.model.health import gpus
 from sshddp.model.imports import ScriptImports
 from sshddp.model.inventory import Host
 from sshddp.model.plan import LaunchPlan
+from sshddp.protocol import gpu_health as gpus
 
 LOW_DISK = 1 << 30
 START_HEADROOM = 1 << 20  # spec, supervisor, state files and the first lines of node.log
@@ -1273,7 +1273,7 @@ def _slurm_gpu_problems(host: Host, f: Facts) -> list[tuple[str, str]]:
     return problems
 
 
-# --- doctor --health (model/health.py judges the facts) -----------------------------------
+# --- doctor --health (model/health and protocol/gpu_health judge the facts) ---------------
 
 
 def _as_finding(check: str, problems: Sequence[health.Problem]) -> Optional[Finding]:

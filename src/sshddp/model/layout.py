@@ -45,11 +45,19 @@ class RunLayout:
     log_dir: str  #: local directory of this run's logs
     nodes: tuple[NodeLayout, ...]  #: every node, in the order the run lists them
     grace: float  #: seconds between SIGTERM and SIGKILL when the run is stopped
+    #: the mesh slots of the spares staged with it (``--max-restarts``): their ranks are
+    #: past the run's world until one takes a lost node's place mid-run, then it is shown
+    #: as that node (``sinks.seat_spare``)
+    spares: frozenset[int] = frozenset()
 
     @property
     def world_size(self) -> int:
         """The run's processes, every node's together."""
         return sum(n.nproc for n in self.nodes)
+
+    def spare(self, slot: int) -> bool:
+        """Whether mesh slot ``slot`` is a spare's."""
+        return slot in self.spares
 
     def only(self, node_ranks: Iterable[int]) -> RunLayout:
         """The same run, with the nodes of ``node_ranks`` alone."""

@@ -154,7 +154,9 @@ class LaunchPlan:
     @property
     def layout(self) -> RunLayout:
         """What commands on the run share with the launch: its nodes, logs and grace."""
-        return RunLayout(self.run_id, self.log_dir, tuple(n.layout for n in self.nodes), self.grace)
+        nodes = tuple(n.layout for n in self.nodes)
+        spares = frozenset(n.node_rank for n in self.nodes if n.spare)
+        return RunLayout(self.run_id, self.log_dir, nodes, self.grace, spares)
 
     def mark(self, node: NodePlan) -> str:
         """The marker in every process of ``node`` (teardown finds them by it): the run id
@@ -219,6 +221,13 @@ class LaunchPlan:
             spec["peers"]["spares"] = [n.host.host for n in self.nodes if n.spare]
         if node.spare:
             spec["spare"] = True
+        if node.spare:  # its look at its health when node 0 needs it
+            spec["health"] = {
+                "command": node.host.health,
+                "timeout": defaults.HEALTH_TIMEOUT,
+                "keep": defaults.HEALTH_OUTPUT,
+                "gpus": node.host.gpus,
+            }
         if node.torchrun is not None:
             spec["torchrun"] = node.torchrun.record()
         return spec
@@ -324,6 +333,12 @@ def _least(inventory: Inventory, options: LaunchOptions) -> int:
     return least
 
 
+def stages_spares(options: LaunchOptions) -> bool:
+    """Whether a launch with ``options`` stages the inventory's spares with the run (to
+    take a lost node's place mid-run): with restarts, under torchrun."""
+    return options.max_restarts > 0 and options.launcher == "torchrun"
+
+
 def _spares(
     inventory: Inventory,
     options: LaunchOptions,
@@ -334,7 +349,7 @@ def _spares(
 ) -> list[NodePlan]:
     """The spares staged with the run, each waiting in slot N + i (with restarts only: a
     spare takes a lost node's place in the run's next attempt)."""
-    if options.max_restarts <= 0 or options.launcher != "torchrun":
+    if not stages_spares(options):
         return []
     count, out = len(inventory.hosts), []
     for i, spare in enumerate(inventory.spares):

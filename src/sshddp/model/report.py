@@ -471,6 +471,13 @@ def attempt_line(attempt: int, attempts: object, why: str) -> str:
     return f"sshddp: attempt {attempt}{of}: {visible(why)}; restarting every node"
 
 
+def replacement(node_rank: int, host: str, lost: str, attempt: object) -> str:
+    """How ``top`` and ``logs`` name a spare seated mid-run: ``node 2: h4 since attempt 2
+    (h3 lost)``."""
+    since = f" since attempt {attempt}" if isinstance(attempt, int) else ""
+    return f"node {node_rank}: {host}{since} ({lost} lost)"
+
+
 def attempt_marks(node: str, status: Mapping[str, Any]) -> list[tuple[int, str]]:
     """Where each attempt after the first starts in a node's log (from its status record),
     and the line ``logs`` prints there: node.log holds only the ranks' bytes."""

@@ -1,6 +1,7 @@
 """What goes from host to host. ``--share``: which files of the ranks' working directory
 node 0 hands to the other nodes before the ranks start, and what a launch without it warns
-about; and the hand-off tree of a payload every host needs (the ``--workdir`` archive).
+about; and the hand-off tree of a payload every host needs (the ``--workdir`` archive,
+sync's uv).
 
 Every node reports what it found once it staged (``remote/node/host_share.py``'s ``look``: the
 working directory's top-level files, names and sizes, and each shared path's size and
@@ -224,50 +225,62 @@ def tree(have: Sequence[bool], fanout: int) -> Tree:
 
 @dataclass(frozen=True)
 class Delivery:
-    """How the payload reached the hosts, once it did: what ``-v`` and ``--json`` say."""
+    """How a payload reached the hosts, once it did: what ``-v`` and ``--json`` say. Hosts
+    are named by their labels (``node 0 (h1)`` in a launch, ``h1`` in a sync)."""
 
     size: int  #: bytes of the payload
     from_laptop: int  #: bytes of it that left this machine
     got: Mapping[int, int]  #: each host that received it: where from (a host or LAPTOP)
     kept: tuple[int, ...]  #: hosts that kept it already
     fallbacks: Mapping[int, str]  #: hosts that got it from this machine after all: why
+    what: str = "code"  #: what the payload is, as a line names it (``code``, ``uv 0.9.5``)
+    earlier: str = "launch"  #: what left the kept copies (``launch``, ``sync``)
 
     def ratio(self) -> float:
         """Bytes that left this machine per byte of the payload."""
         return self.from_laptop / self.size if self.size else 0.0
 
-    def record(self, hosts: Sequence[str]) -> dict[str, object]:
-        """The ``--json`` record: bytes, and each host's source by name."""
+    def record(
+        self, hosts: Sequence[str], labels: Optional[Sequence[str]] = None
+    ) -> dict[str, object]:
+        """The ``--json`` record: bytes, and each host's source by its label."""
+        labels = labels or node_labels(hosts)
         return {
             "size": self.size,
             "from_laptop": self.from_laptop,
             "kept": [hosts[i] for i in self.kept],
-            "got": {hosts[i]: source_name(s, hosts) for i, s in sorted(self.got.items())},
+            "got": {hosts[i]: source_name(s, labels) for i, s in sorted(self.got.items())},
             "fallbacks": {hosts[i]: why for i, why in sorted(self.fallbacks.items())},
         }
 
-    def lines(self, hosts: Sequence[str]) -> list[str]:
+    def lines(self, labels: Sequence[str]) -> list[str]:
         """The ``-v`` trace's lines: who got the payload from whom, and the bytes."""
         said = [
-            f"node {i} ({hosts[i]}) got it from {source_name(s, hosts)}"
-            for i, s in sorted(self.got.items())
+            f"{labels[i]} got it from {source_name(s, labels)}" for i, s in sorted(self.got.items())
         ]
-        said += [f"node {i} ({hosts[i]}) kept it from an earlier launch" for i in self.kept]
+        said += [f"{labels[i]} kept it from an earlier {self.earlier}" for i in self.kept]
         said.append(
-            f"{self.from_laptop} bytes left this machine for {self.size} bytes of code "
+            f"{self.from_laptop} bytes left this machine for {self.size} bytes of {self.what} "
             f"({self.ratio():.2f}x)"
         )
         return said
 
 
-def source_name(source: int, hosts: Sequence[str]) -> str:
-    """``this machine``, or ``node N (HOST)``."""
-    return "this machine" if source == LAPTOP else f"node {source} ({hosts[source]})"
+def node_labels(hosts: Sequence[str]) -> list[str]:
+    """A launch's labels of its hosts: ``node N (HOST)``."""
+    return [f"node {i} ({host})" for i, host in enumerate(hosts)]
 
 
-def fallback_note(node: int, source: int, hosts: Sequence[str], why: Optional[str]) -> str:
+def source_name(source: int, labels: Sequence[str]) -> str:
+    """``this machine``, or the source's label."""
+    return "this machine" if source == LAPTOP else labels[source]
+
+
+def fallback_note(
+    node: int, source: int, labels: Sequence[str], why: Optional[str], what: str = "code"
+) -> str:
     """The note when a host could not get the payload from its source in the tree."""
     return (
-        f"node {node} ({hosts[node]}) could not get the code from "
-        f"{source_name(source, hosts)}: {why}; sent from this machine instead"
+        f"{labels[node]} could not get the {what} from {source_name(source, labels)}: {why}; "
+        "sent from this machine instead"
     )

@@ -87,14 +87,20 @@ def replaced_in(result: RunResult) -> RunResult:
     REPLACED, unless it ended well itself."""
     seats = {n.seat: n.host for n in result.nodes if n.seat is not None}
     nodes = [
-        replace(
-            n, state=NodeState.REPLACED, reason=f"lost mid-run; {seats[n.node_rank]} took its place"
-        )
+        replace(n, state=NodeState.REPLACED, reason=_replaced_words(n.reason, seats[n.node_rank]))
         if n.node_rank in seats and n.state is not NodeState.SUCCEEDED
         else n
         for n in result.nodes
     ]
     return replace(result, nodes=nodes)
+
+
+def _replaced_words(reason: str, spare: str) -> str:
+    """Why a node's rank is a spare's: its own words where its host was alive to say them
+    (a rank died of a hardware error), else it was lost."""
+    if reason.startswith(contract.REPLACED_PREFIX):
+        return reason
+    return f"lost mid-run; {spare} took its place"
 
 
 def with_replaced(ranks: Sequence[int], hosts: Sequence[str], states: list[Any]) -> list[Any]:
@@ -107,8 +113,10 @@ def with_replaced(ranks: Sequence[int], hosts: Sequence[str], states: list[Any])
         if not isinstance(seat, int) or seat == ranks[i] or seat not in ranks:
             continue
         lost = ranks.index(seat)
-        if not NodeState.of(out[lost].get("state")).final or out[lost].get("state") == "lost":
-            why = f"lost mid-run; {hosts[i]} took its place"
+        said = str(out[lost].get("reason") or "")
+        gone = not NodeState.of(out[lost].get("state")).final or out[lost].get("state") == "lost"
+        if gone or said.startswith(contract.REPLACED_PREFIX):
+            why = _replaced_words(said, hosts[i])
             out[lost] = {"state": NodeState.REPLACED.value, "reason": why, "returncode": None}
     return out
 

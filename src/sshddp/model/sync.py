@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from sshddp.errors import ExitCode, UsageError
 from sshddp.model.escape import visible
@@ -271,6 +271,20 @@ def sent_line(sent: int, wheels: int, count: int) -> str:
     return (
         f"sshddp: sync: {sent} bytes sent to the hosts over SSH; the {count} wheel(s) are "
         f"{wheels} bytes ({sent / max(wheels, 1):.3f}x)"
+    )
+
+
+def handed_line(what: str, record: Mapping[str, Any]) -> str:
+    """How ``what`` (uv) reached the hosts that lacked it (a ``Delivery`` record): the
+    bytes that left this machine, and who got it from whom."""
+    got = record.get("got") or {}
+    kept = record.get("kept") or []
+    size, sent = int(record.get("size") or 0), int(record.get("from_laptop") or 0)
+    sources = ", ".join(f"{host} from {source}" for host, source in got.items())
+    also = f"; {len(kept)} kept it already" if kept else ""
+    return (
+        f"sshddp: sync: {what} ({size} bytes) to {len(got) + len(kept)} host(s): {sent} bytes "
+        f"left this machine ({sent / max(size, 1):.2f}x): {sources or 'none sent'}{also}"
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from sshddp.model import straggler
@@ -78,6 +78,8 @@ class NodeRow:
     sample: Optional[SampleRecord]
     idle_gpus: tuple[int, ...] = ()  #: its GPUs whose utilisation lags the run's others
     error: str = ""  #: why it has no answer
+    #: a spare seated mid-run in this node rank: ``node 2: h4 since attempt 2 (h3 lost)``
+    replaced: str = ""
 
 
 def rank_rows(
@@ -192,7 +194,7 @@ def idle_gpus(nodes: list[NodeRow]) -> list[NodeRow]:
         lagging = tuple(
             g["index"] for g in gpus if g["util"] is not None and g["util"] < SLOW_BELOW * median
         )
-        out.append(NodeRow(n.node_rank, n.host, n.state, n.sample, lagging, n.error))
+        out.append(replace(n, idle_gpus=lagging))
     return out
 
 
@@ -253,6 +255,7 @@ def json_doc(run_id: str, at: float, nodes: list[NodeRow], rows: list[RankRow]) 
                 "gpus": n.sample["gpus"] if n.sample else [],
                 "idle_gpus": list(n.idle_gpus),
                 "error": n.error or None,
+                "replaced": n.replaced or None,
             }
             for n in nodes
         ],
@@ -275,7 +278,8 @@ def _size(n: Optional[int]) -> str:
 
 def render(nodes: list[NodeRow], rows: list[RankRow]) -> str:
     """The snapshot as a table: the nodes (and their GPUs), then the ranks."""
-    out = ["NODE HOST             STATE      CPU%      RSS  GPU"]
+    out = [n.replaced for n in nodes if n.replaced]
+    out.append("NODE HOST             STATE      CPU%      RSS  GPU")
     for n in nodes:
         s = n.sample
         gpus = s["gpus"] if s else []

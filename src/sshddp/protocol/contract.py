@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, TypedDict
 
-SCHEMA = 10  #: 10: spec.json `spare` and `min_nodes`, PeersSpec `spares` (a spare's
+SCHEMA = 11  #: 11: attempts.json's AttemptRecord `node_rank`, so a seated spare's status
+# and exit.json say which node rank it holds
+# 10: spec.json `spare` and `min_nodes`, PeersSpec `spares` (a spare's
 # supervisor waits in the mesh until node 0 gives it a node rank); SSHDDP_REPLACED
 # 9: progress.json (ProgressRecord); NodeWatch and exit.json `still`; the
 # stacks role LAUNCHER, and a node launcher's workers ranked by joined/p<pid>; RankSample
@@ -102,6 +104,10 @@ PROGRAM_COMMAND = "command"  #: an executable and its arguments (LAUNCH_COMMAND)
 #: Every Python process of a node dumps its threads' stacks into STACKS on SIGRTMIN + this
 #: (``remote/rankside/ranksite.py``, which stands alone, repeats it as DUMP_SIGNAL_OFFSET).
 STACKS_SIGNAL_OFFSET = 6
+#: A process that called init_process_group also answers the node's samplers from a thread:
+#: a byte written to STACKS/<pid>-<start time> + this FIFO asks it (``ranksite`` repeats it
+#: as ASK_SUFFIX)
+STACKS_ASK_SUFFIX = ".ask"
 
 # The states a host reports for a node (see sshddp.model.state.NodeState).
 STARTING = "starting"
@@ -116,6 +122,12 @@ STALLED = "stalled"  #: stopped by a watchdog: the world never formed, or no out
 #: may go on once it is resumed
 NOT_ANSWERING = "not-answering"
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED, LOST, STALLED)
+#: how the reason of a node that a spare replaced mid-run, its host alive (a rank died of a
+#: hardware error), begins: node 0's reason for the restart follows
+REPLACED_PREFIX = "replaced mid-run: "
+#: how the reason of a spare whose look at its health failed when node 0 needed it begins
+#: (the coordinator quarantines its host): what the look found follows
+SPARE_UNHEALTHY = "a spare that failed its health check when needed: "
 
 # What the watchdogs decided (HangRecord.kind).
 HANG_INIT = "init"  #: the world did not form within the init timeout
@@ -197,6 +209,10 @@ class SpecRecord(TypedDict, total=False):
     #: ``--share`` paths (with restarts, schema 10): node 0 hands its latest copies to every
     #: node whose copy differs before each attempt after the first (``restart_share``)
     share: list[str]
+    #: a spare's look at its health when node 0 needs it (``remote/node/spare_health``):
+    #: {"command": the inventory's ``health:`` or None, "timeout": s, "keep": bytes of
+    #: output kept, "gpus": the inventory's ``gpus`` or None}
+    health: dict[str, Any]
 
 
 class Secrets(TypedDict):
@@ -315,6 +331,7 @@ class AttemptRecord(TypedDict):
     started: float  #: epoch seconds
     reason: str  #: why the attempt before it ended ("" for the first)
     standby: bool  #: its torchrun was a standby (``standby_messages``), not a fresh one
+    node_rank: int  #: the node rank it runs as (a spare's: the lost node's it took)
 
 
 class AttemptsRecord(TypedDict):
@@ -525,8 +542,9 @@ class TopRecord(TypedDict):
     """What the ``top`` call answers for one node."""
 
     schema: int
-    node_rank: int
+    node_rank: int  #: the node rank it runs as (a seated spare's: the one it took; schema 11)
     state: str  #: the node's state (RUNNING, or how it ended)
+    attempt: Optional[int]  #: the attempt it runs (with restarts; schema 11)
     sample: Optional[SampleRecord]  #: the latest sample, None before the first
     tails: dict[str, str]  #: local rank -> the last bytes of its output (bars included)
     #: local rank -> [[when, its latest span's last bytes then], ...] over the last minute,

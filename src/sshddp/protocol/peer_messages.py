@@ -7,8 +7,13 @@ message is a JSON object whose ``"t"`` names its kind:
 - ``done``: how the sender's node ended (``state``, ``reason``);
 - ``abort``: node 0 stops every node (``reason``);
 - ``hang``: node 0's watchdog found the run hung: take the stacks, then ``action``;
-- ``fail``: the sender's attempt failed and it stopped (``--max-restarts``);
-- ``halt``: node 0 stops attempt ``attempt`` everywhere; ``halted``: the sender did;
+- ``fail``: the sender's attempt failed and it stopped (``--max-restarts``); ``hardware``,
+  where one of its ranks died of a hardware error (``hardware.HARDWARE``), says so in words:
+  node 0 then seats a spare in its place;
+- ``check``: node 0 needs a spare for attempt ``attempt``: each waiting spare checks its
+  health; ``health``: a spare's answer (``problem``: "" when healthy, else the evidence);
+- ``halt``: node 0 stops attempt ``attempt`` everywhere; ``halted``: the sender did (with
+  ``hardware`` as ``fail``'s, where its output shows one of its ranks died of one);
 - ``again``: node 0 starts attempt ``attempt`` everywhere; where the nodes changed (a spare
   took a lost node's place, or the run goes on with fewer nodes), ``nodes`` lists the
   supervisors by node rank (each by the slot it joined the mesh with: node ranks, then the
@@ -56,10 +61,25 @@ class HangNews(TypedDict):
     action: str
 
 
-class Fail(TypedDict):
+class _Fail(TypedDict):
     t: Literal["fail"]
     attempt: int
     reason: str
+
+
+class Fail(_Fail, total=False):
+    hardware: str  #: "rank 4 died of a hardware error (...)": the node must be replaced
+
+
+class Check(TypedDict):
+    t: Literal["check"]
+    attempt: int
+
+
+class Health(TypedDict):
+    t: Literal["health"]
+    attempt: int
+    problem: str  #: "" when the spare is healthy, else what its look found
 
 
 class Halt(TypedDict):
@@ -68,9 +88,13 @@ class Halt(TypedDict):
     reason: str
 
 
-class Halted(TypedDict):
+class _Halted(TypedDict):
     t: Literal["halted"]
     attempt: int
+
+
+class Halted(_Halted, total=False):
+    hardware: str  #: as ``Fail``'s
 
 
 class _Again(TypedDict):
@@ -102,7 +126,7 @@ class Bye(TypedDict):
     t: Literal["bye"]
 
 
-PeerMessage = Union[Beat, Done, Abort, HangNews, Fail, Halt, Halted, Again, Bye]
+PeerMessage = Union[Beat, Done, Abort, HangNews, Fail, Check, Health, Halt, Halted, Again, Bye]
 
 
 def beat(rank: int, facts: Optional[NodeWatch] = None) -> Beat:
@@ -124,16 +148,30 @@ def hang(kind: str, reason: str, action: str) -> HangNews:
     return {"t": "hang", "kind": kind, "reason": reason[:MAX_TEXT], "action": action}
 
 
-def fail(attempt: int, reason: str) -> Fail:
-    return {"t": "fail", "attempt": attempt, "reason": reason[:MAX_WHY]}
+def fail(attempt: int, reason: str, hardware: str = "") -> Fail:
+    msg: Fail = {"t": "fail", "attempt": attempt, "reason": reason[:MAX_WHY]}
+    if hardware:
+        msg["hardware"] = hardware[:MAX_WHY]
+    return msg
+
+
+def check(attempt: int) -> Check:
+    return {"t": "check", "attempt": attempt}
+
+
+def health(attempt: int, problem: str) -> Health:
+    return {"t": "health", "attempt": attempt, "problem": problem[:MAX_WHY]}
 
 
 def halt(attempt: int, reason: str) -> Halt:
     return {"t": "halt", "attempt": attempt, "reason": reason}
 
 
-def halted(attempt: int) -> Halted:
-    return {"t": "halted", "attempt": attempt}
+def halted(attempt: int, hardware: str = "") -> Halted:
+    msg: Halted = {"t": "halted", "attempt": attempt}
+    if hardware:
+        msg["hardware"] = hardware[:MAX_WHY]
+    return msg
 
 
 def again(
@@ -204,12 +242,17 @@ def _hang(raw: dict[str, Any]) -> Optional[PeerMessage]:
 def _restart(raw: dict[str, Any]) -> Optional[PeerMessage]:
     tag, attempt = raw["t"], _number(raw, "attempt")
     if tag == "halted" and attempt is not None:
-        return halted(attempt)
+        return halted(attempt, _text(raw, "hardware", MAX_WHY) or "")
+    if tag == "check" and attempt is not None:
+        return check(attempt)
+    problem = _text(raw, "problem", MAX_WHY)
+    if tag == "health":
+        return None if attempt is None or problem is None else health(attempt, problem)
     reason = _text(raw, "reason", MAX_WHY)
     if attempt is None or reason is None:
         return None
     if tag == "fail":
-        return fail(attempt, reason)
+        return fail(attempt, reason, _text(raw, "hardware", MAX_WHY) or "")
     if tag == "halt":
         return halt(attempt, reason)
     nodes, replaced = _numbers(raw, "nodes"), _numbers(raw, "replaced")
@@ -261,6 +304,8 @@ _READERS: dict[str, Callable[[dict[str, Any]], Optional[PeerMessage]]] = {
     "abort": _abort,
     "hang": _hang,
     "fail": _restart,
+    "check": _restart,
+    "health": _restart,
     "halt": _restart,
     "halted": _restart,
     "again": _restart,

@@ -12,6 +12,7 @@ Python has pidfds (3.9+, Linux 5.3+) the identity check and the signal cannot ra
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -492,3 +493,33 @@ class RunStop:
         self.killed = True
         self.due = self.clock() + KILL_TICK
         return False
+
+
+def os_error_said(exc: OSError, workdir: str) -> str:
+    """What went wrong writing under the workdir, naming the file and, when it is full,
+    the disk."""
+    where = exc.filename or workdir
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        mount = hostpath.mount_of(where)
+        free = size_said(_free_bytes(mount))
+        return (
+            f"no space left on the disk at {mount} ({free} free) writing {where}: "
+            f"free some space there, or point `workdir:` of this host elsewhere"
+        )
+    return f"cannot write {where}: {exc.strerror or exc}"
+
+
+def _free_bytes(mount: str) -> int:
+    try:
+        got = os.statvfs(mount)
+    except OSError:
+        return 0
+    return got.f_bavail * got.f_frsize
+
+
+def size_said(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -22,16 +22,17 @@ import zlib
 from functools import cache
 from typing import Any, Callable, Optional
 
-from sshddp import trace
+from sshddp import defaults, trace
 from sshddp.errors import SshddpError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostResults
 from sshddp.hosts.session import HostSession
+from sshddp.model import share as model_share
 from sshddp.model.plan import LaunchPlan, NodePlan
 from sshddp.model.state import NodeState
 from sshddp.run.payload import Payload
 from sshddp.run.runstate import LaunchState
-from sshddp.run.share import Handoff, Share
+from sshddp.run.share import Audience, Handoff, Share
 from sshddp.run.teardown import Teardown
 
 #: A node's answer to staging or starting: None when it went well, else why not.
@@ -122,7 +123,8 @@ class Boot:
         self.cancelled = False
         self.peer_key = secrets.token_hex(32)  #: the supervisors' shared secret for this run
         self.share = Share(state, self.peer_key, say)  #: --share, between stage and start
-        self.handoff = Handoff(state, payload, self.peer_key, say)  #: the code, before the go
+        #: the code, before the go
+        self.handoff = Handoff(_audience(state), payload, state.pool, self.peer_key, say)
 
     def run(self, teardown: Teardown) -> bool:
         """Boot every node; False (and every started node stopped) when one failed."""
@@ -130,7 +132,7 @@ class Boot:
         for result in state.results.values():
             result.state = NodeState.STARTING
         with trace.phase("stage"):
-            staged = self.handoff.run(self._session)  # a node without its copy: not staged
+            staged = self._handoff()  # a node without its copy: not staged
             if all(o.ok and o.value is None for o in staged.values()):
                 staged = state.pool.map(self._stage, state.plan.nodes)
             if all(o.ok and o.value is None for o in staged.values()):
@@ -157,6 +159,16 @@ class Boot:
         teardown.request(False, f"node {failed.node_rank} ({failed.host}) failed to start")
         teardown.wait()
         return False
+
+    def _handoff(self) -> HostResults[Problem]:
+        """The code handed from host to host, when it pays: code of ``HANDOFF_MIN_BYTES``
+        or more, to more than one node; else it follows the go (a round trip to ask costs
+        more than the bytes)."""
+        nodes, payload = self.state.plan.nodes, self.payload
+        if payload.kind == "none" or len(nodes) < 2 or payload.size < defaults.HANDOFF_MIN_BYTES:
+            return HostResults()
+        by_host = {n.host.index: n for n in nodes}
+        return self.handoff.run(lambda host: self._session(by_host[host.index]))
 
     def _session(self, node: NodePlan) -> HostSession:
         session = self.state.sessions.get(node.index)
@@ -265,3 +277,9 @@ def _bound_to(node: NodePlan, plan: LaunchPlan) -> Optional[str]:
     if node.host.transport == "srun":
         return "srun"
     return "caller" if plan.end_with_caller else None
+
+
+def _audience(state: LaunchState) -> Audience:
+    nodes = state.plan.nodes
+    labels = model_share.node_labels([n.host.host for n in nodes])
+    return Audience(tuple(n.host for n in nodes), tuple(labels), state.plan.run_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,7 +60,7 @@ from sshddp.run.quarantine import store as quarantine_store
 from sshddp.run.registry import Launcher, RunRecord
 from sshddp.run.runstate import LaunchState, RunState
 from sshddp.run.scriptcheck import script_imports
-from sshddp.run.sinks import Screen, open_sinks
+from sshddp.run.sinks import Screen, open_sinks, seat_spares
 from sshddp.run.teardown import Teardown
 from sshddp.run.winch import forward_resizes
 
@@ -262,8 +262,7 @@ class Launch:
 
     def _delivery(self) -> Optional[dict[str, object]]:
         """How the code reached the hosts (the hand-off's record), or None (no hand-off)."""
-        delivery = self.boot.handoff.delivery if self.boot else None
-        return delivery.record([n.host.host for n in self.plan.nodes]) if delivery else None
+        return self.boot.handoff.record() if self.boot else None
 
 
 def attach(
@@ -279,14 +278,17 @@ def attach(
     layout = record.layout()
     interrupts = Interrupts().deferred()  # any Ctrl-C from here on stops the run
     with HostPool([n.host for n in layout.nodes], ssh, fanout) as pool:
-        connect_strictly(pool)
-        found = node_statuses(pool, layout)
+        errors = pool.connect_all()
+        unreached = {n.node_rank: errors[n.index] for n in layout.nodes if errors[n.index]}
+        found = node_statuses(pool, layout.only(r for r in _ranks(layout) if r not in unreached))
         if trace.on():
             trace.log.info("attach: run %s, node states %s", layout.run_id, _statuses(found))
         gone = {r: s for r, s in found.items() if s and s.get("state") == NodeState.GONE.value}
+        gone.update(_replaced(layout, found, unreached))  # lost mid-run: a spare holds it
         if len(gone) == len(layout.nodes):
             return _all_gone(record, gone, screen)
         logs, console = open_sinks(layout, Path(record.log_dir), screen, ranks)
+        seat_spares(layout, logs, console, found)  # a spare seated mid-run: as its node
         state = RunState(layout.only(r for r in found if r not in gone), pool, logs, console)
         for rank, status in found.items():  # a detach before a node's first line: not pending
             if rank in state.results and status and status.get("state") == NodeState.RUNNING.value:
@@ -323,12 +325,39 @@ def node_statuses(pool: HostPool, layout: RunLayout) -> dict[int, Optional[ExitR
     return {n.node_rank: outcomes[n.index].value for n in layout.nodes}
 
 
+def _ranks(layout: RunLayout) -> list[int]:
+    return [n.node_rank for n in layout.nodes]
+
+
+def _replaced(
+    layout: RunLayout,
+    found: dict[int, Optional[ExitRecord]],
+    unreached: Mapping[int, Any],
+) -> dict[int, ExitRecord]:
+    """The nodes that cannot be reached because a spare took their rank mid-run (the
+    spare's status says so): their record, ``replaced``, for the report; any other node
+    out of reach fails the attach, naming every one, as ``connect_strictly``."""
+    host = {n.node_rank: n.host.host for n in layout.nodes}
+    took = {s.get("node_rank"): host[r] for r, s in found.items() if s and layout.spare(r)}
+    left = [e for r, e in unreached.items() if r not in took]
+    if left:
+        raise _unreachable(left)
+    return {
+        r: {"state": NodeState.REPLACED.value, "reason": f"lost mid-run; {took[r]} took its place"}
+        for r in unreached
+    }
+
+
+def _unreachable(bad: list[Any]) -> HostUnreachable:
+    detail = "; ".join(e.message + (f" (fix: {e.hint})" if e.hint else "") for e in bad)
+    return HostUnreachable(bad[0].host, f"cannot reach every host of the run: {detail}")
+
+
 def connect_strictly(pool: HostPool) -> None:
     """Connect every host of the pool, or say which could not be reached."""
     bad = [e for e in pool.connect_all().values() if e is not None]
     if bad:
-        detail = "; ".join(e.message + (f" (fix: {e.hint})" if e.hint else "") for e in bad)
-        raise HostUnreachable(bad[0].host, f"cannot reach every host of the run: {detail}")
+        raise _unreachable(bad)
 
 
 def _reserve(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from sshddp import defaults, trace
 from sshddp.errors import LogWriteFailed, SshddpError
@@ -22,6 +22,7 @@ from sshddp.protocol.contract import ExitRecord
 from sshddp.run.interrupts import Interrupts
 from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.runstate import RunState
+from sshddp.run.sinks import seat_spare
 from sshddp.run.teardown import Teardown
 
 RETRY_PAUSE = 0.5  # seconds between reconnect attempts
@@ -127,7 +128,7 @@ class Followers:
         follower from the local copy's size."""
         state, rank = self.state, node.node_rank
         session = state.sessions.pop(node.index, None)
-        feed = NodeFeed(state.logs, state.console, rank)
+        feed = NodeFeed(state.logs, state.console, rank, first=_seating(state, transport, node))
         if session is not None:
             proc, early = session.take_stream()
             feed.feed(early)
@@ -175,6 +176,27 @@ class Followers:
             if ended is not None:
                 result.reason = f"ended with its job: {ended}"
         _trace(node, "given up: %s", result.reason)
+
+
+def _seating(
+    state: RunState, transport: Transport, node: NodeLayout
+) -> Optional[Callable[[], None]]:
+    """For a spare not yet seated: what its follower does at its first bytes (it was seated
+    mid-run: its log is empty until then): learn from its host which node rank it took
+    (one status call), so its copy and lines are that node's from there on."""
+    if not state.layout.spare(node.node_rank) or node.node_rank in state.logs.seats:
+        return None
+
+    def seat() -> None:
+        try:
+            record = calls.read_node(transport, node.rundir, 0, "status")
+        except Exception as exc:  # shown as its slot, as before: the bytes are the same
+            _trace(node, "its seat is not known: %s", exc)
+            return
+        took = seat_spare(state.layout, state.logs, state.console, node.node_rank, record)
+        _trace(node, "seated as node %s", took)
+
+    return seat
 
 
 def _trace(node: NodeLayout, what: str, *args: object) -> None:

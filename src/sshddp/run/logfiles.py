@@ -214,10 +214,10 @@ class LocalCopy:
         except OSError as exc:
             raise LogWriteFailed(f"cannot write the local log {path}: {exc.strerror}") from exc
 
-    def discard_if_empty(self) -> None:
-        """Remove the files this copy made, while they hold nothing (a launch that started
-        nothing leaves no empty logs)."""
-        if self.created and self.writing and not self.size():
+    def discard_if_empty(self, made_here: bool = True) -> None:
+        """Remove the files this copy made (not ``made_here``: or found), while they hold
+        nothing (a launch that started nothing leaves no empty logs)."""
+        if (self.created or not made_here) and self.writing and not self.size():
             os.unlink(self.path.name, dir_fd=self._dir)
 
     def close(self) -> None:

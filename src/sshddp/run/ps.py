@@ -50,6 +50,7 @@ class PsRow:
     nprocs: tuple[int, ...] = ()  #: every node's count of ranks
     #: bytes of the code that left this machine, and each host's source (the hand-off)
     code_delivery: Optional[Mapping[str, Any]] = None
+    spares: frozenset[int] = frozenset()  #: the spares' node ranks (their slots)
 
     def node_text(self, i: int) -> str:
         """``1:running`` and, for a running node, ``(2/4 joined, quiet 12s)``: how many of
@@ -67,6 +68,7 @@ class PsRow:
 
     def to_json(self) -> dict[str, Any]:
         """The row as ``ps --json`` prints it (docs/runs.md, "sshddp ps --json")."""
+        took = seats(self.states, self.spares)
         nodes = [
             {
                 "node_rank": rank,
@@ -80,6 +82,8 @@ class PsRow:
                 "still": s.get("still"),
                 "attempt": s.get("attempt"),
                 "attempts": s.get("attempts"),
+                "took": took.get(rank),
+                "replaced_by": next((self.hosts[i] for i, t in took.items() if t == rank), None),
             }
             for rank, (host, s) in enumerate(zip(self.hosts, self.states))
         ]
@@ -93,6 +97,17 @@ class PsRow:
             "code_delivery": None if self.code_delivery is None else dict(self.code_delivery),
             "nodes": nodes,
         }
+
+
+def seats(states: Sequence[ExitRecord], spares: frozenset[int]) -> dict[int, int]:
+    """Each spare (``spares``: their places in ``states``, the nodes' records in node-rank
+    order) that took a lost node's rank mid-run: the node rank its record says it holds."""
+    found = {}
+    for i, state in enumerate(states):
+        seat = state.get("node_rank") if i in spares else None
+        if isinstance(seat, int) and not isinstance(seat, bool) and seat != i:
+            found[i] = seat
+    return found
 
 
 @dataclass(frozen=True)
@@ -154,6 +169,8 @@ def _end_json(end: registry.NodeEnd) -> ExitRecord:
     record: ExitRecord = {"state": end.state, "reason": end.reason, "returncode": end.returncode}
     if end.ended is not None:
         record["ended"] = end.ended
+    if end.seat is not None:  # a spare that took a lost node's rank
+        record["node_rank"] = end.seat
     return record
 
 
@@ -174,6 +191,7 @@ def _row(record: RunRecord, states: Sequence[ExitRecord], finished: bool) -> PsR
         finished,
         nprocs=tuple(n.nproc for n in record.nodes),
         code_delivery=record.code_delivery,
+        spares=record.layout().spares,
     )
 
 

@@ -62,6 +62,7 @@ class NodeEnd:
     attempt: int = 1  #: the attempt it ended in (``--max-restarts``)
     attempts: int = 1  #: how many attempts the run could make
     earlier: tuple[str, ...] = ()  #: why each earlier attempt ended, oldest first
+    seat: Optional[int] = None  #: a spare's: the node rank it took mid-run
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,7 @@ class RunRecord:
                 attempt=e.attempt,
                 attempts=e.attempts,
                 earlier=e.earlier,
+                seat=e.seat,
             )
             for e in self.result or ()
         ]
@@ -201,7 +203,9 @@ class RunRecord:
             NodeLayout(n.host, n.node_rank, n.nproc, first[n.node_rank], n.rundir, n.cwd)
             for n in self.nodes
         )
-        return RunLayout(self.run_id, self.log_dir, nodes, self.grace)
+        # a spare's ranks come after the run's world (``plan._spares``)
+        spares = frozenset(n.node_rank for n in nodes if n.first_rank >= self.world_size)
+        return RunLayout(self.run_id, self.log_dir, nodes, self.grace, spares)
 
 
 def record_json(record: RunRecord) -> dict[str, Any]:
@@ -287,7 +291,15 @@ def _end_of_result(n: NodeResult) -> NodeEnd:
     """A node's end as a coordinator's result holds it."""
     state = n.state.value
     return NodeEnd(
-        n.node_rank, state, n.returncode, n.reason, n.ended, n.attempt, n.attempts, n.earlier
+        n.node_rank,
+        state,
+        n.returncode,
+        n.reason,
+        n.ended,
+        n.attempt,
+        n.attempts,
+        n.earlier,
+        n.seat,
     )
 
 
@@ -301,6 +313,8 @@ def _end_json(end: NodeEnd) -> dict[str, Any]:
     }
     if end.attempts > 1:  # a run with restarts: which attempt, and why the others ended
         data.update(attempt=end.attempt, attempts=end.attempts, earlier=list(end.earlier))
+    if end.seat is not None:
+        data["seat"] = end.seat
     return data
 
 

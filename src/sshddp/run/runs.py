@@ -25,8 +25,8 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import SshOptions
 from sshddp.model.escape import TerminalStream
-from sshddp.model.layout import NodeLayout
-from sshddp.model.report import attempt_marks
+from sshddp.model.layout import NodeLayout, RunLayout
+from sshddp.model.report import attempt_marks, replacement
 from sshddp.model.state import NodeState
 from sshddp.protocol.contract import ExitRecord, StopAnswer
 from sshddp.run import coordinator, logread, registry
@@ -35,7 +35,7 @@ from sshddp.run.nodefeed import NodeFeed
 from sshddp.run.quarantine import ends as quarantine_ends
 from sshddp.run.registry import RunRecord
 from sshddp.run.runstate import RunState
-from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks
+from sshddp.run.sinks import Console, NodeLogs, Screen, open_sinks, seat_spare
 
 
 def started(record: RunRecord) -> RunRecord:
@@ -129,26 +129,25 @@ def show_logs(
     reach shows its local copy, with a note; so does a node whose run directory is gone
     from its host (it is not followed)."""
     layout = record.layout()
-    nodes = [n for n in layout.nodes if node is None or n.node_rank == node]
+    # a spare may hold node K's rank: which one, its host says (``_fetch``)
+    nodes = [n for n in layout.nodes if node in (None, n.node_rank) or layout.spare(n.node_rank)]
     with HostPool([n.host for n in layout.nodes], ssh, fanout) as pool:
         errors = pool.connect_all()
         logs, console = open_sinks(layout, Path(record.log_dir), screen, ranks, agent=True)
         try:
             reachable = [n for n in nodes if errors[n.index] is None]
-            fetched = pool.map(lambda n: _fetch(pool, n, logs), reachable)
+            fetched = pool.map(lambda n: _fetch(pool, layout, n, logs, console), reachable)
             for outcome in fetched.values():  # a local copy cut short must not print as whole
                 if isinstance(outcome.error, LogWriteFailed):
                     raise outcome.error
             states = {n.node_rank: fetched[n.index].value for n in reachable}
+            nodes = [n for n in nodes if node in (None, logs.seats.get(n.node_rank, n.node_rank))]
             if node is None:
                 for line in record_if_ended(record, [states.get(n.node_rank) for n in nodes]):
                     screen.err(line)
             gone = {r for r, s in states.items() if s and s.get("state") == NodeState.GONE.value}
             _say_missing(screen, nodes, errors, gone)
-            marks = {
-                n.node_rank: attempt_marks(f"node {n.node_rank} ({n.host.host})", s or {})
-                for n, s in ((n, states.get(n.node_rank)) for n in nodes)
-            }
+            marks = {n.node_rank: _marks(layout, logs, n, states.get(n.node_rank)) for n in nodes}
             _print_logs(screen, console, logs, nodes, tail, single=node is not None, marks=marks)
             live = [n.node_rank for n in reachable if n.node_rank not in gone]
             if follow and live:
@@ -201,10 +200,30 @@ def _say_missing(
             )
 
 
-def _fetch(pool: HostPool, node: NodeLayout, logs: NodeLogs) -> ExitRecord:
+def _marks(
+    layout: RunLayout, logs: NodeLogs, node: NodeLayout, status: Optional[ExitRecord]
+) -> list[tuple[int, str]]:
+    """Where each attempt starts in the node's log, and the line ``logs`` prints there; a
+    spare seated mid-run is named as the node it holds, from its first byte."""
+    seat = logs.seats.get(node.node_rank)
+    if seat is None:
+        return attempt_marks(f"node {node.node_rank} ({node.host.host})", status or {})
+    lost = next(n.host.host for n in layout.nodes if n.node_rank == seat)
+    named = replacement(seat, node.host.host, lost, (status or {}).get("attempt"))
+    return [(0, f"sshddp: {named}")]
+
+
+def _fetch(
+    pool: HostPool, layout: RunLayout, node: NodeLayout, logs: NodeLogs, console: Console
+) -> ExitRecord:
     """Append what the local copy lacks; the node's status. A copy another sshddp is
-    writing is left to it: only the status is read."""
+    writing is left to it: only the status is read. A spare seated mid-run is first named
+    as the node it holds (its status says which): its copy is that node's."""
     rank = node.node_rank
+    transport = pool.transport(node)
+    if layout.spare(rank):
+        status = calls.read_node(transport, node.rundir, 0, "status")
+        seat_spare(layout, logs, console, rank, status)
     if logs.shadow(rank):
         return calls.read_node(pool.transport(node), node.rundir, 0, "status")
     feed = NodeFeed(logs, None, rank)

@@ -19,6 +19,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Optional, Protocol
 
@@ -27,7 +28,7 @@ from sshddp.errors import UsageError
 from sshddp.model import spans
 from sshddp.model.bars import LineState, Sparse, bar_line, screen_rows
 from sshddp.model.escape import for_terminal, needs_filter, visible
-from sshddp.model.layout import RunLayout
+from sshddp.model.layout import NodeLayout, RunLayout
 from sshddp.model.ranksel import check_ranks, rank_label, shows, source_ranks
 from sshddp.model.victims import Folds, Writer
 from sshddp.protocol.contract import SOURCE_NODE
@@ -96,6 +97,8 @@ class Console:
         self._sparse = Sparse(bar_every)
         self._clock = clock
         self._folds = Folds() if fold else None
+        self.width = 0  #: the prefixes' width (``open_sinks``)
+        self.selected: Optional[frozenset[int]] = None  #: --ranks (None: every rank)
 
     def add_node(
         self,
@@ -129,6 +132,7 @@ class Console:
         if self._color:
             text = b"\x1b[" + _COLORS[key[0] % len(_COLORS)] + b"m" + text + _RESET
         self._prefix[key] = text
+        self._hidden.discard(key)  # added again: a spare seated mid-run (``seat_spare``)
         if not shown:
             self._hidden.add(key)
 
@@ -291,11 +295,15 @@ class NodeLogs:
         self._copies: dict[int, LocalCopy] = {}
         self.paths: dict[int, Path] = {}
         self.index_paths: dict[int, Path] = {}  #: each node's index, where it has one
+        #: a spare's mesh slot -> the node rank it took mid-run (its copy is named for it)
+        self.seats: dict[int, int] = {}
 
-    def open(self, node_rank: int, host: str) -> int:
-        """Open (or reopen) a node's file; returns its size, the offset to resume from."""
-        path = self.directory / log_name(node_rank, host)
-        index = self.directory / log_name(node_rank, host, ".idx")
+    def open(self, node_rank: int, host: str, named: Optional[int] = None) -> int:
+        """Open (or reopen) a node's file, named for ``named`` (a seated spare's node rank)
+        or its own; returns its size, the offset to resume from."""
+        name = node_rank if named is None else named
+        path = self.directory / log_name(name, host)
+        index = self.directory / log_name(name, host, ".idx")
         try:
             copy = LocalCopy(self._dir, path, index, self._say)
         except OSError as exc:
@@ -308,6 +316,19 @@ class NodeLogs:
                 "is, and not updated here"
             )
         return copy.size()
+
+    def seat(self, slot: int, node_rank: int, host: str) -> None:
+        """The spare in mesh slot ``slot`` took ``node_rank``: its copy is the file named for
+        that rank on its host (``node2-h4.log``), beside the lost host's; the one named for
+        its slot goes while empty (a spare's log is empty until it is seated)."""
+        if self.seats.get(slot) == node_rank:
+            return
+        old = self._copies.pop(slot, None)
+        if old is not None:
+            old.discard_if_empty(made_here=False)
+            old.close()
+        self.seats[slot] = node_rank
+        self.open(slot, host, node_rank)
 
     def shadow(self, node_rank: int) -> bool:
         """Whether another process writes the node's copy (this one shows, never writes)."""
@@ -387,6 +408,7 @@ def open_sinks(
         n.node_rank: f"{rank_label(n.first_rank, n.nproc)} {n.host.host}" for n in layout.nodes
     }
     width = max(len(f"[{label}]") for label in labels.values())
+    console.width, console.selected = width, ranks
     for node in layout.nodes:
         logs.open(node.node_rank, node.host.host)
         log = log_name(node.node_rank, node.host.host)
@@ -398,6 +420,48 @@ def open_sinks(
             rank_is = Writer(f"rank {rank}", log)
             console.add_rank(node.node_rank, local, f"{rank} {node.host.host}", width, own, rank_is)
     return logs, console
+
+
+def seat_spare(
+    layout: RunLayout, logs: NodeLogs, console: Console, slot: int, record: Mapping[str, Any]
+) -> Optional[int]:
+    """Where a spare's status ``record`` says it holds another node's rank (it was seated
+    mid-run), its local copy and console lines are that node's from now on; the node rank,
+    or None (not seated, or not a spare)."""
+    spare = next((n for n in layout.nodes if n.node_rank == slot), None)
+    seat = record.get("node_rank")
+    if spare is None or not layout.spare(slot) or not isinstance(seat, int) or seat == slot:
+        return None
+    node = next((n for n in layout.nodes if n.node_rank == seat and not layout.spare(seat)), None)
+    if node is None:
+        return None
+    host = spare.host.host
+    logs.seat(slot, seat, host)
+    _relabel(console, slot, host, node)
+    return seat
+
+
+def _relabel(console: Console, slot: int, host: str, node: NodeLayout) -> None:
+    """The console's prefixes of mesh slot ``slot`` (on ``host``): ``node``'s ranks."""
+    log, selected, width = log_name(node.node_rank, host), console.selected, console.width
+    label = f"{rank_label(node.first_rank, node.nproc)} {host}"
+    whole = shows(selected, node.ranks)
+    console.add_node(slot, label, width, whole, Writer(f"node {node.node_rank}", log))
+    for local, rank in enumerate(node.ranks):
+        own = shows(selected, source_ranks(node.first_rank, node.nproc, local))
+        console.add_rank(slot, local, f"{rank} {host}", width, own, Writer(f"rank {rank}", log))
+
+
+def seat_spares(
+    layout: RunLayout,
+    logs: NodeLogs,
+    console: Console,
+    statuses: Mapping[int, Optional[Mapping[str, Any]]],
+) -> None:
+    """``seat_spare`` for every node's status record (by mesh slot) known."""
+    for slot, status in statuses.items():
+        if status:
+            seat_spare(layout, logs, console, slot, status)
 
 
 def _isatty(stream: BinaryIO) -> bool:

@@ -1,11 +1,14 @@
 """``sshddp sync``: every host gets the virtual environment a uv project's lock describes.
 
 Each host answers in one call (``remote/calls/envsync.py``): its environment for this lock is
-there, or it builds it and says so, or says what failed. A host without our uv answers
-``need_uv`` and gets a second call carrying a uv binary: the laptop's own (the ``uv``
-package sshddp depends on) for a host of its platform, else the one from the ``uv`` wheel
-for the host's (``syncuv``). Hosts run in the pool's
-threads (at most ``fanout`` at once); one failing never stops the others.
+there, or it builds it and says so, or says what failed. Hosts without our uv answer
+``need_uv``; the uv binary for their platform (this machine's own, from the ``uv`` package
+sshddp depends on, for a host of its platform, else the one from the ``uv`` wheel for the
+host's: ``syncuv``), compressed, then reaches them the way a launch's code does
+(``run/share.py``): it leaves this machine once, the hosts hand it on to each other, each
+copy is checked against its SHA-256 and kept under the workdir (``payloads/``), and a second
+call has each host install uv from its kept copy. Hosts run in the pool's threads (at most
+``fanout`` at once); one failing never stops the others.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from sshddp import defaults, trace
 from sshddp.errors import ExitCode, SshddpError, SyncFailed, UsageError
 from sshddp.hosts import shipped
 from sshddp.hosts.pool import HostPool
+from sshddp.hosts.session import HostSession
 from sshddp.hosts.transport import SshOptions, Transport
 from sshddp.model import sync as model
 from sshddp.model.commands import python_command
 from sshddp.model.inventory import Host, Inventory
 from sshddp.model.sync import HostSync, Progress, Project, SyncStatus
 from sshddp.run import syncuv
+from sshddp.run.share import Audience, Bytes, Handoff
 from sshddp.run.syncwheels import Wheels
 
 #: what a sync says of a host while it builds: (the host's index, its name, how far)
@@ -111,6 +116,8 @@ def sync_hosts(
         sync = _Sync(pool, project, check, on_progress, wheels, meter or Meter())
         outcomes = pool.map(sync.one, inventory.hosts)
         results = outcomes.in_order(inventory.hosts, _unreachable)
+        for result in sync.with_uv([h for h in inventory.hosts if h.index in sync.need_uv]):
+            results[result.node] = result
         needing = [h for h in inventory.hosts if results[h.index].status is SyncStatus.NO_WHEELS]
         if needing:
             for result in _seeded(sync, needing):
@@ -123,11 +130,19 @@ def _unreachable(host: Host, why: str) -> HostSync:
 
 
 class Meter:
-    """The bytes written to the hosts' SSH channels (by the pool's threads)."""
+    """The bytes written to the hosts' SSH channels (by the pool's threads), and how uv
+    reached the hosts that lacked it (``Handoff.record``, one per platform)."""
 
     def __init__(self) -> None:
         self.sent = 0
+        self.uv: list[tuple[str, dict[str, object]]] = []  #: (what, ``Handoff.record``)
+        self.notes: list[str] = []  #: warnings and notes, said once the board is gone
         self._lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        trace.log.info("sync: %s", text)  # launch --sync prints no notes: -v shows them
+        with self._lock:
+            self.notes.append(text)
 
     def add(self, n: int) -> None:
         with self._lock:
@@ -148,6 +163,8 @@ class _Sync:
     ) -> None:
         self.pool, self.project, self.check = pool, project, check
         self.on_progress, self.wheels, self.meter = on_progress, wheels, meter
+        #: hosts that lack our uv: their platform, and when their first call began
+        self.need_uv: dict[int, tuple[str, float]] = {}
 
     def said(self, host: Host) -> Callable[[Progress], None]:
         def said(progress: Progress) -> None:
@@ -156,7 +173,12 @@ class _Sync:
 
         return said
 
-    def args(self, host: Host, offline: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    def args(
+        self,
+        host: Host,
+        offline: Optional[dict[str, Any]] = None,
+        uv: Optional[Bytes] = None,
+    ) -> dict[str, Any]:
         args = {
             "workdir": host.workdir,
             "digest": self.project.digest,
@@ -169,14 +191,26 @@ class _Sync:
         }
         if self.wheels is not None:
             args["offline"] = dict(offline or {}, wheels=list(self.wheels.listed))
+        if uv is not None:  # its kept copy: uv is installed from it
+            args["uv_payload"] = {"sha256": uv.sha256, "size": uv.size}
         return args
 
-    def one(self, host: Host, offline: Optional[dict[str, Any]] = None) -> HostSync:
-        start = time.monotonic()
+    def one(
+        self,
+        host: Host,
+        offline: Optional[dict[str, Any]] = None,
+        uv: Optional[Bytes] = None,
+        start: Optional[float] = None,
+    ) -> HostSync:
+        """The host's outcome; a host that lacks uv (and is to get it) is noted in
+        ``need_uv`` and answered by ``with_uv`` instead."""
+        start = time.monotonic() if start is None else start
         try:
-            answer = self.call(host, self.args(host, offline))
+            answer = self.call(host, self.args(host, offline, uv))
         except SshddpError as exc:
             return HostSync(host.index, host.host, SyncStatus.UNREACHABLE, error=_said(exc))
+        if answer.get("status") == "need_uv" and uv is None and not self.check:
+            self.need_uv[host.index] = (str(answer.get("platform")), start)
         return model.outcome(host.index, host.host, answer, time.monotonic() - start)
 
     def call(self, host: Host, args: dict[str, Any]) -> dict[str, Any]:
@@ -184,21 +218,66 @@ class _Sync:
         transport.connect()
         start = time.monotonic()
         answer = _Channel(transport, args, [], self.meter).answer(self.said(host))
-        trace.log.info("sync: %s answered %s in %.3f s", host.host, answer.get("status"),
-                       time.monotonic() - start)  # fmt: skip
-        if answer.get("status") != "need_uv":
-            return answer
-        if self.check:  # doctor changes nothing on a host
+        took = time.monotonic() - start
+        trace.log.info("sync: %s answered %s in %.3f s", host.host, answer.get("status"), took)
+        if answer.get("status") == "need_uv" and self.check:  # doctor changes nothing there
             return {"status": "missing"}
-        try:
-            packed = _uv_packed(str(answer.get("platform")))
-        except UsageError as exc:
-            return {"status": "failed", "error": f"no uv there, and none for it here: {exc}"}
-        start = time.monotonic()
-        answer = _Channel(transport, args, [packed], self.meter).answer(self.said(host))
-        trace.log.info("sync: %s got uv (%d bytes) and answered %s in %.3f s", host.host,
-                       len(packed), answer.get("status"), time.monotonic() - start)  # fmt: skip
         return answer
+
+    def with_uv(self, hosts: list[Host]) -> list[HostSync]:
+        """The hosts that lack uv: uv handed to them, platform by platform, then each one's
+        sync again, from its kept copy."""
+        results: list[HostSync] = []
+        platforms = {self.need_uv[h.index][0] for h in hosts}
+        for platform in sorted(platforms):
+            group = [h for h in hosts if self.need_uv[h.index][0] == platform]
+            results += self._uv_to(group, platform)
+        return results
+
+    def _uv_to(self, hosts: list[Host], platform: str) -> list[HostSync]:
+        try:
+            uv = Bytes(_uv_packed(platform))
+        except UsageError as exc:
+            error = f"no uv there, and none for it here: {exc}"
+            return [HostSync(h.index, h.host, SyncStatus.FAILED, error=error) for h in hosts]
+        problems = self._hand(hosts, uv)
+        handed = [h for h in hosts if h.index not in problems]
+        synced = self.pool.map(lambda h: self.one(h, uv=uv, start=self.need_uv[h.index][1]), handed)
+        results = synced.in_order(handed, _unreachable)
+        for h in hosts:
+            if h.index in problems:
+                error = f"uv did not reach it: {problems[h.index]}"
+                results.append(HostSync(h.index, h.host, SyncStatus.FAILED, error=error))
+        return results
+
+    def _hand(self, hosts: list[Host], uv: Bytes) -> dict[int, str]:
+        """uv kept on every host of ``hosts`` (``run/share.py``): why not, by host index."""
+        labels = tuple(h.host for h in hosts)
+        what = f"uv {uv_version()}"
+        audience = Audience(tuple(hosts), labels, f"sync-{uv.sha256[:12]}", what, "sync")
+        handoff = Handoff(audience, uv, self.pool, secrets.token_hex(32), self.meter.say)
+        sessions = {h.index: _payload_session(self.pool.transport(h)) for h in hosts}
+        try:
+            handed = handoff.run(lambda h: sessions[h.index])
+        finally:
+            for session in sessions.values():
+                session.close()
+        self.meter.add(handoff.delivery.from_laptop if handoff.delivery else 0)
+        record = handoff.record()
+        if record is not None:
+            self.meter.uv.append((what, record))
+        problems = {}
+        for index, outcome in handed.items():
+            if outcome.error is not None:
+                problems[index] = _said_any(outcome.error)
+            elif outcome.value is not None:
+                problems[index] = outcome.value
+        return problems
+
+
+def _payload_session(transport: Transport) -> HostSession:
+    """A session that only answers the hand-off's questions (``host_handoff.main``)."""
+    return HostSession(transport, "", "", None, entry="host_handoff")
 
 
 def _seeded(sync: _Sync, needing: list[Host]) -> list[HostSync]:
@@ -331,6 +410,10 @@ def cache_dir() -> Path:
     return Path(xdg) / "sshddp"
 
 
+def _said_any(exc: BaseException) -> str:
+    return _said(exc) if isinstance(exc, SshddpError) else str(exc)
+
+
 def _said(exc: SshddpError) -> str:
     hint = getattr(exc, "hint", "")
     return exc.message + (f" (fix: {hint})" if hint else "")
@@ -359,18 +442,42 @@ def _launch_exit_code(results: list[HostSync]) -> ExitCode:
 
 
 def synced(
-    inventory: Inventory, path: str, ssh: SshOptions, fanout: int
-) -> tuple[Inventory, list[HostSync]]:
+    inventory: Inventory, path: str, ssh: SshOptions, fanout: int, spares: bool = False
+) -> tuple[Inventory, list[HostSync], list[str]]:
     """``inventory`` with every host's ``python`` its synced environment's, once synced;
-    ``SyncFailed`` naming every host that has none."""
+    ``SyncFailed`` naming every host that has none. With ``spares`` (the launch stages
+    them, to take a lost node's place mid-run) its spares are synced too, in the same
+    fan-out: a spare that gets no environment is left out, and the last list says so."""
     if not inventory.hosts:
         raise UsageError("--sync / sync: needs the inventory's hosts known before the launch")
     project = load_project(path)
-    results = sync_hosts(inventory, project, ssh, fanout)
+    count = len(inventory.hosts)
+    staged = [replace(s, index=count + i) for i, s in enumerate(inventory.spares if spares else ())]
+    results = sync_hosts(
+        replace(inventory, hosts=inventory.hosts + tuple(staged)), project, ssh, fanout
+    )
+    results, spare_results = results[:count], results[count:]
     pythons = model.pythons(results)
     if pythons is None:
         bad = [model.line(r, project.python) for r in results if not r.status.ok]
         message = f"sync of {path} failed:\n" + "\n".join(bad)
         raise SyncFailed(message, _launch_exit_code(results))
     hosts = tuple(replace(h, python=pythons[h.index]) for h in inventory.hosts)
-    return replace(inventory, hosts=hosts), results
+    kept, left = _synced_spares(inventory.spares, spare_results, project.python)
+    return replace(inventory, hosts=hosts, spares=kept), results + spare_results, left
+
+
+def _synced_spares(
+    spares: tuple[Host, ...], results: list[HostSync], wanted: str
+) -> tuple[tuple[Host, ...], list[str]]:
+    """The spares that got the environment (each with its interpreter), and a line for each
+    that did not (left out: a spare seated mid-run must run the run's environment)."""
+    if not results:
+        return spares, []
+    kept = tuple(replace(s, python=r.python) for s, r in zip(spares, results) if r.status.ok)
+    left = [
+        f"sshddp: sync: spare {model.line(r, wanted)}; it is left out of this run"
+        for r in results
+        if not r.status.ok
+    ]
+    return kept, left

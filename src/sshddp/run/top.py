@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from sshddp import defaults
@@ -19,7 +19,8 @@ from sshddp.hosts import calls
 from sshddp.hosts.pool import HostPool
 from sshddp.hosts.transport import RemoteProcess, SshOptions
 from sshddp.model import top
-from sshddp.model.layout import NodeLayout
+from sshddp.model.layout import NodeLayout, RunLayout
+from sshddp.model.report import replacement
 from sshddp.model.top import NodeRow, RankRow
 from sshddp.protocol import contract
 from sshddp.protocol.contract import TopRecord
@@ -60,7 +61,7 @@ def snapshot(
             answers[n.index] = why
         else:
             answers[n.index] = outcome.value
-    return _snapshot(record.run_id, at, nodes, answers)
+    return _snapshot(record.layout(), at, nodes, answers, node)
 
 
 #: a node's record, or why there is none
@@ -68,27 +69,56 @@ Answer = Union[TopRecord, str]
 
 
 def asked(record: RunRecord, node: Optional[int]) -> list[NodeLayout]:
-    """The run's nodes that a view shows: all, or node ``node`` only."""
-    return [n for n in record.layout().nodes if node is None or n.node_rank == node]
+    """The run's nodes that a view asks: all, or node ``node`` only, and the spares (one
+    may hold node ``node``'s rank: its answer says)."""
+    layout = record.layout()
+    return [n for n in layout.nodes if node in (None, n.node_rank) or layout.spare(n.node_rank)]
 
 
 def _snapshot(
-    run_id: str, at: float, nodes: list[NodeLayout], answers: dict[int, Answer]
+    layout: RunLayout,
+    at: float,
+    nodes: list[NodeLayout],
+    answers: dict[int, Answer],
+    only: Optional[int] = None,
 ) -> Snapshot:
+    """The rows of the answers; a spare seated mid-run in the rank it holds, named by a
+    line (the lost host's row gone); ``only``: node ``only``'s rows alone."""
+    seats = _seats(layout, nodes, answers)
     rows: list[NodeRow] = []
     ranks: list[RankRow] = []
     for n in nodes:
+        rank = seats.get(n.node_rank, n.node_rank)
+        if only not in (None, rank) or (n.node_rank in seats.values() and rank == n.node_rank):
+            continue  # not asked for, or a lost node whose rank a spare holds
         answer = answers.get(n.index, "no answer")
         if isinstance(answer, str):
-            rows.append(NodeRow(n.node_rank, n.host.host, "?", None, error=answer))
+            rows.append(NodeRow(rank, n.host.host, "?", None, error=answer))
             continue
-        row = NodeRow(n.node_rank, n.host.host, answer["state"], answer["sample"])
+        row = NodeRow(rank, n.host.host, answer["state"], answer["sample"])
+        if n.node_rank in seats:
+            lost = next(m.host.host for m in layout.nodes if m.node_rank == rank)
+            row = replace(row, replaced=replacement(rank, n.host.host, lost, answer.get("attempt")))
         rows.append(row)
         ranks += top.rank_rows(
             row, answer["tails"], answer["now"], answer.get("history"), answer.get("waits")
         )
     ranks = top.flag_slow(sorted(ranks, key=lambda r: r.rank))
-    return Snapshot(run_id, at, top.idle_gpus(rows), ranks)
+    rows.sort(key=lambda r: r.node_rank)
+    return Snapshot(layout.run_id, at, top.idle_gpus(rows), ranks)
+
+
+def _seats(
+    layout: RunLayout, nodes: list[NodeLayout], answers: dict[int, Answer]
+) -> dict[int, int]:
+    """Each spare's slot -> the run's node rank it took mid-run, as its answer says."""
+    seats = {}
+    for n in nodes:
+        answer = answers.get(n.index)
+        seat = answer.get("node_rank") if isinstance(answer, dict) else None
+        if layout.spare(n.node_rank) and isinstance(seat, int) and 0 <= seat != n.node_rank:
+            seats[n.node_rank] = seat
+    return seats
 
 
 class LiveTop:
@@ -98,6 +128,7 @@ class LiveTop:
 
     def __init__(self, record: RunRecord, pool: HostPool, node: Optional[int]) -> None:
         self.run_id, self.pool, self.nodes = record.run_id, pool, asked(record, node)
+        self.layout, self.only = record.layout(), node
         self.lock = threading.Condition()
         self.latest: dict[int, tuple[float, Answer]] = {}  #: when it came, and what
         self.streams: dict[int, RemoteProcess] = {}
@@ -130,7 +161,7 @@ class LiveTop:
                 came, answer = self.latest.get(n.index, (now, "no sample yet"))
                 stale = not isinstance(answer, str) and now - came > STALE
                 answers[n.index] = f"no sample for {now - came:.0f} s" if stale else answer
-        return _snapshot(self.run_id, time.time(), self.nodes, answers)
+        return _snapshot(self.layout, time.time(), self.nodes, answers, self.only)
 
     def _open(self, n: NodeLayout) -> None:
         try:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-Level = Literal["ok", "warn", "fail"]
-Problem = tuple[Level, str, str]  #: (level, what was found, what to do about it)
-OUTPUT_LINES = 5  #: the last lines of a failed health command quoted as evidence
+# the health: command's judge runs on the hosts too (a spare's look when it is needed)
+from sshddp.protocol.health_command import Level, Problem, command_problem
+
+__all__ = ["Level", "Problem", "command_problem", "dcgm_problems", "ib_problems"]
 
 
 # --- InfiniBand / RoCE ---------------------------------------------------------------------
@@ -47,19 +48,6 @@ def ib_problems(ports: Sequence[Mapping[str, Any]]) -> list[Problem]:
                 )
             )
     return problems
-
-
-def command_problem(command: str, result: Mapping[str, Any], timeout: float) -> Problem:
-    """The inventory's ``health:`` command's run: a non-zero exit or a timeout fails, with
-    the output's last lines as the evidence."""
-    tail = [line for line in str(result.get("output") or "").splitlines() if line.strip()]
-    evidence = " | ".join(tail[-OUTPUT_LINES:]) or "no output"
-    fix = "fix what it found, or take the host out of the inventory"
-    if result.get("timed_out"):
-        return ("fail", f"`{command}` did not finish in {timeout:g} s: {evidence}", fix)
-    if result.get("exit") != 0:
-        return ("fail", f"`{command}` exited {result.get('exit')}: {evidence}", fix)
-    return ("ok", f"`{command}` passed", "")
 
 
 _DCGM_ROW = re.compile(r"^\|\s*(?P<test>[^|]+?)\s*\|\s*(?P<result>Pass|Fail|Warn|Skip)\b", re.I)

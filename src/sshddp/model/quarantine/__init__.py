@@ -20,7 +20,6 @@ from sshddp.model.quarantine.entries import (
     when,
 )
 from sshddp.model.quarantine.verdicts import (
-    HARDWARE,
     Verdict,
     bad_at_launch,
     hardware_error,
@@ -28,6 +27,7 @@ from sshddp.model.quarantine.verdicts import (
     the_hosts_fault,
     verdicts,
 )
+from sshddp.protocol.hardware import HARDWARE
 
 __all__ = [
     "CHECK",

@@ -4,9 +4,9 @@ A host is quarantined when a run ends because of the node, never because of the 
 code: its node was lost (the host went down or was cut off: the coordinator's follow or the
 supervisors' heartbeat say so), its host could not be reached at launch (a connection that
 failed, not a key or a login refused), it was the only node that never joined the world
-(the init watchdog), or one of its ranks died of a hardware error (``HARDWARE``). A rank's
-own Python exception, Ctrl-C, ``sshddp stop`` and a stall of the ranks' code quarantine
-nobody.
+(the init watchdog), or one of its ranks died of a hardware error (``HARDWARE``, in
+``protocol/hardware.py``: the supervisors read it too). A rank's own Python exception,
+Ctrl-C, ``sshddp stop`` and a stall of the ranks' code quarantine nobody.
 """
 
 from __future__ import annotations
@@ -19,19 +19,8 @@ from typing import Optional
 from sshddp.model.checks import HostReport, Status
 from sshddp.model.escape import visible
 from sshddp.model.state import PEER_PREFIX, NodeResult, NodeState, RunResult
-
-#: What in a failing node's log shows a hardware fault, not the user's code: (name, pattern).
-HARDWARE: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("uncorrectable ECC error", re.compile(r"uncorrectable ECC", re.IGNORECASE)),
-    ("GPU Xid error", re.compile(r"\bXid\b[\s:(]")),
-    (
-        "NCCL unhandled system error on a local device",
-        re.compile(
-            r"unhandled system error.*(?:\bdevice\b|\bGPU\b|/dev/|\bNVML\b|\bibv_|\bmlx\d)",
-            re.IGNORECASE,
-        ),
-    ),
-)
+from sshddp.protocol.contract import SPARE_UNHEALTHY
+from sshddp.protocol.hardware import first_hardware_error
 
 #: What a launch's connection error says when the host itself was not there (a login or a
 #: host key refused is the user's to fix, not the host's).
@@ -48,6 +37,11 @@ _UNRUNNABLE = re.compile(r"` exited 12[67]:")
 _PEER_LOST = re.compile(r"^node (\d+) \(.*?\) lost\b")
 #: node 0's reason for a restart after a lost node: ``node 2 (h3) lost (no heartbeat...)``
 _LOST_MIDRUN = re.compile(r"(?:^|; (?:then )?)node \d+ \(([^()]+)\) lost \(")
+#: node 0's reason for a restart after a rank died of a hardware error:
+#: ``node 2 (h3): rank 4 died of a hardware error (uncorrectable ECC error): `...```
+_HARDWARE_MIDRUN = re.compile(
+    r"(?:^|; )node \d+ \(([^()]+)\): (?:rank \d+|a rank) died of a hardware error \(([^()]+)\)"
+)
 _NEVER_JOINED = re.compile(
     r"node (\d+) \([^)]*\): (?:never reported|[^;]*never called init_process_group)"
 )
@@ -90,12 +84,18 @@ def verdicts(result: RunResult, tails: Mapping[int, Sequence[str]]) -> list[Verd
 
 
 def _replaced(nodes: Sequence[NodeResult]) -> list[Verdict]:
-    """The hosts lost mid-run whose node a spare took (or the run went on without), as
-    node 0's reasons for a restart name them: their node rank is another host's now."""
+    """The hosts lost mid-run, or whose rank died of a hardware error, whose node a spare
+    took (or the run went on without), as node 0's reasons for a restart name them: their
+    node rank is another host's now; and the spares that failed their health check when
+    node 0 needed them, as their own records say."""
     out = []
     for node in nodes:
         for why in node.earlier:
             out += [Verdict(m.group(1), "lost", why) for m in _LOST_MIDRUN.finditer(why)]
+            out += [Verdict(m[1], m[2], why) for m in _HARDWARE_MIDRUN.finditer(why)]
+        if node.reason.startswith(SPARE_UNHEALTHY):  # a spare's look when it was needed
+            sick = node.reason[len(SPARE_UNHEALTHY) :].split("; ")[0]
+            out.append(Verdict(node.host, "failed its health check", sick))
     return out
 
 
@@ -111,11 +111,8 @@ def _node_verdict(node: NodeResult, tail: Sequence[str]) -> Optional[Verdict]:
 
 def hardware_error(lines: Sequence[str]) -> Optional[tuple[str, str]]:
     """The first hardware fault a log's lines show (its name, the line), else None."""
-    for line in lines:
-        for name, pattern in HARDWARE:
-            if pattern.search(line):
-                return name, visible(line.strip())[:200]
-    return None
+    hit = first_hardware_error(lines)
+    return None if hit is None else (hit[0], visible(hit[1])[:200])
 
 
 def _named_by_peers(nodes: Sequence[NodeResult]) -> list[tuple[int, str]]:

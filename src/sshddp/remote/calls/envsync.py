@@ -21,7 +21,10 @@ environments the least recently asked for go, but never one a process here runs 
 path in the process's command line), and never by halves: the marker goes first.
 
 uv is ``<workdir>/tools/uv-<version>/uv``. A host without it answers ``need_uv``; the
-coordinator then sends the binary, zlib-compressed, after the modules on stdin.
+coordinator then hands it the binary, zlib-compressed, as it hands a launch its code
+(``remote/node/host_handoff.py``: kept under ``<workdir>/payloads/<sha256>``, checked), and
+calls again with {"uv_payload": {"sha256", "size"}}: uv is unpacked from that kept copy, hashed
+again as it is read, and made executable only once the whole copy passed.
 
 While it builds it says how far it got, one JSON line each: {"progress": "resolving" |
 "downloading" | "installing" | "done", "detail": the packages uv fetched, the
@@ -42,7 +45,6 @@ has, when none matches), "platform"}.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -58,7 +60,7 @@ import zlib
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from sshddp.remote import hostpath
-from sshddp.remote.common import emit, pid_alive
+from sshddp.remote.common import emit, os_error_said, pid_alive, size_said
 from sshddp.remote.workdir import Unsafe, make_workdir
 
 if TYPE_CHECKING:  # --offline's code is imported (compiled, on the host) only when asked for
@@ -74,34 +76,12 @@ def main(args: dict[str, Any]) -> None:
     except Unsafe as exc:
         emit({"status": "unsafe", "error": str(exc)})
     except OSError as exc:
-        emit({"status": "failed", "error": _os_error(exc, str(args["workdir"]))})
-
-
-def _os_error(exc: OSError, workdir: str) -> str:
-    """What went wrong writing under the workdir, naming the file and, when it is full,
-    the disk."""
-    where = exc.filename or workdir
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        mount = hostpath.mount_of(where)
-        free = _size(_free_bytes(mount))
-        return (
-            f"no space left on the disk at {mount} ({free} free) writing {where}: "
-            f"free some space there, or point `workdir:` of this host elsewhere"
-        )
-    return f"cannot write {where}: {exc.strerror or exc}"
-
-
-def _free_bytes(mount: str) -> int:
-    try:
-        got = os.statvfs(mount)
-    except OSError:
-        return 0
-    return got.f_bavail * got.f_frsize
+        emit({"status": "failed", "error": os_error_said(exc, str(args["workdir"]))})
 
 
 def _sync(args: dict[str, Any]) -> dict[str, Any]:
     workdir = make_workdir(str(args["workdir"]))
-    uv = _uv(workdir, str(args["uv"]))
+    uv = _uv(workdir, str(args["uv"]), args.get("uv_payload"))
     if uv is None:
         return {"status": "need_uv", "platform": host_platform()}
     env = _uv_env(args.get("env") or {})
@@ -251,9 +231,10 @@ def env_key(digest: str, python: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def _uv(workdir: str, version: str) -> Optional[str]:
+def _uv(workdir: str, version: str, kept: Optional[dict[str, Any]]) -> Optional[str]:
     """Our uv of ``version``: already here (this user's, and no one else may change it:
-    ``Unsafe`` otherwise), or written from the binary on stdin."""
+    ``Unsafe`` otherwise), or installed from the kept copy ``kept`` names (its SHA-256 and
+    size: the compressed binary the coordinator handed here, ``host_handoff.py``)."""
     tools = hostpath.private_dir(os.path.join(workdir, "tools"), "the tools directory")
     folder = os.path.join(tools, "uv-" + version)
     path = os.path.join(folder, "uv")
@@ -261,18 +242,17 @@ def _uv(workdir: str, version: str) -> Optional[str]:
         hostpath.check_dir(folder, "uv's directory")
         if hostpath.executable(path, "uv"):
             return path
-    data = sys.stdin.buffer.read()
-    if not data:
+    if not kept:
         return None
     made = not os.path.lexists(folder)
     hostpath.private_dir(folder, "uv's directory")
     fd, temp = hostpath.temp_file(folder, ".uv-")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(zlib.decompress(data))
-        os.chmod(temp, 0o755)
+            _unpack_kept(workdir, str(kept["sha256"]), fh)
+        os.chmod(temp, 0o755)  # only once every byte came from a copy that passed its check
         hostpath.rename(temp, path)
-    except BaseException as exc:  # a full disk: nothing half-written stays
+    except BaseException as exc:  # a full disk, a changed copy: nothing half-written stays
         os.unlink(temp)
         if made:
             os.rmdir(folder)
@@ -280,6 +260,26 @@ def _uv(workdir: str, version: str) -> Optional[str]:
             exc.filename = path
         raise
     return path
+
+
+def _unpack_kept(workdir: str, sha256: str, out: Any) -> None:
+    """The kept copy of uv, decompressed into ``out`` as it is hashed: ``OSError`` (and the
+    copy removed) when it is not the one whose SHA-256 the coordinator computed."""
+    from sshddp.remote.node import host_handoff
+
+    kept = host_handoff.kept(workdir, sha256)
+    sha, unpack = hashlib.sha256(), zlib.decompressobj()
+    try:
+        with hostpath.open_read(kept, "the kept copy of uv") as fh:
+            for data in iter(lambda: fh.read(host_handoff.CHUNK), b""):
+                sha.update(data)
+                out.write(unpack.decompress(data))
+        out.write(unpack.flush())
+    except zlib.error:
+        pass  # a changed copy: its digest says so below
+    if sha.hexdigest() != sha256:
+        os.unlink(kept)
+        raise OSError(f"the kept copy of uv {kept} failed its SHA-256 check: removed; sync again")
 
 
 def _uv_env(extra: dict[str, Any]) -> dict[str, str]:
@@ -371,7 +371,7 @@ def _build(
         marker = {"key": key, "digest": args["digest"], "python": python, "uv": args["uv"]}
         with os.fdopen(hostpath.create(os.path.join(venv, MARKER)), "w") as fh:
             json.dump(marker, fh)
-        _progress("done", _size(_tree_bytes(venv)))
+        _progress("done", size_said(_tree_bytes(venv)))
         _place(venv, final)
         return ""
     finally:
@@ -427,14 +427,6 @@ def _tree_bytes(top: str) -> int:
             except OSError:
                 continue
     return total
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _place(venv: str, final: str) -> None:

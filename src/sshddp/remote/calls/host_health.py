@@ -1,6 +1,8 @@
 """The host's health for ``sshddp doctor --health``: facts only, judged by the coordinator
-(``model/health.py``). Run alone (``main``), it is the look a launch with spares takes at
-each host and spare before choosing who runs (``run/quarantine/spares.py``).
+(``model/health``, ``protocol/gpu_health``, ``protocol/health_command``). Run alone
+(``main``), it is the look a launch with spares takes at each host and spare before choosing
+who runs (``run/quarantine/spares.py``); a waiting spare takes it at itself when node 0
+needs it mid-run (``node/spare_health``).
 
 ``start`` sets the slow looks going as processes (the user's ``health:`` command,
 ``nvidia-smi -q``, with ``deep`` ``dcgmi diag -r 1``) so they run while the probe does the

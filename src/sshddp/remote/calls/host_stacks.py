@@ -26,8 +26,9 @@ import fcntl
 import os
 import re
 import signal
+import stat
 import time
-from typing import Any, Iterator, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Tuple
 
 from sshddp.protocol import contract
 from sshddp.protocol.contract import FrameRecord, NodeStacks, ProcessStacks, ThreadRecord
@@ -83,11 +84,14 @@ def collect(
     native: bool = False,
     timeout: float = DUMP_TIMEOUT,
     only: Optional[set[int]] = None,
+    unasked: bool = False,
 ) -> NodeStacks:
     """Every process of the node's run with every thread's stack, or why it has none;
-    ``native``: through py-spy where it is installed; ``only``: signal these pids alone
-    (the others keep no stacks). Takes as long as the slowest process takes to dump
-    (milliseconds), at most ``timeout`` (plus py-spy's own time)."""
+    ``native``: through py-spy where it is installed; ``only``: ask these pids alone
+    (the others keep no stacks); ``unasked``: for a sampler no user asked for, through each
+    process's stacks thread (``by_request``), never the signal. Takes as long as the
+    slowest process takes to dump (milliseconds), at most ``timeout`` (plus py-spy's own
+    time)."""
     began = time.time()
     rundir = os.path.expanduser(rundir)
     spec = read_json(os.path.join(rundir, contract.SPEC))
@@ -106,11 +110,22 @@ def collect(
         if native:
             _native(answer, found)
         asked = [(p, r) for p, r in found if not r["threads"] and (only is None or p.pid in only)]
-        by_signal(rundir, asked, timeout)
+        (by_request if unasked else by_signal)(rundir, asked, timeout)
         prune(os.path.join(rundir, contract.STACKS))
-        answer["processes"] = [record for _, record in found]
+        answer["processes"] = [_without_ours(record) for _, record in found]
     answer["elapsed"] = round(time.time() - began, 3)
     return answer
+
+
+def _without_ours(record: ProcessStacks) -> ProcessStacks:
+    """The process's threads less sshddp's own stacks thread (``ranksite._serve``, blocked
+    reading its FIFO): it is no part of the program."""
+    record["threads"] = [t for t in record["threads"] if not any(_ours(f) for f in t["frames"])]
+    return record
+
+
+def _ours(frame: FrameRecord) -> bool:
+    return frame["func"] == "_serve" and frame["file"].endswith(f"{contract.SITE}/sitecustomize.py")
 
 
 def _native(answer: NodeStacks, found: list[Found]) -> None:
@@ -272,19 +287,57 @@ def by_signal(rundir: str, todo: list[Found], timeout: float) -> None:
     """Signal each process that has sshddp's dump handler, then read what each wrote. One
     collection at a time per node (two terminals at once): each reads exactly one dump."""
     signum = dump_signal()
+
+    def ask(proc: Proc, path: str) -> str:
+        why = refusal(proc, path, signum)
+        if why:
+            return why
+        try:
+            os.kill(proc.pid, signum)
+        except OSError:
+            return "it exited before it could dump its stacks"
+        return ""
+
+    _gather(rundir, todo, timeout, ask)
+
+
+def by_request(rundir: str, todo: list[Found], timeout: float) -> None:
+    """Ask each process's stacks thread (``ranksite``: a process that called
+    init_process_group answers on <dump file>.ask) for its stacks, then read what each wrote.
+    No signal: what the samplers that run unasked use, every second for as long as the run
+    lasts, since faulthandler's signal handler can crash CPython 3.11 mid-import. A process
+    with no such thread is not asked."""
+    _gather(rundir, todo, timeout, _request)
+
+
+def _request(proc: Proc, path: str) -> str:
+    try:  # no reader (the process is gone): ENXIO at once, never a wait
+        fd = os.open(path + contract.STACKS_ASK_SUFFIX, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return "it has no stacks thread (it has not called init_process_group)"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.geteuid():
+            return "its stacks FIFO is not the one its process made"
+        os.write(fd, b"?")
+    except OSError:  # full: asked already, and not yet answered
+        return "it has not answered the last request for its stacks"
+    finally:
+        os.close(fd)
+    return ""
+
+
+def _gather(
+    rundir: str, todo: list[Found], timeout: float, ask: Callable[[Proc, str], str]
+) -> None:
     files: dict[int, tuple[str, int]] = {}
     with _one_at_a_time(os.path.join(rundir, contract.STACKS)):
         for proc, record in todo:
             path = dump_path(rundir, proc)
-            why = refusal(proc, path, signum)
+            offset = _size(path)
+            why = ask(proc, path)
             if why:
                 record["error"] = _with(record["error"], why)
-                continue
-            offset = _size(path)
-            try:
-                os.kill(proc.pid, signum)
-            except OSError:
-                record["error"] = "it exited before it could dump its stacks"
                 continue
             files[proc.pid] = (path, offset)
         wait_written(files, timeout)
@@ -429,9 +482,13 @@ def _frame(line: str, cwd: str) -> FrameRecord:
 
 
 def prune(directory: str) -> None:
-    """Remove the dump files of processes that are gone."""
+    """Remove the dump files (and stacks FIFOs) of processes that are gone."""
     for name in listdir(directory):
-        pid, _, start = name.partition("-")
+        pid, _, start = (
+            name[: -len(contract.STACKS_ASK_SUFFIX)].partition("-")
+            if name.endswith(contract.STACKS_ASK_SUFFIX)
+            else name.partition("-")
+        )
         if not (pid.isdigit() and start.isdigit()):
             continue
         if not pid_alive(int(pid)) or start_time(int(pid)) != int(start):

@@ -9,8 +9,9 @@ without GPUs has none. The node's processes are found as teardown finds them (it
 marker) among the supervisor's descendants (a process that left the tree is teardown's
 but not ``top``'s), again every RESCAN seconds; between scans only their /proc/PID/stat is
 read.
-Every STACK_EVERY seconds each rank's stacks are read as ``sshddp stacks`` reads them (its
-faulthandler, signalled: no process started, microseconds of the rank's time) and kept as
+Every STACK_EVERY seconds each rank's stacks are read, asked of the rank's stacks thread
+(``host_stacks.by_request``: no signal, no process started, microseconds of the rank's
+time; in faulthandler's format, as ``sshddp stacks`` reads them) and kept as
 where it was: waiting in a collective or working, at which line (``waits``), the evidence
 ``top`` names a coupled run's straggler by.
 """
@@ -35,7 +36,7 @@ from sshddp.protocol.contract import (
     StackSample,
     UsageRecord,
 )
-from sshddp.remote.calls.host_stacks import Proc, blank, by_signal, describe, role
+from sshddp.remote.calls.host_stacks import Proc, blank, by_request, describe, role
 from sshddp.remote.calls.waits import classify
 from sshddp.remote.common import descendants, read_json, read_json_lines, run_pids, which
 from sshddp.remote.node.joined import entered
@@ -260,13 +261,14 @@ def rank_samples(
 def rank_stacks(
     rundir: str, procs: dict[int, Proc], roles: dict[int, str]
 ) -> dict[int, StackSample]:
-    """Where each rank process of the node is now (its stacks by faulthandler), by pid; only
-    ranks that called init_process_group are asked (``joined.entered``: imports done)."""
+    """Where each rank process of the node is now, by pid, as its stacks thread answers
+    (``host_stacks.by_request``: no signal); only ranks that called init_process_group
+    have one (``joined.entered``)."""
     ready = entered(rundir)
     now = [describe(pid) for pid in procs if roles.get(pid) == contract.RANK and pid in ready]
     # read again now, not at the last scan: a rank whose handler is gone is not signalled
     todo = [(proc, _empty(proc)) for proc in now if proc is not None]
-    by_signal(rundir, todo, STACK_TIMEOUT)
+    by_request(rundir, todo, STACK_TIMEOUT)
     found = {proc.pid: classify(record["threads"]) for proc, record in todo}
     return {pid: sample for pid, sample in found.items() if sample is not None}
 

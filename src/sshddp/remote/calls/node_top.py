@@ -48,10 +48,13 @@ def _asker_gone(wait: float) -> bool:
 def collect(rundir: str, tail: int) -> TopRecord:
     spec = read_json(os.path.join(rundir, contract.SPEC))
     samples = recent(os.path.join(rundir, contract.SAMPLES))
+    status = node_status(rundir)  # a seated spare's says the node rank it took
+    seat = status.get("node_rank", spec["node_rank"] if spec else -1)
     return {
         "schema": contract.SCHEMA,
-        "node_rank": spec["node_rank"] if spec else -1,
-        "state": node_status(rundir)["state"],
+        "node_rank": seat,
+        "state": status["state"],
+        "attempt": status.get("attempt"),
         "sample": samples[-1] if samples else None,
         "tails": tails(rundir, tail),
         "history": history(os.path.join(rundir, contract.LOG), samples),

@@ -13,16 +13,21 @@ from sshddp.remote.common import read_json
 
 
 def summary(max_attempts: int, history: list[AttemptRecord]) -> ExitRecord:
-    """The attempt the node is in, of how many, why each earlier one ended, and where each
-    one starts in node.log (nothing for a run without restarts)."""
+    """The attempt the node is in, of how many, why each earlier one ended, where each
+    one starts in node.log, and the node rank it runs as (nothing for a run without
+    restarts)."""
     if max_attempts <= 1 or not history:
         return {}
-    return {
+    found: ExitRecord = {
         "attempt": history[-1]["attempt"],
         "attempts": max_attempts,
         "earlier": [a["reason"] for a in history[1:]],
         "offsets": [a["offset"] for a in history],
     }
+    seat = history[-1].get("node_rank")
+    if isinstance(seat, int):  # (attempts.json of schema 11 on)
+        found["node_rank"] = seat
+    return found
 
 
 def read_summary(rundir: str) -> ExitRecord:

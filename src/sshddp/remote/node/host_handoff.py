@@ -1,5 +1,5 @@
-"""A payload more than one host needs (a ``--workdir`` archive), kept once on each host and
-handed on from host to host, so that each byte leaves the coordinator once.
+"""A payload more than one host needs (a ``--workdir`` archive, sync's uv), kept once on
+each host and handed on from host to host, so that each byte leaves the coordinator once.
 
 The kept copy is ``<workdir>/payloads/<sha256>``: whole and checked, or absent. It arrives
 in a temporary file of an unguessable name beside it, is checked against the SHA-256 the
@@ -20,6 +20,11 @@ The launch session (``host_session.py``) takes these questions before the go:
         hosts of this run that ask (-> {"port", "pid"})
     payload-unserve {}: stop serving
 
+Run as a call of its own (``main``: ``sync``'s uv, a command that starts nothing), it is a
+session that answers these questions alone: the lines both ways are ``session_messages``'s,
+as ``host_session.py``'s (``clock`` first, then an ``answer`` to each ``ask``); EOF ends it,
+its servers with it. It ships a quarter of the launch session's code.
+
 A server is a process of its own, forked off the session (``host_share.Server``: the
 supervisors' handshake with the run's key, then the raw bytes, checked by the receiver), so
 a server that dies costs its receivers a retry, never the session; it ends when told, when
@@ -33,10 +38,13 @@ import hashlib
 import os
 import signal
 import socket
+import sys
 import time
 from typing import IO, Any, Dict
 
+from sshddp.protocol import session_messages
 from sshddp.remote import hostpath
+from sshddp.remote.common import os_error_said
 from sshddp.remote.node import host_share, wire
 from sshddp.remote.workdir import make_workdir
 
@@ -46,6 +54,24 @@ STALE = 3600.0  #: seconds after which a temporary file there is a dead transfer
 CHUNK = host_share.CHUNK
 Answer = Dict[str, Any]
 _SERVERS: list[int] = []  #: the pids of this session's servers
+
+
+def main(args: dict[str, Any]) -> None:
+    """The session of a command that only hands payloads on."""
+    _say(session_messages.clock(time.time()))
+    try:
+        order = session_messages.decode_order(sys.stdin.buffer.readline())
+        while order is not None and order["kind"] == "ask":
+            said = answer(order["ask"], order["args"], sys.stdin.buffer)
+            _say(session_messages.answer(order["ask"], said))
+            order = session_messages.decode_order(sys.stdin.buffer.readline())
+    finally:
+        stop_all()
+
+
+def _say(message: session_messages.Reply) -> None:
+    sys.stdout.write(session_messages.encode(message).decode("utf-8"))
+    sys.stdout.flush()
 
 
 def kept(workdir: str, sha256: str) -> str:
@@ -71,13 +97,15 @@ def answer(question: str, args: dict[str, Any], stream: IO[bytes]) -> Answer:
         if question == "payload-unserve":
             return {"stopped": stop_all()}
     except (OSError, ValueError, hostpath.Unsafe, wire.Refused) as exc:
-        return _failed(exc)
+        return _failed(exc, str(args.get("workdir") or ""))
     return {"error": f"unknown question {question!r}"}
 
 
-def _failed(exc: BaseException) -> Answer:
-    nospace = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return {"error": str(exc), "nospace": nospace}
+def _failed(exc: BaseException, where: str) -> Answer:
+    """The answer for ``exc``: a full disk is named, with what is free there."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return {"error": os_error_said(exc, where), "nospace": True}
+    return {"error": str(exc), "nospace": False}
 
 
 def whole(path: str, sha256: str, size: int) -> bool:
@@ -132,7 +160,7 @@ def take(args: dict[str, Any], stream: IO[bytes]) -> Answer:
                     problem = _write(fh, data)
                     sha.update(data)
         if problem is not None:
-            return _failed(problem)
+            return _failed(problem, path)
         if sha.hexdigest() != args["sha256"]:
             raise OSError(f"the copy arrived with SHA-256 {sha.hexdigest()}: refused")
         hostpath.rename(tmp, path)

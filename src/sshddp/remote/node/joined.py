@@ -85,11 +85,9 @@ def ranks_by_pid(rundir: str, world: Optional[int]) -> dict[int, int]:
 
 
 def entered(rundir: str) -> set[int]:
-    """The pids of the node's processes that have called ``init_process_group``: their
-    imports are done. Only these are signalled for their stacks by the samplers that run
-    unasked (``node_sampler``, ``node_progress``): CPython 3.11's faulthandler can crash a
-    process it dumps while that process imports (seen: ``dump_traceback`` SIGSEGV in ranks
-    importing Lightning, sampled once a second)."""
+    """The pids of the node's processes that have called ``init_process_group``: each one's
+    own stacks thread answers the samplers that run unasked (``node_sampler``,
+    ``node_progress``) from then on (``ranksite``)."""
     return {r["pid"] for r in records(rundir).values() if isinstance(r.get("pid"), int)}
 
 

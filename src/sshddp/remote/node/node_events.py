@@ -12,8 +12,12 @@ decision is unit-tested without a process.
 Node 0 also decides the run's restarts (``RestartDecider``): a node whose attempt failed
 says so, and node 0's mesh says when a node is lost; with attempts left, node 0 halts the
 attempt everywhere, and once every node still there has halted, starts the next one
-everywhere, a waiting spare in each lost node's place (``seats``). A spare's supervisor
-waits in its own phase (SPARE) until node 0's ``again`` gives it a node rank.
+everywhere, a waiting spare in each lost node's place (``seats``). A node whose rank died of
+a hardware error (its ``fail`` or ``halted`` says so) is replaced like a lost one: node 0's
+``again`` leaves it out and it ends. Before seating a spare, node 0 asks the waiting spares
+to check their health (``check``) and waits for their answers (``health``): an unhealthy
+one is skipped and named. A spare's supervisor waits in its own phase (SPARE) until node
+0's ``again`` gives it a node rank.
 """
 
 from __future__ import annotations
@@ -148,6 +152,29 @@ class LetGo:
 
 
 @dataclass(frozen=True)
+class HealthAsked:
+    """Node 0 needs a spare for attempt ``attempt``: a waiting spare checks its health."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class HealthChecked:
+    """This spare's look at its health ended: ``problem`` ("" when healthy)."""
+
+    attempt: int
+    problem: str
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """Node 0's ``--share`` files for attempt ``attempt`` are here (``failed``: why not)."""
+
+    attempt: int
+    failed: str = ""
+
+
+@dataclass(frozen=True)
 class RunOver:
     """Node 0 said goodbye: the run ended (a spare that waits goes, not needed)."""
 
@@ -167,6 +194,9 @@ Event = Union[
     PeerView,
     LetGo,
     RunOver,
+    HealthAsked,
+    HealthChecked,
+    Fetched,
 ]
 
 # ------------------------------------------------------------------- actions
@@ -201,6 +231,15 @@ class StartNext:
 
 
 @dataclass(frozen=True)
+class Fetch:
+    """Get node 0's ``--share`` files (its ``again`` offered them) before the attempt starts:
+    a thread of its own, so that a stop is heard meanwhile (a checkpoint of many GB takes
+    minutes); then post ``Fetched``."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
 class TearDown:
     """Stop the node's processes, a step at a time, then post ``TornDown``; ``graceful``:
     SIGTERM and the spec's grace first (else SIGKILL at once)."""
@@ -232,11 +271,38 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class CheckHealth:
+    """A spare looks at its health (a thread of its own), then posts ``HealthChecked``."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Send node 0 ``msg`` (a spare's word on its health)."""
+
+    msg: pm.PeerMessage
+
+
+@dataclass(frozen=True)
 class Farewell:
     """Say goodbye to the other nodes; the loop ends."""
 
 
-Action = Union[Tell, EndRun, TakeStacks, StartNext, TearDown, Hurry, Say, Finish, Farewell]
+Action = Union[
+    Tell,
+    EndRun,
+    TakeStacks,
+    StartNext,
+    TearDown,
+    Hurry,
+    Say,
+    Finish,
+    Farewell,
+    CheckHealth,
+    Reply,
+    Fetch,
+]
 
 # ------------------------------------------------------------------- state
 
@@ -250,6 +316,11 @@ class RestartDecider:
     why: str = ""  #: why it is: the failure that restarts the run
     halted: frozenset[int] = frozenset()  #: the nodes that stopped it (by mesh slot)
     lost: frozenset[int] = frozenset()  #: the nodes lost meanwhile (by mesh slot)
+    #: the nodes whose rank died of a hardware error (by mesh slot): replaced like the lost
+    blamed: frozenset[int] = frozenset()
+    hardware: tuple[str, ...] = ()  #: what the blamed said, where another failure came first
+    asked: bool = False  #: the waiting spares were asked to check their health
+    health: tuple[tuple[int, str], ...] = ()  #: their answers: (slot, "" or the problem)
 
 
 @dataclass(frozen=True)
@@ -283,6 +354,8 @@ class LoopState:
     decider: RestartDecider = field(default_factory=RestartDecider)  #: node 0's
     heard: frozenset[int] = frozenset()  #: node 0's: the nodes it hears from (``PeerView``)
     ended: frozenset[int] = frozenset()  #: node 0's: the nodes that reported their end
+    sick: str = ""  #: a spare's: what its last look at its health found ("" healthy)
+    fetching: bool = False  #: node 0's ``--share`` files are being fetched (``Fetch``)
 
     @property
     def restarts(self) -> bool:
@@ -341,6 +414,8 @@ def _apply(state: LoopState, event: Event) -> Decision:
     """One event: what the node now knows, and what it does at once."""
     if isinstance(event, Message):
         return _message(state, event.rank, event.msg)
+    if isinstance(event, Fetched):
+        return _fetched(state, event)
     if state.phase == SPARE:
         return _spare(state, event)
     if isinstance(event, Hang):
@@ -364,7 +439,11 @@ def _spare(state: LoopState, event: Event) -> Decision:
     """A waiting spare hears only of the run's end and of node 0's word (no stacks: it
     runs nothing)."""
     if isinstance(event, RunOver):
-        return _finish(state, Ending(contract.SUCCEEDED, SPARE_UNUSED))
+        return _finish(state, Ending(contract.SUCCEEDED, spare_words(state, SPARE_UNUSED)))
+    if isinstance(event, HealthAsked):
+        return state, [CheckHealth(event.attempt)]
+    if isinstance(event, HealthChecked):
+        return replace(state, sick=event.problem), [Reply(pm.health(event.attempt, event.problem))]
     if isinstance(event, (Hang, StacksTaken, Exited, TornDown, Begun, LetGo)):
         return state, []
     return _note(state, event), []
@@ -373,12 +452,24 @@ def _spare(state: LoopState, event: Event) -> Decision:
 SPARE_UNUSED = "a spare: the run ended without needing it"
 
 
+def spare_words(state: LoopState, words: str) -> str:
+    """A spare's end in ``words``; first, where its last look found it unhealthy, that (the
+    coordinator quarantines it: ``contract.SPARE_UNHEALTHY``)."""
+    return f"{contract.SPARE_UNHEALTHY}{state.sick}; {words}" if state.sick else words
+
+
 def _advance(state: LoopState) -> Decision:
     """The phase that follows from what the node knows after a batch of events."""
     if state.phase == SPARE and stopping(state):
-        return _finish(state, Ending(contract.STOPPED, node_ends.stop_words(state.abort)))
+        words = spare_words(state, node_ends.stop_words(state.abort))
+        return _finish(state, Ending(contract.STOPPED, words))
     if state.phase == SPARE and state.go is not None and state.rank in state.seated():
-        return replace(state, phase=STARTING, attempt=state.go[0] - 1), [StartNext()]
+        return _start_next(replace(state, attempt=state.go[0] - 1))
+    if state.phase == STARTING and state.fetching and stopping(state):
+        end = state.end  # the last attempt's (a seated spare has none)
+        if end is None:
+            end = Ending(contract.STOPPED, node_ends.stop_words(state.abort))
+        return _finish(replace(state, fetching=False), _final(state, end))
     if state.phase == WATCHING and outcome(state) != WATCH:
         why = outcome(state)
         graceful = why == STOP and state.stop_signal != signal.SIGUSR1
@@ -391,9 +482,34 @@ def _advance(state: LoopState) -> Decision:
     if state.phase == AWAITING and state.end is not None:
         if stopping(state):
             return _finish(state, _final(state, state.end))
+        if going(state) and state.rank not in state.seated():
+            assert state.go is not None
+            return _finish(state, Ending(contract.STOPPED, contract.REPLACED_PREFIX + state.go[1]))
         if going(state):
-            return replace(state, phase=STARTING), [StartNext()]
+            return _start_next(state)
     return state, []
+
+
+def _start_next(state: LoopState) -> Decision:
+    """Start the attempt node 0 said go to: first, where its ``again`` offered node 0's
+    ``--share`` files to a node other than 0, get them."""
+    if state.rank != 0 and state.share is not None:
+        assert state.go is not None
+        return replace(state, phase=STARTING, fetching=True), [Fetch(state.go[0])]
+    return replace(state, phase=STARTING), [StartNext()]
+
+
+def _fetched(state: LoopState, event: Fetched) -> Decision:
+    """The files are here: the attempt starts; not got: it fails, saying why (a rank must
+    not resume from an older checkpoint than the others'). Late (the node stopped
+    meanwhile): nothing."""
+    if not state.fetching:
+        return state, []
+    state = replace(state, fetching=False)
+    if event.failed:
+        state = replace(state, attempt=event.attempt)
+        return _finish(state, node_ends.not_started(event.failed, state.rc, event.attempt))
+    return state, [StartNext()]
 
 
 def _attempt_end(state: LoopState, rc: int) -> Ending:
@@ -456,7 +572,7 @@ def _seated(state: LoopState, msg: pm.Again) -> LoopState:
 def _message(state: LoopState, rank: int, msg: pm.PeerMessage) -> Decision:
     """Node 0 hears from the node in mesh slot ``rank`` (itself for rank 0)."""
     if msg["t"] == "done" and rank not in state.seated():
-        return state, []  # a spare's end, or a lost node's word that came late
+        return _recheck(state)  # a spare's end, or a lost node's word that came late
     if msg["t"] == "done" and msg["state"] == contract.LOST and state.restarts:
         return lost(state, rank, msg["reason"]) if state.rank == 0 else (state, [])
     if msg["t"] == "done":
@@ -464,9 +580,13 @@ def _message(state: LoopState, rank: int, msg: pm.PeerMessage) -> Decision:
     if not state.restarts or state.rank != 0:
         return state, []
     if msg["t"] == "fail":
-        return failed(state, rank, msg["attempt"], msg["reason"])
+        return failed(state, rank, msg["attempt"], msg["reason"], msg.get("hardware", ""))
     if msg["t"] == "halted":
-        return stopped(state, rank, msg["attempt"])
+        state, told = blame(state, rank, msg["attempt"], msg.get("hardware", ""))
+        state, more = stopped(state, rank, msg["attempt"])
+        return state, [*told, *more]
+    if msg["t"] == "health":
+        return checked(state, rank, msg["attempt"], msg["problem"])
     return state, []
 
 
@@ -483,17 +603,23 @@ def _ended(state: LoopState, rank: int, msg: pm.Done) -> EndRun:
     return EndRun(why + (": " + msg["reason"] if msg["reason"] else ""))
 
 
-def failed(state: LoopState, rank: int, attempt: int, reason: str) -> Decision:
+def failed(state: LoopState, rank: int, attempt: int, reason: str, hardware: str = "") -> Decision:
     """Node ``rank``'s attempt failed (and it stopped): restart everyone, or end the run.
-    A node node 0 no longer hears from is lost: a spare takes its place, or the run ends."""
+    A node node 0 no longer hears from is lost, and one whose rank died of a hardware error
+    (``hardware``: in words) is blamed: a spare takes its place, or the run ends."""
     d = state.decider
     if d.halting is not None or attempt != d.current:
-        return stopped(state, rank, attempt) if d.halting == attempt else (state, [])
+        if d.halting != attempt:
+            return state, []
+        state, told = blame(state, rank, attempt, hardware)
+        state, more = stopped(state, rank, attempt)
+        return state, [*told, *more]
     heard = state.heard | {state.rank}
     gone = frozenset(s for s in state.seated() if s not in heard)
-    why = f"{state.name(rank)} failed: {reason}"
+    why = f"{state.name(rank)}: {hardware}" if hardware else f"{state.name(rank)} failed: {reason}"
     lost = [f"{state.name(s)} lost (not connected to node 0's supervisor)" for s in sorted(gone)]
-    state, actions = _halt(state, attempt, why, gone, "; ".join((why, *lost)))
+    blamed = frozenset({rank}) if hardware else frozenset()
+    state, actions = _halt(state, attempt, why, gone, "; ".join((why, *lost)), blamed)
     if state.decider.halting != attempt:
         return state, actions
     state, more = stopped(state, rank, attempt)
@@ -510,34 +636,111 @@ def lost(state: LoopState, slot: int, reason: str) -> Decision:
     if d.halting is None:
         return _halt(state, d.current, what, frozenset({slot}))
     d = replace(d, lost=d.lost | {slot})
-    seating = _seating(state, d.lost)
+    seating = _seating(replace(state, decider=d))
     if seating.refusal:
-        return state, [EndRun(f"{d.why}; then {what}; not restarted: {seating.refusal}")]
+        return state, [EndRun(f"{_why(d)}; then {what}; not restarted: {seating.refusal}")]
+    state, ask = _ask(replace(state, decider=d))
+    state, more = _complete(state)
+    return state, [*ask, *more]
+
+
+def blame(state: LoopState, slot: int, attempt: int, hardware: str) -> Decision:
+    """While attempt ``attempt`` halts, the node in ``slot`` says one of its ranks died of a
+    hardware error (``hardware``, in words; "": it did not): a spare takes its place, or
+    the run ends."""
+    d = state.decider
+    if not hardware or d.halting != attempt or slot in d.blamed or slot not in state.seated():
+        return state, []
+    what = f"{state.name(slot)}: {hardware}"
+    d = replace(d, blamed=d.blamed | {slot}, hardware=(*d.hardware, what))
+    seating = _seating(replace(state, decider=d))
+    if seating.refusal:
+        return state, [EndRun(f"{_why(d)}; not restarted: {seating.refusal}")]
+    return _ask(replace(state, decider=d))
+
+
+def checked(state: LoopState, slot: int, attempt: int, problem: str) -> Decision:
+    """The spare in ``slot`` answered node 0's ``check`` for ``attempt``: ``problem`` ("" when
+    healthy). Once every waiting spare has, the next attempt may start."""
+    d = state.decider
+    if d.halting != attempt or slot not in state.spare_slots() or not d.asked:
+        return state, []
+    d = replace(d, health=(*d.health, (slot, problem)))
     return _complete(replace(state, decider=d))
 
 
+def _ask(state: LoopState) -> Decision:
+    """Ask the waiting spares to check their health, once per halt, where one is needed."""
+    d = state.decider
+    if d.asked or not (d.lost or d.blamed) or not state.spares:
+        return state, []
+    assert d.halting is not None
+    return replace(state, decider=replace(d, asked=True)), [Tell(pm.check(d.halting))]
+
+
+def _unchecked(state: LoopState) -> bool:
+    """A spare that could take a node's place has yet to answer node 0's ``check``."""
+    d = state.decider
+    heard = (state.heard | {state.rank}) - state.ended
+    answered = {slot for slot, _ in d.health}
+    free = [s for s in state.spare_slots() if s in heard and s not in state.seated()]
+    return any(s not in answered and s not in d.lost for s in free)
+
+
+def _recheck(state: LoopState) -> Decision:
+    """A spare that ended (or went) while node 0 waited for the spares' answers: perhaps the
+    next attempt may start now."""
+    if state.rank != 0 or not state.restarts or state.decider.halting is None:
+        return state, []
+    return _complete(state)
+
+
+def _why(d: RestartDecider) -> str:
+    """Why the attempt halts: the hardware errors first (they name the root cause)."""
+    return "; ".join((*d.hardware, d.why))
+
+
 def _halt(
-    state: LoopState, attempt: int, why: str, gone: frozenset[int], told: str = ""
+    state: LoopState,
+    attempt: int,
+    why: str,
+    gone: frozenset[int],
+    told: str = "",
+    blamed: frozenset[int] = frozenset(),
 ) -> Decision:
     """Stop ``attempt`` everywhere for ``why`` (``told``: in full, the lost nodes named;
-    ``gone``: the nodes lost), or end the run when no next attempt can follow."""
+    ``gone``: the nodes lost; ``blamed``: those whose rank died of a hardware error), or
+    end the run when no next attempt can follow."""
     members = state.seated()
     ended = [members.index(s) for s in members if s in state.ended and s not in gone]
     no = refusal(attempt, state.max_attempts, ended, state.abort)
-    if not no and gone:
-        no = _seating(state, gone).refusal
+    d = RestartDecider(state.decider.current, attempt, told or why, lost=gone, blamed=blamed)
+    if not no and (gone or blamed):
+        no = _seating(replace(state, decider=d)).refusal
     if no:
         return state, [EndRun(f"{why}; not restarted: {no}")]
-    why = told or why
-    d = replace(state.decider, halting=attempt, halted=frozenset(), why=why, lost=gone)
-    state = replace(state, decider=d, halt=(attempt, why))
-    return state, [Tell(pm.halt(attempt, why))]
+    state = replace(state, decider=d, halt=(attempt, d.why))
+    state, ask = _ask(state)
+    return state, [Tell(pm.halt(attempt, d.why)), *ask]
 
 
-def _seating(state: LoopState, lost: frozenset[int]) -> Seating:
+def _seating(state: LoopState) -> Seating:
+    """The next attempt's nodes, the decider's lost and blamed nodes out, a spare that
+    answered unhealthy skipped."""
+    d = state.decider
     heard = state.heard | {state.rank}
     members, spares = state.seated(), state.spare_slots()
-    return reseat(members, lost, heard - state.ended, spares, state.min_nodes, state.names)
+    sick = {slot: problem for slot, problem in d.health if problem}
+    return reseat(
+        members,
+        d.lost | d.blamed,
+        heard - state.ended,
+        spares,
+        state.min_nodes,
+        state.names,
+        blamed=d.blamed,
+        unhealthy=sick,
+    )
 
 
 def stopped(state: LoopState, rank: int, attempt: int) -> Decision:
@@ -554,12 +757,16 @@ def _complete(state: LoopState) -> Decision:
     assert d.halting is not None
     if any(s not in d.halted and s not in d.lost for s in state.seated()):
         return state, []
-    seating = _seating(state, d.lost) if d.lost else Seating(state.seated())
+    out = d.lost | d.blamed
+    if out and _unchecked(state):
+        return state, []  # the spares' answers are awaited (each look is bounded)
+    seating = _seating(state) if out else Seating(state.seated())
     if seating.refusal:
-        return state, [EndRun(f"{d.why}; not restarted: {seating.refusal}")]
-    why = "; ".join((d.why, *seating.taken))
+        return state, [EndRun(f"{_why(d)}; not restarted: {seating.refusal}")]
+    why = "; ".join((_why(d), *seating.taken))
     go = d.halting + 1
-    d = replace(d, halting=None, current=go, lost=frozenset())
+    d = replace(d, halting=None, current=go, lost=frozenset(), blamed=frozenset(), hardware=())
+    d = replace(d, asked=False, health=())
     state = replace(state, decider=d, go=(go, why))
     if seating.members == state.seated() and not seating.replaced:
         return replace(state, replaced=()), [Tell(pm.again(go, why))]

@@ -2,8 +2,8 @@
 
 No output is not proof of a hang: a detached Lightning bar prints nothing until the end. So
 while its output is quiet, every node's supervisor samples its ranks every few seconds
-(``QuietWatch``): each process's stacks (as ``sshddp stacks`` reads them: the dump signal,
-``host_stacks.collect``) and its CPU time (utime + stime, /proc/PID/stat). Two samples
+(``QuietWatch``): each process's stacks (``host_stacks.collect``, asked of each rank's
+stacks thread: no signal) and its CPU time (utime + stime, /proc/PID/stat). Two samples
 apart (``moved``, pure), the ranks worked when a process came or went, a process's Python
 stacks changed, or, on a host without a GPU, a process used at least ``CPU_SHARE`` of a core
 between them: a rank blocked in a gloo wait, a lock or ``time.sleep`` uses next to none, a
@@ -78,7 +78,7 @@ def take(rundir: str) -> Sample:
     from sshddp.remote.calls.host_stacks import collect
     from sshddp.remote.calls.node_sampler import cpu_ticks
 
-    found = collect(rundir, only=entered(rundir))["processes"]  # imports done: safe to dump
+    found = collect(rundir, only=entered(rundir), unasked=True)["processes"]
     ranks = [p for p in found if p["role"] in (contract.RANK, contract.WORKER)]
     chosen = ranks or [p for p in found if p["role"] != contract.AGENT]
     sample: Sample = {}

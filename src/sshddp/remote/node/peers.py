@@ -38,6 +38,7 @@ from sshddp.remote.node import wire
 from sshddp.remote.node.node_events import (
     Event,
     Hang,
+    HealthAsked,
     Message,
     Node0Said,
     PeerAbort,
@@ -307,7 +308,7 @@ class PeerServer(Peers):
         elif msg["t"] == "done":
             self.record_done(rank, msg["state"], msg["reason"])
             self._post(Message(rank, msg))  # the loop decides whether the run stops
-        elif msg["t"] in ("fail", "halted"):
+        elif msg["t"] in ("fail", "halted", "health"):
             self._post(Message(rank, msg))
 
     def _heartbeat(self) -> None:
@@ -450,6 +451,8 @@ class PeerClient(Peers):
             self._post(Hang(msg["kind"], msg["reason"], msg["action"]))
         elif msg["t"] == "halt" or msg["t"] == "again":
             self._post(Node0Said(msg))
+        elif msg["t"] == "check":
+            self._post(HealthAsked(msg["attempt"]))
         return msg is not None and msg["t"] == "bye"
 
     def _heartbeat(self, conn: wire.Conn) -> None:

@@ -27,12 +27,14 @@ from typing import Collection, Optional
 
 from sshddp.protocol import contract
 from sshddp.protocol.contract import AttemptRecord, ExitRecord, SpecRecord
+from sshddp.protocol.hardware import first_hardware_error
 from sshddp.remote.common import atomic_write_json, listdir, unlink
 from sshddp.remote.node.host_attempts import summary
 from sshddp.remote.node.output import NodeOutput
 
 WAIT_TICK = 0.05  #: seconds between looks while a node waits for node 0's word
 TAIL_BYTES = 64 * 1024  #: how much of an attempt's end is read for torchrun's failure summary
+HARDWARE_LINE = 200  #: characters of the line that shows a hardware fault, quoted
 _RANK_RE = re.compile(rb"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)")
 _EXIT_RE = re.compile(rb"exitcode\s*:\s*(-?\d+)")
 
@@ -58,18 +60,48 @@ def refusal(
 def failure_text(log: str, offset: int, reason: str) -> str:
     """What failed, from torchrun's failure summary at the end of the attempt's output
     (``rank 5 exited with code 1``); else ``reason`` (torchrun's own exit)."""
+    tail = _tail(log, offset)
+    rank, code = _root_cause(tail)
+    if rank is None or code is None:
+        return reason
+    return f"rank {rank} exited with code {code}"
+
+
+def hardware_text(log: str, offset: int) -> str:
+    """Where the attempt's output shows a hardware fault (``hardware.HARDWARE``): which rank
+    died of which, and the line that says so (``rank 4 died of a hardware error (uncorrectable
+    ECC error): `...```); else "". The rank is torchrun's root cause, where it names one."""
+    tail = _tail(log, offset)
+    hit = first_hardware_error(tail.decode("utf-8", "replace").splitlines())
+    if hit is None:
+        return ""
+    rank = _root_cause(tail)[0]
+    who = f"rank {rank}" if rank is not None else "a rank"
+    line = "".join(c if c.isprintable() else "?" for c in hit[1])[:HARDWARE_LINE]
+    return f"{who} died of a hardware error ({hit[0]}): `{line}`"
+
+
+def _tail(log: str, offset: int) -> bytes:
+    """The attempt's output from ``offset``: its last TAIL_BYTES."""
     try:
         with open(log, "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(offset, size - TAIL_BYTES))
-            tail = fh.read()
+            return fh.read()
     except OSError:
-        return reason
+        return b""
+
+
+def _root_cause(tail: bytes) -> tuple[Optional[int], Optional[int]]:
+    """torchrun's failure summary in ``tail``: the root cause's rank and exit code."""
     start = tail.rfind(b"Root Cause")
-    rank, code = _RANK_RE.search(tail, max(start, 0)), _EXIT_RE.search(tail, max(start, 0))
-    if start < 0 or rank is None or code is None:
-        return reason
-    return f"rank {int(rank.group(1))} exited with code {int(code.group(1))}"
+    if start < 0:
+        return None, None
+    rank, code = _RANK_RE.search(tail, start), _EXIT_RE.search(tail, start)
+    return (
+        int(rank.group(1)) if rank else None,
+        int(code.group(1)) if code else None,
+    )
 
 
 class Restarts:
@@ -93,9 +125,16 @@ class Restarts:
         offset = self.history[-1]["offset"] if self.history else 0
         return failure_text(log, offset, reason)
 
-    def begin(self, output: NodeOutput, spec: SpecRecord, go: Optional[tuple[int, str]]) -> None:
-        """Record the start of the next attempt (``go``: which, and why; None: the first)
-        and give it a fresh output."""
+    def hardware(self) -> str:
+        """Where the current attempt's output shows a hardware fault: in words, else ""."""
+        log = os.path.join(self.rundir, contract.LOG)
+        return hardware_text(log, self.history[-1]["offset"] if self.history else 0)
+
+    def begin(
+        self, output: NodeOutput, spec: SpecRecord, go: Optional[tuple[int, str]], node_rank: int
+    ) -> None:
+        """Record the start of the next attempt (``go``: which, and why; None: the first),
+        run as ``node_rank``, and give it a fresh output."""
         if not self.enabled:
             return
         why = ""
@@ -113,6 +152,7 @@ class Restarts:
                 "started": time.time(),
                 "reason": why,
                 "standby": False,
+                "node_rank": node_rank,
             }
         )
 

@@ -9,13 +9,14 @@ in the lost node's rank (``reseat``): the world keeps its shape, so every other 
 its rank and its standby torchrun. With no spare left and ``min_nodes`` set, the lost nodes
 are dropped and the rest renumbered 0..n-1. Node 0 is never replaced: it holds the
 rendezvous store and decides the restarts, and a lost node 0 is not heard by anyone who
-could seat another.
+could seat another. A node whose rank died of a hardware error (``blamed``) is replaced as a
+lost one is, and a spare whose look at its health just failed (``unhealthy``) is skipped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -35,28 +36,35 @@ def reseat(
     spares: Sequence[int],
     min_nodes: int,
     names: Sequence[str],
+    blamed: Collection[int] = (),
+    unhealthy: Optional[Mapping[int, str]] = None,
 ) -> Seating:
     """The nodes of the next attempt once the slots ``lost`` are gone: each lost member's
-    rank goes to the first spare slot of ``spares`` that node 0 ``heard`` and that holds no
-    rank; without one, the lost are dropped when at least ``min_nodes`` remain. ``names``:
-    the hosts by slot, for the words."""
+    rank goes to the first spare slot of ``spares`` that node 0 ``heard``, that holds no
+    rank and that is not ``unhealthy`` (slot: what its look found); without one, the lost
+    are dropped when at least ``min_nodes`` remain. ``blamed``: those of ``lost`` whose rank
+    died of a hardware error (the words differ). ``names``: the hosts by slot."""
     if members and members[0] in lost:
-        return Seating(refusal=f"node 0 ({_host(names, members[0])}) {NODE_0_LOST}")
-    free = [s for s in spares if s in heard and s not in members and s not in lost]
+        said = NODE_0_BLAMED if members[0] in blamed else NODE_0_LOST
+        return Seating(refusal=f"node 0 ({_host(names, members[0])}) {said}")
+    sick = dict(unhealthy or {})
+    out = _Out(members, lost, heard, sick)
+    free = [s for s in spares if out.usable(s)]
     seats, replaced, taken = list(members), [], []
     for rank, slot in enumerate(members):
         if slot not in lost or not free:
             continue
         seats[rank] = spare = free.pop(0)
         replaced.append(rank)
-        skipped = _skipped(spare, spares, members, lost, heard, names)
+        skipped = _skipped(spare, spares, out, names)
         taken.append(f"{_host(names, spare)} took its place{skipped}")
     gone = [r for r, slot in enumerate(seats) if slot in lost]
     if not gone:
         return Seating(tuple(seats), tuple(replaced), tuple(taken))
     left = len(seats) - len(gone)
-    why = f"node(s) {', '.join(map(str, gone))} cannot be reached and " + no_spare(
-        members, lost, heard, spares, names
+    how = _gone_words([members[r] for r in gone], blamed)
+    why = f"node(s) {', '.join(map(str, gone))} {how} and " + no_spare(
+        members, lost, heard, spares, names, sick
     )
     if min_nodes <= 0:
         return Seating(refusal=why)
@@ -68,6 +76,33 @@ def reseat(
 
 
 NODE_0_LOST = "is lost: node 0 is not replaced (it holds the rendezvous and decides restarts)"
+NODE_0_BLAMED = (
+    "died of a hardware error: node 0 is not replaced (it holds the rendezvous and decides "
+    "restarts)"
+)
+
+
+@dataclass(frozen=True)
+class _Out:
+    """What keeps a spare from a node's place."""
+
+    members: Sequence[int]
+    lost: Collection[int]
+    heard: Collection[int]
+    sick: Mapping[int, str]
+
+    def usable(self, slot: int) -> bool:
+        return self.unusable(slot) == ""
+
+    def unusable(self, slot: int) -> str:
+        """Why the spare in ``slot`` cannot take a node's place ("": it can)."""
+        if slot in self.members:
+            return "took another node's place already"
+        if slot in self.lost or slot not in self.heard:
+            return "unreachable (not connected to node 0's supervisor)"
+        if slot in self.sick:
+            return f"failed its health check: {self.sick[slot]}"
+        return ""
 
 
 def no_spare(
@@ -76,37 +111,31 @@ def no_spare(
     heard: Collection[int],
     spares: Sequence[int],
     names: Sequence[str],
+    unhealthy: Optional[Mapping[int, str]] = None,
 ) -> str:
     """Why no spare takes a lost node's place: each spare named, and why it was not used."""
-    skipped = [f"spare {_host(names, s)} {_unusable(s, members, lost, heard)}" for s in spares]
+    out = _Out(members, lost, heard, dict(unhealthy or {}))
+    skipped = [f"spare {_host(names, s)} {out.unusable(s) or 'taken'}" for s in spares]
     return "no spare can take its place" + (f" ({'; '.join(skipped)})" if skipped else "")
 
 
-def _skipped(
-    chosen: int,
-    spares: Sequence[int],
-    members: Sequence[int],
-    lost: Collection[int],
-    heard: Collection[int],
-    names: Sequence[str],
-) -> str:
+def _skipped(chosen: int, spares: Sequence[int], out: _Out, names: Sequence[str]) -> str:
     """The spares ahead of ``chosen`` that could not be used, named."""
-    ahead = [s for s in spares[: list(spares).index(chosen)] if s not in members]
-    bad = [s for s in ahead if s in lost or s not in heard]
+    ahead = [s for s in spares[: list(spares).index(chosen)] if s not in out.members]
     told = "; ".join(
-        f"spare {_host(names, s)} skipped: {_unusable(s, members, lost, heard)}" for s in bad
+        f"spare {_host(names, s)} skipped: {out.unusable(s)}" for s in ahead if out.unusable(s)
     )
     return f" ({told})" if told else ""
 
 
-def _unusable(
-    slot: int, members: Sequence[int], lost: Collection[int], heard: Collection[int]
-) -> str:
-    if slot in members:
-        return "took another node's place already"
-    if slot in lost or slot not in heard:
-        return "unreachable (not connected to node 0's supervisor)"
-    return "taken"
+def _gone_words(slots: Sequence[int], blamed: Collection[int]) -> str:
+    """How the nodes in ``slots`` went: out of reach, or a hardware error."""
+    hardware = [s for s in slots if s in blamed]
+    if not hardware:
+        return "cannot be reached"
+    if len(hardware) == len(slots):
+        return "died of a hardware error"
+    return "cannot be reached or died of a hardware error"
 
 
 def _host(names: Sequence[str], slot: int) -> str:

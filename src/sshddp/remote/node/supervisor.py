@@ -43,6 +43,7 @@ from sshddp.remote.common import (
     read_json,
     start_time,
 )
+from sshddp.remote.node import spare_health
 from sshddp.remote.node.bound import session_gone
 from sshddp.remote.node.host_watchdog import Watchdog, nccl_env
 from sshddp.remote.node.joined import node_world
@@ -52,20 +53,26 @@ from sshddp.remote.node.node_events import (
     DONE,
     LINGERING,
     SPARE,
+    STARTING,
     STOPPING,
     WATCHING,
     Action,
     Begun,
+    CheckHealth,
     EndRun,
     Event,
     Exited,
     Farewell,
+    Fetch,
+    Fetched,
     Finish,
+    HealthChecked,
     Hurry,
     LetGo,
     LoopState,
     Message,
     OutputFull,
+    Reply,
     Say,
     SessionGone,
     Signal,
@@ -145,16 +152,14 @@ class Supervisor:
         """Start the attempt's torchrun (``Spare``: the standby's, if one waits); False when
         it could not start. The world forms anew, so the watchdog watches from now."""
         assert self.output is not None
-        self.restarts.begin(self.output, self.spec, self.state.go)
-        self.watchdog.restart(self.peers.known)
         self.seated = seated_spec(self.spec, self.state.seated(), self.state.rank)
+        self.restarts.begin(self.output, self.spec, self.state.go, self.seated["node_rank"])
+        self.watchdog.restart(self.peers.known)
         self.spare.argv = torchrun_argv(self.rundir, self.seated)
         env = attempt_env({**self.env, **self.output.env}, self.seated, self.state.replaced)
         env[contract.ATTEMPT_VAR] = str(self.restarts.attempt)
         fresh = functools.partial(start_torchrun, self.rundir, self.seated, env, self.output)
-        proc, failed = None, self.handover.refresh(self.state)  # (not got: the attempt fails)
-        if not failed:
-            proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
+        proc, failed = self.spare.run(self.restarts, env, self.output, fresh)
         if proc is not None:
             self.proc = proc
             started = record_state(self.rundir, proc.pid, self.started, self.spare.was_standby)
@@ -189,7 +194,7 @@ class Supervisor:
             if rc is not None:
                 self.escaped, self.stop = self.stop.escaped, None
                 self.inbox.post(TornDown(rc))
-        elif phase in (AWAITING, SPARE):
+        elif phase in (AWAITING, SPARE, STARTING):  # (STARTING: node 0's files come)
             self.inbox.sleep(WAIT_TICK)
         elif phase == LINGERING and self.peers.released():
             self.inbox.post(LetGo())
@@ -209,16 +214,21 @@ class Supervisor:
             self.stop = Stopping(self, action.graceful, self.proc, self.output)
         elif isinstance(action, Hurry) and self.stop is not None:
             self.stop.run.hurry()
-        elif isinstance(action, Say) and self.state.rank == 0:
-            self.inbox.post(Message(0, word_for(action, self.restarts)))  # node 0's own word
-        elif isinstance(action, Say):
-            self.peers.tell_node_0(word_for(action, self.restarts))
+        elif isinstance(action, (Say, Reply)):
+            word = word_for(action, self.restarts) if isinstance(action, Say) else action.msg
+            to_node_0(self.state.rank, self.inbox, self.peers, word)
         elif isinstance(action, StartNext):
             self.spawn()
         elif isinstance(action, Finish):
             self._finish(action.end)
         elif isinstance(action, Farewell):
             self.peers.farewell()
+        elif isinstance(action, Fetch):
+            get = (self.handover, self.state, self.inbox, action.attempt)
+            threading.Thread(target=fetch_share, args=get, daemon=True, name="share").start()
+        elif isinstance(action, CheckHealth):
+            look = (self.inbox, self.spec, self.env, action.attempt)
+            threading.Thread(target=look_at_health, args=look, daemon=True).start()
 
     def _finish(self, end: Ending) -> None:
         """Record the node's end (``asked``: in the asker's words, if any) and tell the others."""
@@ -296,6 +306,34 @@ def spare_waits(rundir: str, since: float) -> bool:
     return True
 
 
+def to_node_0(rank: int, inbox: Inbox, peers: Peers, msg: PeerMessage) -> None:
+    """Tell node 0's supervisor ``msg`` (node 0's own word: a post to its own inbox)."""
+    if rank == 0:
+        inbox.post(Message(0, msg))
+    else:
+        peers.tell_node_0(msg)
+
+
+def fetch_share(handover: Handover, state: LoopState, inbox: Inbox, attempt: int) -> None:
+    """Node 0's ``--share`` files for ``attempt``, fetched where this node's copies differ
+    (a thread: the loop hears a stop meanwhile). It always answers."""
+    try:
+        failed = handover.refresh(state)
+    except Exception as exc:  # a fetch that broke: the attempt fails, saying why
+        failed = f"could not get node 0's --share files: {type(exc).__name__}: {exc}"
+    inbox.post(Fetched(attempt, failed))
+
+
+def look_at_health(inbox: Inbox, spec: SpecRecord, env: dict[str, str], attempt: int) -> None:
+    """A spare's look at its health, asked by node 0 (a thread: the loop goes on). It
+    always answers: node 0 waits for it before the next attempt."""
+    try:
+        problem = spare_health.problem(spec, env)
+    except Exception as exc:  # a look that broke is no healthy answer; node 0 hears why
+        problem = f"its look at its health failed: {type(exc).__name__}: {exc}"
+    inbox.post(HealthChecked(attempt, problem))
+
+
 def on_signal(inbox: Inbox, signum: int, frame: Optional[FrameType]) -> None:
     """A signal handler: the loop hears of ``signum``."""
     inbox.post(Signal(signum))
@@ -311,10 +349,11 @@ def record_state(rundir: str, pid: int, since: float, standby: bool = False) -> 
 
 def word_for(say: Say, restarts: Restarts) -> PeerMessage:
     """What node 0 hears of an attempt that ended: halted, or failed (and what failed,
-    from the attempt's output)."""
+    from the attempt's output); either way, where the output shows a rank died of a
+    hardware error, which (node 0 then replaces the node)."""
     if say.word == "halted":
-        return halted(say.attempt)
-    return fail(say.attempt, restarts.failure(say.reason))
+        return halted(say.attempt, restarts.hardware())
+    return fail(say.attempt, restarts.failure(say.reason), restarts.hardware())
 
 
 def exit_facts(rundir: str, spec: SpecRecord, restarts: Restarts) -> ExitRecord:

@@ -115,6 +115,86 @@ def _open_dump(directory: str, signum: int) -> None:
     _dump = dump
 
 
+ASK_SUFFIX = ".ask"  #: the FIFO a sampler asks on (sshddp.protocol.contract.STACKS_ASK_SUFFIX)
+MAX_DEPTH = 100  #: frames written of one thread, as faulthandler's limit
+_asked: Optional[tuple[int, int]] = None  # (pid, the FIFO's fd) once a process answers
+
+
+def _answer_samplers(rundir: str) -> None:
+    """Answer the node's samplers (``top``'s and the stall watchdog's, which ask every
+    second or so for as long as the run lasts) from a thread of this process, not from a
+    signal handler: each byte written to RUNDIR/stacks/<pid>-<start time>.ask makes the
+    thread append every other thread's stack to the dump file, in faulthandler's format.
+    It takes the GIL as any thread does, so it reads frames only where the interpreter is
+    at rest: faulthandler's handler reads them wherever the signal lands, and CPython 3.11
+    has crashed there (SIGSEGV in ``dump_traceback`` while a rank imported sympy under
+    ``torch.optim``, after ``init_process_group``). A thread that cannot get the GIL (C
+    code holding it) answers late or not at all: the sample is simply missing. ``sshddp
+    stacks`` and a hang's report still use the signal, which answers even then, once."""
+    global _asked
+    if _dump is None or (_asked is not None and _asked[0] == os.getpid()):
+        return
+    import stat
+    import threading
+
+    path = os.path.join(rundir, "stacks", os.path.basename(_dump.name) + ASK_SUFFIX)
+    try:
+        try:
+            os.unlink(path)  # of this very pid and start time: only this process's own
+        except FileNotFoundError:
+            pass
+        os.mkfifo(path, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # a reader of its own: never EOF
+    except OSError:  # no room: samplers get no stacks from this process
+        return
+    info = os.fstat(fd)
+    if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.geteuid():  # not the one made
+        os.close(fd)
+        return
+    _asked = (os.getpid(), fd)
+    thread = threading.Thread(target=_serve, args=(fd, _dump), name="sshddp-stacks", daemon=True)
+    thread.start()
+
+
+def _serve(fd: int, dump: IO[bytes]) -> None:
+    import threading
+
+    me = threading.get_ident()
+    while True:
+        try:
+            if not os.read(fd, 512):  # blocks without the GIL
+                return
+        except OSError:
+            return
+        try:
+            os.write(dump.fileno(), stacks_text(sys._current_frames(), me))
+        except Exception:  # a closed dump file, no room: no answer this time
+            continue
+
+
+def stacks_text(frames: dict[int, Any], skip: int) -> bytes:
+    """Every thread's stack but ``skip``'s, as faulthandler writes them: the newest thread
+    first and the main thread last, each stack innermost first."""
+    import threading
+
+    main = threading.main_thread().ident
+    chosen = sorted((t for t in frames if t != skip), key=lambda t: (t == main, t))
+    blocks = []
+    for ident in chosen:
+        lines = [f"Thread 0x{ident:016x} (most recent call first):"]
+        frame, depth = frames[ident], 0
+        while frame is not None:
+            if depth == MAX_DEPTH:
+                lines.append("  ...")
+                break
+            code, line = frame.f_code, frame.f_lineno
+            number = "???" if line is None else str(line)
+            lines.append(f'  File "{code.co_filename}", line {number} in {code.co_name}')
+            frame, depth = frame.f_back, depth + 1
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks).encode("utf-8", "backslashreplace")
+
+
 C10D = "torch.distributed.distributed_c10d"
 
 
@@ -155,6 +235,7 @@ def _wrap_init(module: object, rundir: str, rank: Optional[int]) -> None:
 
     @functools.wraps(init)
     def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        _answer_samplers(rundir)
         entered = _write_joined(rundir, rank, {"entered": _now(), "joined": None})
         result = init(*args, **kwargs)
         group = _group_of(module)

@@ -5,6 +5,8 @@ sources: NVIDIA's Xid catalog ("Xid Errors", in NVIDIA's GPU deployment and mana
 documentation), the NVML reference (``nvmlDeviceGetRemappedRows``,
 ``nvmlDeviceGetRetiredPagesPendingStatus``, ``nvmlClocksEventReasons``) and
 ``nvidia-smi -q``'s section names, which parse here in their older and newer spellings.
+Stdlib only: a spare judges its own GPUs with it when node 0 needs it mid-run
+(``remote/node/spare_health``); ``doctor --health`` and a launch's preflight on the laptop.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from sshddp.model.health import Level, Problem
+from sshddp.protocol.health_command import Level, Problem
 
 _RESET = (
     "drain the host: once no process uses the GPU, reset it (`nvidia-smi -r -i {bus}`, as "
