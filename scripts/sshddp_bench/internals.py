@@ -10,6 +10,7 @@ benchmarks, so a new layout changes this one file and nothing that calls it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import sshddp
@@ -18,6 +19,7 @@ from sshddp.hosts.pool import node_addr
 from sshddp.hosts.transport import SshOptions
 from sshddp.model import commands
 from sshddp.model.checks import Context
+from sshddp.remote import common
 from sshddp.run.inputs import load_inventory
 from sshddp.run.preflight import probe_args
 
@@ -57,3 +59,15 @@ def probe_headers(inventory: Path, ssh_config: str, port: int) -> dict[str, byte
         )
         for host in inv.hosts
     }
+
+
+def scan_every_process(mark: str) -> int:
+    """The node's processes found as teardown finds them (every process of the host looked
+    at), as the node's sampler found them before it walked its tree: how many."""
+    return len(common.run_pids(None, mark))
+
+
+def scan_own_tree(mark: str) -> int:
+    """The node's processes found as the node's sampler finds them (this process's
+    descendants looked at): how many."""
+    return len(common.run_pids(None, mark, among=common.descendants(os.getpid())))

@@ -61,6 +61,13 @@ class DownRun:
     timeout: float  #: --connect-timeout
     slowest: float  #: the longest a down host took to be named (its ``seconds`` in --json)
     all_up: float  #: the same command's median wall time with every host up
+    #: doctor --json with the same hosts down: the hosts it could not probe, the hosts it
+    #: probed, its exit status and wall time, and its median with every host up
+    doctor_named: tuple[str, ...] = ()
+    doctor_probed: int = 0
+    doctor_rc: int = 0
+    doctor_wall: float = 0.0
+    doctor_all_up: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,8 +125,9 @@ def bench_size(b: Bench, n: int, reps: int) -> ManySize:
     return size
 
 
-def bench_down(b: Bench, n: int, all_up: float) -> DownRun:
-    """``exec`` on ``n`` hosts, 5 of them down; every host is up again afterwards."""
+def bench_down(b: Bench, n: int, all_up: float, doctor_up: float = 0.0) -> DownRun:
+    """``exec`` and ``doctor`` on ``n`` hosts, 5 of them down; every host is up again
+    afterwards."""
     refusing = [i for i in REFUSING if i <= n]
     silent = [i for i in SILENT if i <= n and i not in refusing]
     stopped = [pid for pid in (b.cluster.sshd_pid(i) for i in silent) if pid is not None]
@@ -131,6 +139,8 @@ def bench_down(b: Bench, n: int, all_up: float) -> DownRun:
         timeout = ["--connect-timeout", str(CONNECT_TIMEOUT)]
         argv = [*b.sshddp, "exec", "--json", *timeout, *hosts_argv(b, n), "--", "true"]
         done = b.start(argv).finish()
+        doctor = [*b.sshddp, "doctor", "--json", *timeout, "--python", NO_TORCH_PYTHON]
+        checked = b.start([*doctor, "--port", str(b.port()), *hosts_argv(b, n)]).finish()
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
@@ -141,14 +151,34 @@ def bench_down(b: Bench, n: int, all_up: float) -> DownRun:
     ran = sum(1 for h in hosts if h["status"] == "ok" and h["exit"] == 0)
     down = tuple(f"h{i}" for i in sorted([*refusing, *silent]))
     slowest = max((h["seconds"] for h in hosts if h["status"] == "unreachable"), default=0.0)
-    run = DownRun(n, down, named, ran, done.rc, done.wall, CONNECT_TIMEOUT, slowest, all_up)
-    progress(f"scale256 {n} hosts, {len(down)} down: {done.wall:.2f} s, named {named}")
+    probes = json.loads("\n".join(text for _, text in checked.lines))["hosts"]
+    run = DownRun(
+        n,
+        down,
+        named,
+        ran,
+        done.rc,
+        done.wall,
+        CONNECT_TIMEOUT,
+        slowest,
+        all_up,
+        doctor_named=tuple(h["host"] for h in probes if h["facts"] is None),
+        doctor_probed=sum(1 for h in probes if h["facts"] is not None),
+        doctor_rc=checked.rc,
+        doctor_wall=checked.wall,
+        doctor_all_up=doctor_up,
+    )
+    progress(
+        f"scale256 {n} hosts, {len(down)} down: exec {done.wall:.2f} s, named {named}; "
+        f"doctor {checked.wall:.2f} s, named {run.doctor_named}"
+    )
     return run
 
 
 def bench_many(b: Bench, counts: tuple[int, ...], reps: int) -> ManyRow:
     sizes = tuple(bench_size(b, n, reps) for n in counts)
-    return ManyRow(sizes, bench_down(b, sizes[-1].hosts, sizes[-1].exec_wall.median))
+    last = sizes[-1]
+    return ManyRow(sizes, bench_down(b, last.hosts, last.exec_wall.median, last.doctor_wall.median))
 
 
 def per_host_ms(cpu: Stat, hosts: int) -> float:
@@ -218,6 +248,24 @@ def many_table(row: ManyRow) -> list[str]:
             all_named and d.rc == 4 and d.ran == d.hosts - len(d.down) and in_time,
             "see the line above",
         ),
+        *doctor_down(d),
+    ]
+
+
+def doctor_down(d: DownRun) -> list[str]:
+    if not d.doctor_all_up:
+        return []  # a result stored before doctor was measured down
+    others = d.hosts - len(d.down)
+    return [
+        "",
+        f"The same hosts down, `doctor --json --connect-timeout {d.timeout:g}`: exit "
+        f"{d.doctor_rc} in {d.doctor_wall:.2f} s ({d.doctor_all_up:.2f} s with every host up); "
+        f"not probed (named): {', '.join(d.doctor_named) or 'none'}; probed: {d.doctor_probed} "
+        f"of {others} others. Target: all named, the others probed: "
+        + verdict(
+            set(d.doctor_named) == set(d.down) and d.doctor_probed == others,
+            "see the line above",
+        ),
     ]
 
 
@@ -238,7 +286,8 @@ METHOD = f"""\
   of the command and the children it reaped (for pdsh: its ssh clients); RSS the
   coordinator's peak (VmHWM). Then at the largest count, hosts {", ".join(map(str, REFUSING))}
   stopped (connection refused) and {", ".join(map(str, SILENT))} SIGSTOPped (TCP connects, no
-  banner): `exec --json --connect-timeout {CONNECT_TIMEOUT:g} ... -- true`, once.
+  banner): `exec --json --connect-timeout {CONNECT_TIMEOUT:g} ... -- true`, once, then
+  `doctor --json --connect-timeout {CONNECT_TIMEOUT:g} --python {NO_TORCH_PYTHON} ...`, once.
 """
 
 CASE: Case[ManyRow] = Case(

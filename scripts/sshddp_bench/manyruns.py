@@ -13,9 +13,12 @@ reaching every host). After the stop, no process of the run may be left anywhere
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from sshddp_bench.case import Case
 from sshddp_bench.harness import (
@@ -32,12 +35,17 @@ from sshddp_bench.harness import (
     stat,
     verdict,
 )
+from sshddp_bench.many import REFUSING, SILENT
 
 #: past this many hosts the launch starts LAB_FANOUT supervisors at a time, not 32: the lab's
 #: hosts share 2 cores and one /proc, and 32 supervisors starting at once beside 200 running
 #: ones missed their 20 s start (2 runs at 256 hosts, 1 and 8 nodes); real hosts start theirs
 #: on their own cores
 LAB_HOSTS, LAB_FANOUT = 64, 16
+#: past LAB_HOSTS hosts ps has this --connect-timeout: its answers are due within the connect
+#: timeout plus 10 s from its start, for every host together (run/ps.py), and at 256 hosts
+#: this lab's ps took 24 s (load average 40): 53 of 256 live nodes were named unreachable
+LAB_PS_TIMEOUT = 30
 GONE_S = 60.0  #: seconds every process of a stopped run has to end
 PER_HOST_MS = 5.0  #: coordinator CPU a host may cost (issue 47's finding threshold)
 
@@ -58,6 +66,14 @@ class RunsSize:
     pdsh_true_wall: Stat
     gone: float  #: seconds from stop's exit until no process of the run was left
     left: int  #: processes of the run alive GONE_S after the stop (killed then)
+    #: ``ps --json`` with 5 hosts down (many.REFUSING, many.SILENT of those within the count):
+    #: those hosts, the ones ps named unreachable, the nodes it found running, its wall time
+    #: and its --connect-timeout
+    down: tuple[str, ...] = ()
+    down_named: tuple[str, ...] = ()
+    down_running: int = 0
+    down_wall: float = 0.0
+    down_timeout: float = 0.0
 
 
 def state_cat(b: Bench, name: str) -> str:
@@ -81,6 +97,8 @@ def bench_size(b: Bench, n: int, reps: int) -> RunsSize:
         )
         runs: dict[str, list[Finished]] = {"ps": [], "pdsh_ps": [], "pdsh_true": []}
         ps_argv = [*b.sshddp, "ps", "--json", "--ssh-config", b.ssh_config, name]
+        if n > LAB_HOSTS:
+            ps_argv[2:2] = ["--connect-timeout", str(LAB_PS_TIMEOUT)]
         for rep in range(reps):
             for what in order(tuple(runs), rep):
                 if what == "ps":
@@ -97,6 +115,7 @@ def bench_size(b: Bench, n: int, reps: int) -> RunsSize:
                     cmd = b.pdsh(n, "true")
                     done = expect_rc(b.start(cmd, stdout_null=True).finish(), 0, "pdsh true")
                 runs[what].append(done)
+        down = ps_down(b, n, ps_argv)
         stop_argv = [*b.sshddp, "stop", "--ssh-config", b.ssh_config, name]
         stop = expect_rc(b.start(stop_argv).finish(), 0, f"stop ({n} hosts)")
     finally:
@@ -122,12 +141,41 @@ def bench_size(b: Bench, n: int, reps: int) -> RunsSize:
         pdsh_true_wall=stat([r.wall for r in pdsh_true]),
         gone=gone,
         left=len(left),
+        **down,
     )
     progress(
         f"runs256 {n} hosts: launch {launch.wall:.1f} s, ps {size.ps_wall.fmt()} s "
         f"(pdsh {size.pdsh_ps_wall.fmt()} s), stop {stop.wall:.1f} s, {len(left)} left"
     )
     return size
+
+
+def ps_down(b: Bench, n: int, ps_argv: list[str]) -> dict[str, Any]:
+    """``ps_argv`` once with 5 of the ``n`` hosts down (3 refusing connections, 2 whose sshd
+    is SIGSTOPped); every host is up again afterwards. RunsSize's ``down*`` fields."""
+    refusing = [i for i in REFUSING if i <= n]
+    silent = [i for i in SILENT if i <= n and i not in refusing]
+    stopped = [pid for pid in (b.cluster.sshd_pid(i) for i in silent) if pid is not None]
+    for i in refusing:
+        b.cluster.stop_host(i)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        done = b.start(ps_argv).finish()
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for i in refusing:
+            b.cluster.start_host(i)
+    (row,) = json.loads("\n".join(t for _, t in done.lines))["runs"]
+    timeout = ps_argv[ps_argv.index("--connect-timeout") + 1] if n > LAB_HOSTS else "10"
+    return {
+        "down": tuple(f"h{i}" for i in sorted([*refusing, *silent])),
+        "down_named": tuple(x["host"] for x in row["nodes"] if x["state"] == "unreachable"),
+        "down_running": sum(1 for x in row["nodes"] if x["state"] == "running"),
+        "down_wall": done.wall,
+        "down_timeout": float(timeout),
+    }
 
 
 def bench_runs(b: Bench, counts: tuple[int, ...], reps: int) -> tuple[RunsSize, ...]:
@@ -186,7 +234,20 @@ def table(rows: tuple[RunsSize, ...]) -> list[str]:
         *growth(rows),
         "",
         "Nothing of a stopped run left on any host: " + verdict(clean, "processes were left"),
+        *(down_line(s) for s in rows if s.down),
     ]
+
+
+def down_line(s: RunsSize) -> str:
+    others = s.hosts - len(s.down)
+    ok = set(s.down_named) == set(s.down) and s.down_running == others
+    return (
+        f"\n{s.hosts} hosts with {len(s.down)} down ({', '.join(s.down)}), `ps --json "
+        f"--connect-timeout {s.down_timeout:g} NAME`: {s.down_wall:.2f} s; unreachable named: "
+        f"{', '.join(s.down_named) or 'none'}; running: {s.down_running} of {others} others. "
+        "Target: the down hosts named, every other node running: "
+        + verdict(ok, "see the line above")
+    )
 
 
 def noisy(rows: tuple[RunsSize, ...]) -> list[str]:
@@ -201,9 +262,13 @@ METHOD = f"""\
   true`; then `sshddp stop NAME` once, and the seconds until no process carrying the run's
   id is left on any host. CPU is user+sys of the command and the children it reaped; RSS
   the coordinator's peak (VmHWM). The launch and stop are measured once a count (a run is
-  launched and stopped once). Past {LAB_HOSTS} hosts the launch has `--fanout {LAB_FANOUT}`:
-  the lab's hosts share 2 cores and one /proc (each node's sampler scans all of it every 5
-  s), and 32 supervisors starting at once beside 200 running ones missed their 20 s start.
+  launched and stopped once). Past {LAB_HOSTS} hosts the launch has `--fanout {LAB_FANOUT}`
+  (the lab's hosts share 2 cores: 32 supervisors starting at once beside 200 running ones
+  missed their 20 s start) and ps `--connect-timeout {LAB_PS_TIMEOUT}` (ps waits for every
+  answer until the connect timeout plus 10 s from its start, for all hosts together: at 256
+  lab hosts it takes longer than the default's 20 s). Before the stop, once: the same ps
+  with hosts {", ".join(map(str, REFUSING))} stopped (connection refused) and
+  {", ".join(map(str, SILENT))} SIGSTOPped (those within the count), up again after.
 """
 
 CASE: Case[tuple[RunsSize, ...]] = Case(

@@ -26,6 +26,7 @@ from sshddp_bench import (
     nodeloss,
     ps,
     replace,
+    rescan,
     restart,
     scale,
     slurm,
@@ -75,6 +76,8 @@ CASES: tuple[Case[Any], ...] = (
     sync.OFFLINE_CASE,
     api.CASE,
     manyruns.CASE,
+    rescan.CASE,
+    sync.MANY_CASE,
 )
 NAMES = tuple(case.name for case in CASES)
 

@@ -291,21 +291,27 @@ def _has_env(pid: int, needle: bytes) -> bool:
         return False
 
 
-def run_pids(group: Optional[Group], mark: str, known: Optional[Procs] = None) -> Procs:
+def run_pids(
+    group: Optional[Group],
+    mark: str,
+    known: Optional[Procs] = None,
+    among: Optional[list[int]] = None,
+) -> Procs:
     """Live processes of a node's run (pid -> start time): every process whose environment
     carries the node's run marker (children that called setsid too), and the members of
     torchrun's process group ``group`` while torchrun still leads it (its start time
     matches) or that ``known`` already proved the run's. Once torchrun is gone its group
-    number may be reused, so a process merely in a group of that number is not the run's."""
+    number may be reused, so a process merely in a group of that number is not the run's.
+    Every process of the host is looked at, or only those of ``among``: teardown passes
+    none, since a process that left the tree (double-forked) still carries the marker."""
     needle = (f"{MARK_VAR}={mark}").encode()
     leader = group is not None and start_time(group[0]) == group[1]
     known = known or {}
     found: Procs = {}
     me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in all_pids() if among is None else among:
+        if pid == me:
             continue
-        pid = int(name)
         st = _stat(pid)
         if st is None or st[0] in ("Z", "X"):
             continue
@@ -316,6 +322,47 @@ def run_pids(group: Optional[Group], mark: str, known: Optional[Procs] = None) -
         # torchrun went away during the scan: keep only what is proven without it
         found = {p: s for p, s in found.items() if known.get(p) == s or _has_env(p, needle)}
     return found
+
+
+def all_pids() -> list[int]:
+    """Every process of the host (as far as this /proc shows them)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def descendants(root: int) -> Optional[list[int]]:
+    """Every live descendant of process ``root`` (children, theirs, ...), read from each
+    thread's /proc/PID/task/TID/children: as many reads as the tree has threads, where
+    ``all_pids`` then reads every process of the host. A process that left the tree (it
+    double-forked, or its parent died) is not among them. None where the kernel has no such
+    file (Linux before 3.5, or built without CONFIG_PROC_CHILDREN)."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return None
+    found: list[int] = []
+    seen = {root}
+    todo = [root]
+    while todo:
+        for child in _children(todo.pop()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid``; none once it is gone."""
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.extend(int(k) for k in fh.read().split())
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return kids
 
 
 def pid_alive(pid: Optional[int]) -> bool:

@@ -6,7 +6,9 @@ A daemon thread of the supervisor; it posts nothing and decides nothing, it only
 CPU and memory come from /proc (a rank counts with the workers that inherited its RANK),
 GPUs from NVML through ctypes (no process per sample), else from ``nvidia-smi``; a host
 without GPUs has none. The node's processes are found as teardown finds them (its run
-marker), again every RESCAN seconds; between scans only their /proc/PID/stat is read.
+marker) among the supervisor's descendants (a process that left the tree is teardown's
+but not ``top``'s), again every RESCAN seconds; between scans only their /proc/PID/stat is
+read.
 Every STACK_EVERY seconds each rank's stacks are read, asked of the rank's stacks thread
 (``host_stacks.by_request``: no signal, no process started, microseconds of the rank's
 time; in faulthandler's format, as ``sshddp stacks`` reads them) and kept as
@@ -36,7 +38,7 @@ from sshddp.protocol.contract import (
 )
 from sshddp.remote.calls.host_stacks import Proc, blank, by_request, describe, role
 from sshddp.remote.calls.waits import classify
-from sshddp.remote.common import read_json, read_json_lines, run_pids, which
+from sshddp.remote.common import descendants, read_json, read_json_lines, run_pids, which
 from sshddp.remote.node.joined import entered
 from sshddp.remote.node.stop import torchrun_group
 
@@ -115,7 +117,8 @@ class Sampler(threading.Thread):
         state = read_json(os.path.join(self.rundir, contract.STATE)) or {}
         group, _ = torchrun_group(state)
         found = {}
-        for pid in run_pids(group, self.spec["mark"]):
+        # the supervisor's descendants only: O(the node's processes), not O(the host's)
+        for pid in run_pids(group, self.spec["mark"], among=descendants(os.getpid())):
             proc = describe(pid)
             if proc is not None:
                 found[pid] = proc
