@@ -2,10 +2,11 @@
 
 A finished run comes from the registry and costs no connection. Unfinished runs are asked
 all at once: every distinct host once (one connection, however many runs it holds), then
-every node's status over those connections, at most ``fanout`` at a time, under one
-deadline (the connect timeout plus ``ANSWER_WINDOW``). A host that has not answered by
-then is named, and its nodes show as unreachable: one hung host costs one deadline, not
-one per run. A run found ended is recorded at once, so no ps asks about it again.
+every node's status over those connections, at most ``fanout`` at a time, each given its
+window (the connect timeout plus ``ANSWER_WINDOW``) from when its turn came. A host that
+has not answered within it is named, and its nodes show as unreachable: one hung host
+costs one window, not one per run, and a host still waiting for its turn (256 hosts, 32
+at a time) is never named. A run found ended is recorded at once, so no ps asks about it again.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 from sshddp.errors import SshddpError, StateError
 from sshddp.hosts import calls
@@ -221,7 +222,7 @@ def root_cause(states: Sequence[ExitRecord], hosts: Sequence[str]) -> str:
     return f"node {i} ({hosts[i]}) {s.get('state')}: {s.get('reason', '')}".rstrip(": ")
 
 
-# --- asking every host at once, under one deadline ----------------------------------------
+# --- asking every host at once, each within its window --------------------------------------
 
 
 def ask(
@@ -232,7 +233,6 @@ def ask(
 ) -> tuple[dict[NodeKey, ExitRecord], list[str]]:
     """Every node's status; and a note for each host that did not answer within ``window``
     seconds (its nodes are unreachable)."""
-    deadline = time.monotonic() + window
     answers: dict[NodeKey, ExitRecord] = {}
     hosts: dict[HostKey, Transport] = {}
     items: dict[NodeKey, tuple[HostKey, NodeRecord]] = {}
@@ -248,14 +248,14 @@ def ask(
             if key not in hosts:
                 hosts[key] = open_transport(n.host, ssh)
             items[(record.run_id, n.node_rank)] = (key, n)
-    connected = bounded_map(lambda k: hosts[k].connect(), list(hosts), fanout, deadline)
+    connected = bounded_map(lambda k: hosts[k].connect(), list(hosts), fanout, window)
     ready = [k for k, (host, _) in items.items() if _ok(connected.get(host))]
 
     def status(k: NodeKey) -> ExitRecord:
         host, node = items[k]
         return calls.read_node(hosts[host], node.rundir, 0, "status")
 
-    statuses = bounded_map(status, ready, fanout, deadline)
+    statuses = bounded_map(status, ready, fanout, window)
     silent: set[HostKey] = set()
     for k, (host, _) in items.items():
         link = connected.get(host)
@@ -312,38 +312,72 @@ def _close(hosts: dict[HostKey, Transport], silent: set[HostKey]) -> None:
 
 
 def bounded_map(
-    fn: Callable[[T], R], items: Sequence[T], workers: int, deadline: float
+    fn: Callable[[T], R], items: Sequence[T], workers: int, window: float
 ) -> dict[T, Outcome[R]]:
-    """``fn`` over ``items``, ``workers`` at a time, until every one is done or the
-    ``deadline`` (``time.monotonic``) passes: the outcomes by item, without those that had
-    not finished by then. The threads are daemons: one stuck on a hung host never keeps
+    """``fn`` over ``items``, ``workers`` at a time, each item given ``window`` seconds from
+    when its turn came: the outcomes by item, without those that took longer. A worker stuck
+    on one (a hung host) is given up on and another takes its place, so a hung host costs
+    one window, and an item that waited for its turn (256 hosts, 32 at a time) is never
+    named as not answering. The threads are daemons: one stuck on a hung host never keeps
     the process alive."""
-    todo: queue.SimpleQueue[T] = queue.SimpleQueue()
-    for item in items:
-        todo.put(item)
-    done: dict[T, Outcome[R]] = {}
-    cond = threading.Condition()
+    return _Turns(fn, items, window).run(workers)
 
-    def work() -> None:
+
+class _Turns(Generic[T, R]):
+    """``bounded_map``'s workers and their items' turns."""
+
+    def __init__(self, fn: Callable[[T], R], items: Sequence[T], window: float) -> None:
+        self.fn, self.window, self.count = fn, window, len(items)
+        self.todo: queue.SimpleQueue[T] = queue.SimpleQueue()
+        for item in items:
+            self.todo.put(item)
+        self.done: dict[T, Outcome[R]] = {}
+        self.began: dict[T, float] = {}  #: when each item's turn came
+        self.given_up: set[T] = set()
+        self.cond = threading.Condition()
+
+    def run(self, workers: int) -> dict[T, Outcome[R]]:
+        for _ in range(min(max(1, workers), self.count)):
+            self._spawn()
+        with self.cond:
+            while len(self.done) + len(self.given_up) < self.count:
+                self.cond.wait(self._give_up_late())
+            return dict(self.done)
+
+    def _give_up_late(self) -> float:
+        """Give up on the items past their window (a worker takes each one's place); the
+        seconds until the next one's window ends."""
+        now = time.monotonic()
+        waits = []
+        for item, t in self.began.items():
+            if item in self.done or item in self.given_up:
+                continue
+            if now - t >= self.window:
+                self.given_up.add(item)
+                self._spawn()
+            else:
+                waits.append(t + self.window - now)
+        return max(0.01, min(waits, default=self.window))
+
+    def _spawn(self) -> None:
+        threading.Thread(target=self._work, daemon=True, name="ps").start()
+
+    def _work(self) -> None:
         while True:
             try:
-                item = todo.get_nowait()
+                item = self.todo.get_nowait()
             except queue.Empty:
                 return
+            with self.cond:
+                self.began[item] = time.monotonic()
             try:
-                outcome: Outcome[R] = Outcome(value=fn(item))
+                outcome: Outcome[R] = Outcome(value=self.fn(item))
             except Exception as exc:  # collected per item, reported by the caller
                 outcome = Outcome(error=exc)
-            with cond:
-                done[item] = outcome
-                cond.notify_all()
-
-    for _ in range(min(max(1, workers), len(items))):
-        threading.Thread(target=work, daemon=True, name="ps").start()
-    with cond:
-        while len(done) < len(items):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            cond.wait(left)
-        return dict(done)
+            with self.cond:
+                late = item in self.given_up
+                if not late:
+                    self.done[item] = outcome
+                self.cond.notify_all()
+            if late:  # another worker took this one's place
+                return
