@@ -3,10 +3,12 @@ appears (tests/integration/test_handoff.py, test_share_tree.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -37,3 +39,18 @@ def kill_server(rundirs: str, done: threading.Event) -> list[int]:
                 killed.append(pid)
         time.sleep(0.005)
     return killed
+
+
+@contextlib.contextmanager
+def killing_server(rundirs: str) -> Iterator[list[int]]:
+    """While the block runs, ``kill_server`` watches for the server of ``rundirs``'s
+    session; the pids it killed (filled once the block ends)."""
+    done = threading.Event()
+    killed: list[int] = []
+    killer = threading.Thread(target=lambda: killed.extend(kill_server(rundirs, done)))
+    killer.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        killer.join()

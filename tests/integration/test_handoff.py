@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from cli_helpers import Result, sshddp
-from handoff_faults import kill_server
+from handoff_faults import killing_server
 from sshddp_lab.countproxy import total_up
 from sshddp_lab.sshd import SshdCluster
 
@@ -163,16 +162,9 @@ def test_hosts_whose_source_dies_mid_transfer_get_the_code_from_the_laptop(
     run_no_leak: Callable[..., None],
 ) -> None:
     lab = Lab(ssh_env, tmp_path, free_port(), 40)
-    done = threading.Event()
-    killed: list[int] = []
     rundirs = f"{tmp_path / 'host1' / 'runs'}/"
-    killer = threading.Thread(target=lambda: killed.extend(kill_server(rundirs, done)))
-    killer.start()
-    try:
+    with killing_server(rundirs) as killed:
         result, run_id, _ = lab.launch()
-    finally:
-        done.set()
-        killer.join()
     assert result.code == 0, result.explain()
     assert killed, "node 0's hand-off server was never seen"
     notes = [ln for ln in result.err.splitlines() if "could not get the code from node 0" in ln]

@@ -282,8 +282,11 @@ def test_ps_asks_every_unfinished_run_at_once_names_a_hung_host_and_records_ends
             "still",  # null without --stall-timeout
             "attempt",  # null without --max-restarts
             "attempts",
+            "took",  # a spare: the node rank it took mid-run (else null)
+            "replaced_by",  # a lost node: the spare's host that took its rank (else null)
         }
         node0 = row["nodes"][0]
+        assert node0["took"] is None and node0["replaced_by"] is None
         assert node0["joined"] is None and node0["quiet"] is None and node0["still"] is None
     table = sshddp(cluster, tmp_path, "ps", "--all")
     assert all(f"{r}" in table.stdout for r in runs) and "0:succeeded 1:succeeded" in table.stdout

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from cli_helpers import Result, sshddp
-from handoff_faults import kill_server
+from handoff_faults import killing_server
 from sshddp.model.plan import CodeSpec, workspace_dir
 from sshddp_lab.sshd import SshdCluster
 
@@ -112,16 +112,9 @@ def test_nodes_whose_relay_dies_get_the_shared_file_from_node_0_named(
 ) -> None:
     # Large enough that node 1's relay is killed before it has served both its children.
     lab = Lab(ssh_env, tmp_path, free_port(), 48)
-    done = threading.Event()
-    killed: list[int] = []
     rundirs = f"{tmp_path / 'host2' / 'runs'}/"  # node 1's session forks only its relay
-    killer = threading.Thread(target=lambda: killed.extend(kill_server(rundirs, done)))
-    killer.start()
-    try:
+    with killing_server(rundirs) as killed:
         result, run_id, digests = lab.launch()
-    finally:
-        done.set()
-        killer.join()
     assert result.code == 0, result.explain()
     assert killed, "node 1's relay server was never seen"
     for node in (2, 3):

@@ -109,7 +109,8 @@ def _quarantined(cluster: SshdCluster, tmp: Path) -> dict[str, dict[str, Any]]:
 
 def _resumed(tmp: Path, run: str, slot: int) -> int:
     log = remote_log(workdir(tmp, slot), run, slot).read_text()
-    (begin,) = [line for line in log.splitlines() if line.startswith("attempt 2 ")]
+    lines = log.splitlines()
+    (begin,) = [ln for ln in lines if ln.startswith("attempt 2 ") and " starts at step " in ln]
     return int(begin.rsplit(" ", 1)[1])
 
 
