@@ -18,3 +18,10 @@ def test_the_stacks_fifo_is_the_one_the_samplers_write() -> None:
     text = shipped.source("sshddp.remote.rankside.ranksite")
     suffix = re.search(r'^ASK_SUFFIX = "(.+?)"', text, re.M)
     assert suffix is not None and suffix.group(1) == contract.STACKS_ASK_SUFFIX
+
+
+def test_the_joined_records_schema_is_the_contracts() -> None:
+    """It stands alone, so it repeats the schema; a bump of the contract's must reach it."""
+    text = shipped.source("sshddp.remote.rankside.ranksite")
+    schema = re.search(r"^JOINED_SCHEMA = (\d+)", text, re.M)
+    assert schema is not None and int(schema.group(1)) == contract.SCHEMA

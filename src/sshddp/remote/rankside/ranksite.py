@@ -313,7 +313,7 @@ def _now() -> float:
     return time.time()
 
 
-JOINED_SCHEMA = 10  #: the records' schema (sshddp.protocol.contract.SCHEMA)
+JOINED_SCHEMA = 11  #: the records' schema (sshddp.protocol.contract.SCHEMA)
 
 
 def _write_joined(
