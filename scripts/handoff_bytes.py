@@ -46,6 +46,16 @@ def project(root: Path, mb: int) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
+def counted_run(
+    argv: list[str], counts: Path, src: str, cwd: Path
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run sshddp (``src`` first on its path) and count the bytes it sent towards the hosts."""
+    before = total_up(str(counts)) if counts.exists() else 0
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=cwd)
+    return done, total_up(str(counts)) - before
+
+
 def main(mb: int, n: int, src: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sshddp-handoff-"))
     with SshdCluster(tmp / "sshd", n, first_octet=workers.session_first_octet()) as cluster:
@@ -63,11 +73,8 @@ def main(mb: int, n: int, src: str) -> None:
         argv += ["--launcher", "node", "--no-check", "--log-dir", str(tmp / "logs")]
         argv += ["--workdir", str(root), str(inv), str(root / "hashwork.py")]
         for launch in (1, 2):
-            before = total_up(str(counts)) if counts.exists() else 0
             started = time.time()
-            env = {**os.environ, "PYTHONPATH": src}
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tmp)
-            up = total_up(str(counts)) - before
+            done, up = counted_run(argv, counts, src, tmp)
             print(
                 f"launch {launch}: exit {done.returncode}, {mb} MB to {n} hosts: {up} bytes "
                 f"towards the hosts for {size}: {up / size:.3f}x, {time.time() - started:.1f} s",
@@ -107,11 +114,8 @@ def sync(n: int, src: str) -> None:
         argv = [sys.executable, "-m", "sshddp", "sync", "--ssh-config", str(config)]
         argv += [str(inv), str(root)]
         for which in ("first", "warm"):
-            before = total_up(str(counts)) if counts.exists() else 0
             started = time.time()
-            env = {**os.environ, "PYTHONPATH": src}
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tmp)
-            up = total_up(str(counts)) - before
+            done, up = counted_run(argv, counts, src, tmp)
             print(
                 f"{which} sync: exit {done.returncode}, {n} hosts: {up} bytes towards the hosts "
                 f"for uv of {packed} (compressed): {up / packed:.3f}x, "

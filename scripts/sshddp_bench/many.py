@@ -11,9 +11,11 @@ and run the command on the others, within the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sshddp_bench.case import Case
@@ -125,9 +127,10 @@ def bench_size(b: Bench, n: int, reps: int) -> ManySize:
     return size
 
 
-def bench_down(b: Bench, n: int, all_up: float, doctor_up: float = 0.0) -> DownRun:
-    """``exec`` and ``doctor`` on ``n`` hosts, 5 of them down; every host is up again
-    afterwards."""
+@contextlib.contextmanager
+def hosts_down(b: Bench, n: int) -> Iterator[tuple[str, ...]]:
+    """5 of the ``n`` hosts down while the block runs (3 refusing connections, 2 whose sshd
+    is SIGSTOPped), up again afterwards; their names."""
     refusing = [i for i in REFUSING if i <= n]
     silent = [i for i in SILENT if i <= n and i not in refusing]
     stopped = [pid for pid in (b.cluster.sshd_pid(i) for i in silent) if pid is not None]
@@ -136,20 +139,26 @@ def bench_down(b: Bench, n: int, all_up: float, doctor_up: float = 0.0) -> DownR
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
-        timeout = ["--connect-timeout", str(CONNECT_TIMEOUT)]
-        argv = [*b.sshddp, "exec", "--json", *timeout, *hosts_argv(b, n), "--", "true"]
-        done = b.start(argv).finish()
-        doctor = [*b.sshddp, "doctor", "--json", *timeout, "--python", NO_TORCH_PYTHON]
-        checked = b.start([*doctor, "--port", str(b.port()), *hosts_argv(b, n)]).finish()
+        yield tuple(f"h{i}" for i in sorted([*refusing, *silent]))
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
         for i in refusing:
             b.cluster.start_host(i)
+
+
+def bench_down(b: Bench, n: int, all_up: float, doctor_up: float = 0.0) -> DownRun:
+    """``exec`` and ``doctor`` on ``n`` hosts, 5 of them down; every host is up again
+    afterwards."""
+    with hosts_down(b, n) as down:
+        timeout = ["--connect-timeout", str(CONNECT_TIMEOUT)]
+        argv = [*b.sshddp, "exec", "--json", *timeout, *hosts_argv(b, n), "--", "true"]
+        done = b.start(argv).finish()
+        doctor = [*b.sshddp, "doctor", "--json", *timeout, "--python", NO_TORCH_PYTHON]
+        checked = b.start([*doctor, "--port", str(b.port()), *hosts_argv(b, n)]).finish()
     hosts = json.loads("\n".join(text for _, text in done.lines))["hosts"]
     named = tuple(h["host"] for h in hosts if h["status"] == "unreachable")
     ran = sum(1 for h in hosts if h["status"] == "ok" and h["exit"] == 0)
-    down = tuple(f"h{i}" for i in sorted([*refusing, *silent]))
     slowest = max((h["seconds"] for h in hosts if h["status"] == "unreachable"), default=0.0)
     probes = json.loads("\n".join(text for _, text in checked.lines))["hosts"]
     run = DownRun(

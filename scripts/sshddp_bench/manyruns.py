@@ -13,8 +13,6 @@ reaching every host). After the stop, no process of the run may be left anywhere
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +33,7 @@ from sshddp_bench.harness import (
     stat,
     verdict,
 )
-from sshddp_bench.many import REFUSING, SILENT
+from sshddp_bench.many import REFUSING, SILENT, hosts_down
 
 #: past this many hosts the launch starts LAB_FANOUT supervisors at a time, not 32: the lab's
 #: hosts share 2 cores and one /proc, and 32 supervisors starting at once beside 200 running
@@ -153,24 +151,12 @@ def bench_size(b: Bench, n: int, reps: int) -> RunsSize:
 def ps_down(b: Bench, n: int, ps_argv: list[str]) -> dict[str, Any]:
     """``ps_argv`` once with 5 of the ``n`` hosts down (3 refusing connections, 2 whose sshd
     is SIGSTOPped); every host is up again afterwards. RunsSize's ``down*`` fields."""
-    refusing = [i for i in REFUSING if i <= n]
-    silent = [i for i in SILENT if i <= n and i not in refusing]
-    stopped = [pid for pid in (b.cluster.sshd_pid(i) for i in silent) if pid is not None]
-    for i in refusing:
-        b.cluster.stop_host(i)
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with hosts_down(b, n) as down:
         done = b.start(ps_argv).finish()
-    finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-        for i in refusing:
-            b.cluster.start_host(i)
     (row,) = json.loads("\n".join(t for _, t in done.lines))["runs"]
     timeout = ps_argv[ps_argv.index("--connect-timeout") + 1] if n > LAB_HOSTS else "10"
     return {
-        "down": tuple(f"h{i}" for i in sorted([*refusing, *silent])),
+        "down": down,
         "down_named": tuple(x["host"] for x in row["nodes"] if x["state"] == "unreachable"),
         "down_running": sum(1 for x in row["nodes"] if x["state"] == "running"),
         "down_wall": done.wall,

@@ -18,7 +18,6 @@ Not a case of the suite: its ``tar | ssh`` at 16 hosts alone takes 16 copies' ti
 from __future__ import annotations
 
 import argparse
-import shlex
 import shutil
 import statistics
 import time
@@ -29,7 +28,7 @@ import yaml
 from sshddp_bench.harness import Bench, BenchError, Watched, expect_rc, order, running_bench
 from sshddp_bench.machine import load_average
 from sshddp_bench.wan import Relay, relayed_config
-from sshddp_bench.workdir import make_workdir
+from sshddp_bench.workdir import make_workdir, ship_tar
 
 
 def inventory(b: Bench, name: str, n: int, port: int) -> tuple[Path, list[Path]]:
@@ -74,22 +73,6 @@ def ship_sshddp(b: Bench, root: Path, n: int) -> float:
     expect_rc(proc.finish(), 0, f"launch --workdir ({n} hosts)")
     shutil.rmtree(b.tmp / "work" / name, ignore_errors=True)
     return at - proc.t0
-
-
-def ship_tar(b: Bench, root: Path, n: int) -> float:
-    """Seconds of one ``tar c | ssh HOST tar x`` per host, all at once."""
-    dest = b.tmp / "tarx" / b.name("tar")
-    cfg, src = shlex.quote(b.ssh_config), shlex.quote(str(root))
-    loop = " ".join(
-        f"tar -C {src} -cf - . | ssh -F {cfg} {h} "
-        f"{shlex.quote(f'mkdir -p {dest / h} && tar -xf - -C {dest / h}')} &"
-        for h in b.aliases(n)
-    )
-    done = expect_rc(b.start(["bash", "-c", f"{loop} wait"]).finish(), 0, "tar | ssh tar x")
-    if len(list(dest.iterdir())) != n:
-        raise BenchError(f"tar | ssh tar x filled {len(list(dest.iterdir()))} of {n} hosts")
-    shutil.rmtree(dest, ignore_errors=True)
-    return done.wall
 
 
 def cell(values: list[float]) -> str:
